@@ -1,0 +1,87 @@
+"""The attention-backend contract.
+
+Layout invariants every backend relies on:
+
+* The KV cache of one layer is two tensors `k_cache`, `v_cache` of shape
+  `[num_blocks, block_size, num_kv_heads, head_dim]` (views into the engine's
+  `[2, num_layers, num_blocks, block_size, num_kv_heads, head_dim]` tensor).
+* Token t of a step is written to flat slot `slot_mapping[t]` = block_id * block_size + offset;
+  a negative slot means "padding, do not write".
+* A step's queries are packed: sequence i owns query rows
+  `query_start_loc[i] : query_start_loc[i + 1]` of `q` ([num_tokens, num_heads, head_dim]).
+  Its context has `seq_lens[i]` tokens (cached prefix + this step's tokens), laid out in blocks
+  `block_tables[i, : ceil(seq_lens[i] / block_size)]`. Query row j of sequence i sits at absolute
+  position `seq_lens[i] - q_len_i + j` and attends causally to keys 0..that position.
+* `is_decode` means every sequence has exactly one query token (the CUDA-graph path).
+* GQA: query head h reads KV head h // (num_heads // num_kv_heads).
+
+Backends are stateless apart from scratch buffers and never synchronise with the host on the decode
+path, so decode steps can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step inputs shared by every attention layer."""
+
+    is_decode: bool
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
+    max_query_len: int
+    max_seq_len: int
+    # Host copies for backends that loop over sequences on the host (the torch reference backend).
+    query_start_loc_host: list[int] | None = None
+    seq_lens_host: list[int] | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+
+class AttentionBackend(ABC):
+    """Computes paged attention for one layer; chosen once per engine."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Write this step's keys/values ([num_tokens, num_kv_heads, head_dim]) into their slots."""
+
+    @abstractmethod
+    def prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """Variable-length causal attention over each sequence's cached prefix plus new tokens."""
+
+    @abstractmethod
+    def decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        """One query token per sequence against its whole paged context."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Store the new KV, then attend. Returns [num_tokens, num_heads, head_dim]."""
+        self.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode:
+            return self.decode(q, k_cache, v_cache, meta, scale)
+        return self.prefill(q, k_cache, v_cache, meta, scale)

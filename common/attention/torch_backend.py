@@ -1,0 +1,62 @@
+"""Reference attention backend in plain PyTorch: runs anywhere, including the CPU.
+
+It gathers each sequence's paged context into a contiguous tensor and calls SDPA. It loops over
+sequences on the host, so it is a correctness reference, not a fast path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from common.attention.base import AttentionBackend, AttentionMetadata
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
+        keep = slot_mapping >= 0
+        slots = slot_mapping if bool(keep.all()) else slot_mapping[keep]
+        if not bool(keep.all()):
+            k, v = k[keep], v[keep]
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+
+    def prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return self._attend(q, k_cache, v_cache, meta, scale)
+
+    def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return self._attend(q, k_cache, v_cache, meta, scale)
+
+    def _attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        starts = meta.query_start_loc_host or meta.query_start_loc.tolist()
+        seq_lens = meta.seq_lens_host or meta.seq_lens.tolist()
+        block_size = k_cache.shape[1]
+        out = torch.empty_like(q)
+        for i, seq_len in enumerate(seq_lens):
+            q_lo, q_hi = starts[i], starts[i + 1]
+            if q_hi == q_lo:
+                continue
+            n_blocks = (seq_len + block_size - 1) // block_size
+            blocks = meta.block_tables[i, :n_blocks].long()
+            k = k_cache[blocks].flatten(0, 1)[:seq_len]
+            v = v_cache[blocks].flatten(0, 1)[:seq_len]
+            out[q_lo:q_hi] = _causal_attention(q[q_lo:q_hi], k, v, scale)
+        return out
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [Lq, H, D] at the last Lq positions of k/v [Lk, Hkv, D] -> [Lq, H, D]."""
+    q_len, num_heads, _ = q.shape
+    k_len, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    q_pos = torch.arange(k_len - q_len, k_len, device=q.device).unsqueeze(1)
+    mask = torch.arange(k_len, device=q.device).unsqueeze(0) <= q_pos
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale
+    )
+    return out.transpose(0, 1)

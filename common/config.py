@@ -1,0 +1,80 @@
+"""Engine configuration: a frozen, validated dataclass with no I/O in its constructor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+Role = Literal["mixed", "prefill", "decode"]
+ROLES = ("mixed", "prefill", "decode")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine needs to start, validated on construction.
+
+    `max_model_len=None` means "the model's own limit"; `num_kvcache_blocks=None` means "derive from
+    free memory" (`gpu_memory_utilization` on CUDA, `cpu_kvcache_gb` on the CPU). Both are resolved
+    when the engine starts, which is where the model directory is first read.
+    """
+
+    model: str
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    kvcache_block_size: int = 16
+    num_kvcache_blocks: int | None = None
+    cpu_kvcache_gb: float = 2.0
+    device: str = "auto"
+    dtype: str = "auto"
+    attention_backend: str = "auto"
+    enable_prefix_caching: bool = True
+    role: Role = "mixed"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model must be a non-empty path")
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        if self.num_kvcache_blocks is not None:
+            _positive_int("num_kvcache_blocks", self.num_kvcache_blocks)
+        bs = self.kvcache_block_size
+        if not isinstance(bs, int) or isinstance(bs, bool) or not 1 <= bs <= 256 or bs & (bs - 1):
+            raise ValueError(f"kvcache_block_size must be a power of two in [1, 256], got {bs!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not self.cpu_kvcache_gb > 0:
+            raise ValueError(f"cpu_kvcache_gb must be positive, got {self.cpu_kvcache_gb}")
+        _choice("device", self.device, DEVICES)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _choice("role", self.role, ROLES)
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+
+    def with_overrides(self, **kwargs) -> EngineConfig:
+        return replace(self, **kwargs)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")

@@ -1,0 +1,56 @@
+"""The one definition of a KV block's identity.
+
+hash(block i) = xxh64 over (hash of block i-1 as 8 little-endian bytes, if i > 0) followed by the
+block's token ids as little-endian int64 bytes. Only full blocks are hashed. Because each hash
+covers its parent, equal hashes at position i imply equal token prefixes 0..i (up to collisions),
+which is what lets the router count a worker's leading cached blocks from a single lookup chain.
+
+The router and every worker call these functions; nothing else may hash blocks.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import xxhash
+
+# A fixed token sequence that workers hash at registration; the router compares the result with its
+# own so that a block-size or hash-definition mismatch is an error rather than a silent 0% hit rate.
+PROBE_TOKEN_IDS: tuple[int, ...] = tuple((i * 7919 + 13) % 32000 for i in range(512))
+
+
+def hash_block(parent: int | None, token_ids: Sequence[int]) -> int:
+    """Hash one full block given its parent's hash (None for the first block)."""
+    h = xxhash.xxh64()
+    if parent is not None:
+        h.update(struct.pack("<Q", parent))
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return h.intdigest()
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+    """Chained hashes of every full block of `token_ids` (a trailing partial block is ignored)."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    out: list[int] = []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block(parent, token_ids[start : start + block_size])
+        out.append(parent)
+    return out
+
+
+def extend_block_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Append hashes for full blocks of `token_ids` not yet covered by `hashes` (in place)."""
+    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+        parent = hashes[-1] if hashes else None
+        hashes.append(hash_block(parent, token_ids[start : start + block_size]))
+    return hashes
+
+
+def probe_hash(block_size: int) -> int:
+    """Hash of the last full block of PROBE_TOKEN_IDS at `block_size` (registration parity check)."""
+    hashes = block_hashes(PROBE_TOKEN_IDS, block_size)
+    if not hashes:
+        raise ValueError(f"block_size {block_size} exceeds the probe length {len(PROBE_TOKEN_IDS)}")
+    return hashes[-1]

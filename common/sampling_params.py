@@ -1,0 +1,86 @@
+"""Per-request sampling parameters, validated with ValueError naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    temperature 0 means greedy. top_k 0 or -1 disables top-k; top_p 1 and min_p 0 disable those.
+    repetition_penalty follows the CTRL/HF definition (>1 discourages repeats of any prompt or output
+    token); presence/frequency penalties follow OpenAI's (output tokens only). `logprobs` asks for
+    the chosen token's log-probability plus that many top alternatives (0 = chosen token only).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        _number("temperature", self.temperature, 0.0, 100.0)
+        _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _number("min_p", self.min_p, 0.0, 1.0)
+        _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _number("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
+        _integer("top_k", self.top_k, -1, None)
+        _integer("max_tokens", self.max_tokens, 1, None)
+        _integer("min_tokens", self.min_tokens, 0, None)
+        _integer("n", self.n, 1, 128)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs, 0, 20)
+        if self.seed is not None:
+            _integer("seed", self.seed, None, None)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if not isinstance(self.stop_token_ids, list):
+            raise ValueError("stop_token_ids must be a list of ints")
+        for t in self.stop_token_ids:
+            _integer("stop_token_ids", t, 0, None)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SamplingParams:
+        return cls(**data)
+
+
+def _number(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
+
+
+def _integer(name: str, value: object, low: int | None, high: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
