@@ -1,0 +1,1 @@
+"""Model building blocks; tensor-parallel aware, each parameter carries its own `weight_loader`."""

@@ -1,0 +1,149 @@
+"""The offline batch API: `LLM(path).generate(prompts, sampling_params)`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
+
+from common.config import EngineConfig
+from common.llm_engine import LLMEngine
+from common.sampling_params import SamplingParams
+from common.sequence import FinishReason, Sequence
+from common.tokenizer import load_tokenizer
+
+
+@dataclass
+class _Pending:
+    """Book-keeping for one prompt's n samples."""
+
+    index: int
+    seqs: list[Sequence] = field(default_factory=list)
+    texts: dict[int, str] = field(default_factory=dict)  # seq_id -> text cut at a stop string
+
+
+class LLM:
+    """Loads the model (this constructor does the I/O: it is the user-facing entry point)."""
+
+    def __init__(self, model: str, **engine_kwargs) -> None:
+        unknown = set(engine_kwargs) - EngineConfig.field_names()
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        self.config = EngineConfig(model=model, **engine_kwargs)
+        self.engine = LLMEngine.from_config(self.config)
+        self.tokenizer = load_tokenizer(model)
+
+    def generate(
+        self,
+        prompts: list[str | list[int]] | str,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[dict]:
+        """Generate for every prompt; results in input order as {"text", "token_ids"} (+ "outputs" if n>1).
+
+        "text" is None when the model directory has no tokenizer (token-id prompts only).
+        """
+        prompts, params = self._normalise(prompts, sampling_params)
+        token_lists = [self._encode(p, i) for i, p in enumerate(prompts)]
+        seqs_per_prompt = [self._make_seqs(ids, sp, i) for i, (ids, sp) in enumerate(zip(token_lists, params))]
+        pending = [_Pending(i, seqs) for i, seqs in enumerate(seqs_per_prompt)]
+        by_id = {s.seq_id: p for p in pending for s in p.seqs}
+        for p in pending:
+            for seq in p.seqs:
+                self.engine.scheduler.add(seq)
+        self._run(by_id, sum(len(p.seqs) for p in pending), use_tqdm)
+        return [self._result(p) for p in pending]
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _normalise(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(prompts, list):
+            raise ValueError("prompts must be a string, a token-id list, or a list of those")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            return prompts, [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"sampling_params has {len(sampling_params)} entries for {len(prompts)} prompts")
+        return prompts, list(sampling_params)
+
+    def _encode(self, prompt: str | list[int], index: int) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"prompts[{index}] is text but the model directory has no tokenizer")
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, list):
+            ids = prompt
+        else:
+            raise ValueError(f"prompts[{index}] must be a string or a list of token ids")
+        try:
+            self.engine.validate_token_ids(ids)
+        except ValueError as exc:
+            raise ValueError(f"prompts[{index}]: {exc}") from exc
+        return ids
+
+    def _make_seqs(self, ids: list[int], params: SamplingParams, index: int) -> list[Sequence]:
+        seqs = []
+        for k in range(params.n):
+            sp = params if params.n == 1 or params.seed is None else _with_seed(params, params.seed + k)
+            try:
+                seqs.append(self.engine.make_sequence(ids, sp, f"{index}-{k}"))
+            except ValueError as exc:
+                raise ValueError(f"prompts[{index}]: {exc}") from exc
+        return seqs
+
+    def _run(self, by_id: dict[int, _Pending], total: int, use_tqdm: bool) -> None:
+        bar = tqdm(total=total, desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        prefill_tps = decode_tps = 0.0
+        while self.engine.has_unfinished:
+            t0 = time.perf_counter()
+            result = self.engine.step()
+            dt = max(time.perf_counter() - t0, 1e-9)
+            if result.num_prefill_tokens:
+                prefill_tps = result.num_prefill_tokens / dt
+            elif result.num_decode_tokens:
+                decode_tps = result.num_decode_tokens / dt
+            bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s")
+            for update in result.updates:
+                if self._check_stop_strings(by_id[update.seq.seq_id], update.seq) or update.finished:
+                    bar.update(1)
+        bar.close()
+
+    def _check_stop_strings(self, pending: _Pending, seq: Sequence) -> bool:
+        """Stop a sequence whose text contains a stop string; True if this finished it."""
+        stops = seq.sampling_params.stop
+        if not stops or seq.is_finished or self.tokenizer is None:
+            return False
+        text = self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+        if cut < 0:
+            return False
+        pending.texts[seq.seq_id] = text[:cut]
+        self.engine.abort([seq.request_id])
+        seq.finish_reason = FinishReason.STOP
+        return True
+
+    def _result(self, pending: _Pending) -> dict:
+        outs = []
+        for seq in pending.seqs:
+            ids = seq.completion_token_ids
+            text = pending.texts.get(seq.seq_id)
+            if text is None and self.tokenizer is not None:
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            outs.append({"text": text, "token_ids": ids, "finish_reason": _reason(seq)})
+        first = dict(outs[0])
+        if len(outs) > 1:
+            first["outputs"] = outs
+        return first
+
+
+def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
+    data = params.to_dict()
+    data["seed"] = seed
+    return SamplingParams.from_dict(data)
+
+
+def _reason(seq: Sequence) -> str | None:
+    return seq.finish_reason.value if seq.finish_reason is not None else None

@@ -1,0 +1,116 @@
+"""The engine loop: requests in, one scheduler step + one forward pass per `step()`, token updates out."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from common.block_manager import BlockManager
+from common.config import EngineConfig
+from common.device import resolve_platform
+from common.kv_events import KVEvent
+from common.model_config import ModelConfig
+from common.runner.model_runner import ModelRunner
+from common.sampling_params import SamplingParams
+from common.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from common.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    updates: list[SeqUpdate] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_preempted: int = 0
+
+
+class LLMEngine:
+    """Build with `LLMEngine.from_config(config)` (loads the model and allocates the KV cache)."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, runner: ModelRunner) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.runner = runner
+        self.max_model_len = resolve_max_model_len(config, model_config)
+        self.block_manager = BlockManager(
+            runner.num_kv_blocks, config.kvcache_block_size, config.enable_prefix_caching
+        )
+        sched_cfg = SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            role=config.role,
+            eos_token_ids=frozenset(model_config.eos_token_ids),
+        )
+        self.scheduler = Scheduler(sched_cfg, self.block_manager)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        model_config = ModelConfig.from_dir(config.model)
+        resolve_max_model_len(config, model_config)
+        platform = resolve_platform(config.device)
+        runner = ModelRunner.load(config, model_config, platform)
+        return cls(config, model_config, runner)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def make_sequence(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Sequence:
+        """Validate a request and wrap it in a Sequence (raises ValueError; nothing is queued)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        self.validate_token_ids(prompt_token_ids)
+        seq = Sequence(prompt_token_ids, params, self.config.kvcache_block_size, request_id)
+        self.scheduler.validate(seq)
+        return seq
+
+    def validate_token_ids(self, token_ids: list[int]) -> None:
+        if not isinstance(token_ids, list | tuple) or len(token_ids) == 0:
+            raise ValueError("prompt must contain at least one token")
+        vocab = self.model_config.vocab_size
+        for t in token_ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise ValueError(f"prompt token id {t!r} is outside the vocabulary [0, {vocab})")
+
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Sequence:
+        seq = self.make_sequence(prompt_token_ids, params, request_id)
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_ids: list[str]) -> list[Sequence]:
+        return self.scheduler.abort(request_ids)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def step(self) -> StepResult:
+        batch = self.scheduler.schedule()
+        result = StepResult(num_preempted=len(batch.preempted))
+        if not batch.seqs:
+            return result
+        out = self.runner.run(batch.seqs, batch.is_decode)
+        for seq, lp in zip(batch.seqs, out.logprobs, strict=True):
+            if lp is not None:
+                seq.logprobs.append(lp)
+        result.updates = self.scheduler.postprocess(batch, out.token_ids)
+        result.num_prefill_tokens = batch.num_prefill_tokens
+        result.num_decode_tokens = batch.num_decode_tokens
+        return result
+
+    def drain_kv_events(self) -> list[KVEvent]:
+        return self.block_manager.drain_events()
+
+
+def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
+    limit = model_config.max_position_embeddings
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's limit ({limit})")
+    return config.max_model_len

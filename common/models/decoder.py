@@ -1,0 +1,128 @@
+"""The decoder-only transformer shared by the Llama, Qwen2 and Qwen3 families.
+
+The families differ only in flags: Qwen2 has a bias on the q/k/v projections, Qwen3 normalises q and
+k per head (RMSNorm) before the rotary embedding, Llama 3 scales rotary frequencies.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from common.layers.activation import SiluAndMul
+from common.layers.attention import Attention
+from common.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from common.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from common.layers.norm import RMSNorm
+from common.layers.rotary import RotaryEmbedding
+from common.model_config import ModelConfig
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        hd = cfg.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, hd, cfg.num_attention_heads, cfg.num_key_value_heads, bias=qkv_bias
+        )
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size, self.head_dim = self.num_heads * hd, self.num_kv_heads * hd, hd
+        self.o_proj = RowParallelLinear(cfg.num_attention_heads * hd, cfg.hidden_size, bias=False)
+        self.rotary_emb = RotaryEmbedding(hd, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps) if qk_norm else None
+        self.attn = Attention(self.num_heads, hd, hd**-0.5, self.num_kv_heads)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported (only 'silu')")
+        size = cfg.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [size, size], bias=False)
+        self.down_proj = RowParallelLinear(size, cfg.hidden_size, bias=False)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(cfg, qkv_bias, qk_norm)
+        self.mlp = DecoderMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qkv_bias, qk_norm) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class DecoderForCausalLM(nn.Module):
+    """Base of every registered architecture; subclasses set the family's flags."""
+
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    # Checkpoint name fragment -> (our parameter fragment, shard id) for merged projections.
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderModel(cfg, self.bias_for(cfg), self.qk_norm)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @classmethod
+    def bias_for(cls, cfg: ModelConfig) -> bool:
+        return cls.qkv_bias or cfg.attention_bias
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

@@ -1,0 +1,1 @@
+"""The device side of the engine: input preparation, the model runner and the sampler."""

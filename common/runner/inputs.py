@@ -1,0 +1,137 @@
+"""Turns a scheduled batch of sequences into the flat tensors one forward pass needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from common.attention.base import AttentionMetadata
+from common.runner.sampler import SamplingBatch
+from common.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # rows of the hidden states whose logits are needed
+    sample_seq_index: list[int]  # index into the batch of each sampled row
+
+
+def prepare_step(seqs: list[Sequence], block_size: int, device: torch.device, is_decode: bool) -> StepInputs:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    starts, seq_lens, sample_rows, sample_seq = [0], [], [], []
+    for i, seq in enumerate(seqs):
+        start, end = seq.num_cached_tokens, seq.num_cached_tokens + seq.num_scheduled_tokens
+        input_ids.extend(seq.token_ids[start:end])
+        positions.extend(range(start, end))
+        slots.extend(_slots(seq.block_table, block_size, start, end))
+        starts.append(starts[-1] + end - start)
+        seq_lens.append(end)
+        if end == len(seq):
+            sample_rows.append(starts[-1] - 1)
+            sample_seq.append(i)
+    width = max(len(s.block_table) for s in seqs)
+    tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+    pin = device.type == "cuda"
+    meta = AttentionMetadata(
+        is_decode=is_decode,
+        slot_mapping=_to(slots, torch.int64, device, pin),
+        query_start_loc=_to(starts, torch.int32, device, pin),
+        seq_lens=_to(seq_lens, torch.int32, device, pin),
+        block_tables=_to(tables, torch.int32, device, pin),
+        max_query_len=max(b - a for a, b in zip(starts, starts[1:], strict=False)),
+        max_seq_len=max(seq_lens),
+        query_start_loc_host=starts,
+        seq_lens_host=seq_lens,
+    )
+    return StepInputs(
+        input_ids=_to(input_ids, torch.int64, device, pin),
+        positions=_to(positions, torch.int64, device, pin),
+        meta=meta,
+        sample_rows=_to(sample_rows, torch.int64, device, pin),
+        sample_seq_index=sample_seq,
+    )
+
+
+def _slots(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
+    out: list[int] = []
+    pos = start
+    while pos < end:
+        block, offset = divmod(pos, block_size)
+        n = min(block_size - offset, end - pos)
+        base = block_table[block] * block_size + offset
+        out.extend(range(base, base + n))
+        pos += n
+    return out
+
+
+def _to(values: list, dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True) if pin else t.to(device)
+
+
+def prepare_sampling(
+    seqs: list[Sequence], vocab_size: int, device: torch.device, eos_token_ids: tuple[int, ...] = ()
+) -> SamplingBatch:
+    """Sampling inputs for the sequences that sample this step (in row order)."""
+    params = [s.sampling_params for s in seqs]
+    pin = device.type == "cuda"
+    temps = _to([p.temperature for p in params], torch.float32, device, pin)
+    batch = SamplingBatch(
+        temperatures=temps,
+        top_k=_to([p.top_k for p in params], torch.int64, device, pin) if any(p.top_k > 0 for p in params) else None,
+        top_p=_to([p.top_p for p in params], torch.float32, device, pin) if any(p.top_p < 1 for p in params) else None,
+        min_p=_to([p.min_p for p in params], torch.float32, device, pin) if any(p.min_p > 0 for p in params) else None,
+        all_greedy=all(p.temperature == 0 for p in params),
+        generators=[_generator(s, device) for s in seqs],
+        num_logprobs=[p.logprobs for p in params] if any(p.logprobs is not None for p in params) else None,
+    )
+    _add_penalties(batch, seqs, vocab_size, device)
+    banned = [_banned(s, eos_token_ids) for s in seqs]
+    batch.banned = banned if any(banned) else None
+    return batch
+
+
+def _generator(seq: Sequence, device: torch.device) -> torch.Generator | None:
+    """A seeded request owns a generator for its whole life, so its draws do not depend on the batch."""
+    seed = seq.sampling_params.seed
+    if seed is None or seq.sampling_params.temperature == 0:
+        return None
+    gen = getattr(seq, "generator", None)
+    if gen is None:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        seq.generator = gen
+    return gen
+
+
+def _add_penalties(batch: SamplingBatch, seqs: list[Sequence], vocab_size: int, device: torch.device) -> None:
+    params = [s.sampling_params for s in seqs]
+    if any(p.repetition_penalty != 1.0 for p in params):
+        batch.repetition = torch.tensor([p.repetition_penalty for p in params], device=device)
+        batch.seen_mask = torch.zeros(len(seqs), vocab_size, dtype=torch.bool, device=device)
+        for row, seq in enumerate(seqs):
+            ids = torch.tensor(seq.token_ids, dtype=torch.int64, device=device).clamp(0, vocab_size - 1)
+            batch.seen_mask[row, ids] = True
+    if any(p.presence_penalty or p.frequency_penalty for p in params):
+        batch.presence = torch.tensor([p.presence_penalty for p in params], device=device)
+        batch.frequency = torch.tensor([p.frequency_penalty for p in params], device=device)
+        batch.output_counts = torch.zeros(len(seqs), vocab_size, device=device)
+        for row, seq in enumerate(seqs):
+            ids = torch.tensor(seq.completion_token_ids, dtype=torch.int64, device=device)
+            batch.output_counts[row].index_add_(0, ids, torch.ones(len(ids), device=device))
+
+
+def _banned(seq: Sequence, eos_token_ids: tuple[int, ...]) -> list[int]:
+    """Stop and EOS tokens are banned until min_tokens have been generated."""
+    p = seq.sampling_params
+    if seq.num_completion_tokens >= p.min_tokens:
+        return []
+    return list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))

@@ -1,0 +1,135 @@
+"""Owns the device: weights, the paged KV cache, input preparation, the forward pass and sampling."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from common.attention import create_backend, resolve_backend_name
+from common.attention.context import ForwardContext, set_forward_context
+from common.config import EngineConfig
+from common.device import DevicePlatform
+from common.layers.attention import Attention
+from common.loader import load_weights
+from common.model_config import ModelConfig
+from common.models import build_model
+from common.parallel import tp_size
+from common.runner.inputs import prepare_sampling, prepare_step
+from common.runner.sampler import Sampler
+from common.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunnerOutput:
+    """One entry per sequence of the batch: the sampled token, or None for a mid-prompt chunk."""
+
+    token_ids: list[int | None]
+    logprobs: list[dict | None]
+
+
+class ModelRunner:
+    """Runs forward passes for scheduled batches. Construct with `ModelRunner.load(...)`."""
+
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, platform: DevicePlatform) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.platform = platform
+        self.device = platform.torch_device
+        self.dtype = platform.resolve_dtype(config.dtype, model_config.torch_dtype)
+        self.block_size = config.kvcache_block_size
+        self.backend_name = resolve_backend_name(config.attention_backend, platform.type, self.block_size)
+        self.sampler = Sampler()
+        self.model: torch.nn.Module | None = None
+        self.kv_cache: torch.Tensor | None = None
+
+    @classmethod
+    def load(cls, config: EngineConfig, model_config: ModelConfig, platform: DevicePlatform) -> ModelRunner:
+        runner = cls(config, model_config, platform)
+        runner.load_model()
+        runner.allocate_kv_cache()
+        return runner
+
+    # ---- start-up ------------------------------------------------------------------------------
+    def load_model(self) -> None:
+        torch.manual_seed(self.config.seed)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                self.model = build_model(self.model_config)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        load_weights(self.model, self.config.model)
+        self.model.eval()
+        self.backend = create_backend(self.backend_name)
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        cfg = self.model_config
+        kv_heads = cfg.num_key_value_heads // tp_size()
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        return 2 * cfg.num_hidden_layers * self.block_size * kv_heads * cfg.head_dim * elem
+
+    def num_blocks_for_memory(self) -> int:
+        if self.config.num_kvcache_blocks is not None:
+            return self.config.num_kvcache_blocks
+        if self.platform.is_cuda:
+            self.platform.synchronize()
+            total = self.platform.total_memory_bytes()
+            used = total - self.platform.free_memory_bytes()
+            budget = int(total * self.config.gpu_memory_utilization) - used - self._activation_reserve()
+        else:
+            budget = int(self.config.cpu_kvcache_gb * (1 << 30))
+        blocks = budget // self.kv_bytes_per_block
+        if blocks <= 0:
+            raise ValueError("not enough memory for any KV cache block; lower the model size or raise the memory share")
+        return blocks
+
+    def _activation_reserve(self) -> int:
+        """Room for one step's activations and logits at the token budget (conservative estimate)."""
+        cfg = self.model_config
+        tokens = self.config.max_num_batched_tokens
+        per_token = (4 * cfg.hidden_size + 2 * cfg.intermediate_size) * 4
+        logits = self.config.max_num_seqs * cfg.vocab_size * 4 * 3
+        return tokens * per_token + logits + (256 << 20)
+
+    def allocate_kv_cache(self) -> None:
+        cfg = self.model_config
+        num_blocks = self.num_blocks_for_memory()
+        shape = (2, cfg.num_hidden_layers, num_blocks, self.block_size, cfg.num_key_value_heads // tp_size(), cfg.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        for i, layer in enumerate(layers):
+            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+        logger.info("KV cache: %d blocks x %d tokens (%s)", num_blocks, self.block_size, self.dtype)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.kv_cache.shape[2]
+
+    # ---- one step ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, seqs: list[Sequence], is_decode: bool) -> RunnerOutput:
+        inputs = prepare_step(seqs, self.block_size, self.device, is_decode)
+        set_forward_context(ForwardContext(self.backend, inputs.meta))
+        try:
+            hidden = self.model(inputs.input_ids, inputs.positions)
+        finally:
+            set_forward_context(None)
+        tokens: list[int | None] = [None] * len(seqs)
+        logprobs: list[dict | None] = [None] * len(seqs)
+        if not inputs.sample_seq_index:
+            return RunnerOutput(tokens, logprobs)
+        logits = self.model.compute_logits(hidden[inputs.sample_rows])
+        sampling_seqs = [seqs[i] for i in inputs.sample_seq_index]
+        batch = prepare_sampling(sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids)
+        out = self.sampler(logits, batch)
+        for row, (i, tok) in enumerate(zip(inputs.sample_seq_index, out.token_ids.tolist(), strict=True)):
+            tokens[i] = tok
+            if out.logprobs is not None:
+                logprobs[i] = out.logprobs[row]
+        return RunnerOutput(tokens, logprobs)

@@ -1,0 +1,251 @@
+"""Iteration-level continuous batching with chunked prefill, prefix reuse and preemption.
+
+Each step first gives every running sequence its next tokens (one for a decoding sequence, the
+next chunk for one still prefilling), then admits waiting sequences into the remaining token
+budget. Any prompt may be split into chunks, not only the first of a batch. When the KV cache runs
+out, the most recently admitted running sequence is preempted: its blocks are freed and it goes back
+to the head of the queue to be recomputed (its cached prefix usually survives in the LRU).
+
+Roles: `mixed` runs a request from prompt to finish. `prefill` hands a sequence off as soon as its
+first token is sampled, keeping its blocks pinned until `release`. `decode` receives sequences
+whose prompt KV arrives by transfer (`reserve_for_transfer` / `complete_transfer`), and recomputes
+them locally if the transfer fails.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import count
+
+from common.block_manager import BlockManager
+from common.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    role: str = "mixed"
+    eos_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class ScheduledBatch:
+    """Sequences to run this step; each carries `num_scheduled_tokens`."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence computes exactly its last token (the CUDA-graph-friendly case)."""
+        return bool(self.seqs) and self.num_prefill_tokens == 0
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass(frozen=True)
+class SeqUpdate:
+    """What happened to one sequence in a step."""
+
+    seq: Sequence
+    new_token_id: int | None
+    finished: bool
+    handed_off: bool = False
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.transferring: dict[int, Sequence] = {}
+        self.handed_off: dict[int, Sequence] = {}
+        self._admit_counter = count()
+
+    # ---- intake --------------------------------------------------------------------------------
+    def validate(self, seq: Sequence) -> None:
+        """Reject a sequence that could never run (raises ValueError)."""
+        if len(seq) == 0:
+            raise ValueError("prompt must contain at least one token")
+        if len(seq) > self.config.max_model_len:
+            raise ValueError(
+                f"prompt has {len(seq)} tokens, more than max_model_len={self.config.max_model_len}"
+            )
+        if seq.num_blocks_needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"prompt needs {seq.num_blocks_needed} KV blocks but the cache has "
+                f"{self.block_manager.num_blocks}"
+            )
+
+    def add(self, seq: Sequence) -> None:
+        self.validate(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.transferring)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        tokens = sum(s.num_uncomputed_tokens for s in self.waiting)
+        return tokens + sum(s.num_uncomputed_tokens - 1 for s in self.running if s.num_uncomputed_tokens > 1)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        if not batch.preempted:
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.grow(seq, seq.num_cached_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    return budget
+            self._put(batch, seq, n)
+            budget -= n
+            i += 1
+        return budget
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            match = self.block_manager.match_prefix(seq)
+            n = min(len(seq) - match.num_tokens, budget)
+            if not self.block_manager.can_admit(seq, match, match.num_tokens + n):
+                break
+            self.waiting.popleft()
+            self.block_manager.admit(seq, match, match.num_tokens + n)
+            if seq.num_preemptions == 0 and seq.admit_order < 0:
+                seq.num_prefix_hit_tokens = match.num_tokens
+            seq.admit_order = next(self._admit_counter)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._put(batch, seq, n)
+            budget -= n
+
+    @staticmethod
+    def _put(batch: ScheduledBatch, seq: Sequence, n: int) -> None:
+        seq.num_scheduled_tokens = n
+        batch.seqs.append(seq)
+        if n == 1 and seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0:
+            batch.num_decode_tokens += 1
+        else:
+            batch.num_prefill_tokens += n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ---- after the model ran -------------------------------------------------------------------
+    def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[SeqUpdate]:
+        """Advance cache counters and append sampled tokens (None: mid-prompt chunk, no sample)."""
+        updates = []
+        for seq, token in zip(batch.seqs, sampled, strict=True):
+            seq.num_cached_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            self.block_manager.commit(seq)
+            if token is None or seq.status != SequenceStatus.RUNNING:
+                continue
+            seq.append_token(token)
+            updates.append(self._after_token(seq, token))
+        return updates
+
+    def _after_token(self, seq: Sequence, token: int) -> SeqUpdate:
+        reason = self.stop_reason(seq, token)
+        if reason is not None:
+            self._finish(seq, reason)
+            return SeqUpdate(seq, token, finished=True)
+        if self.config.role == "prefill":
+            self.running.remove(seq)
+            seq.status = SequenceStatus.HANDED_OFF
+            self.handed_off[seq.seq_id] = seq
+            return SeqUpdate(seq, token, finished=False, handed_off=True)
+        return SeqUpdate(seq, token, finished=False)
+
+    def stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        params = seq.sampling_params
+        if token in params.stop_token_ids and seq.num_completion_tokens >= params.min_tokens:
+            return FinishReason.STOP
+        if not params.ignore_eos and token in self.config.eos_token_ids:
+            if seq.num_completion_tokens >= params.min_tokens:
+                return FinishReason.STOP
+        if seq.num_completion_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    # ---- aborts and hand-offs ------------------------------------------------------------------
+    def abort(self, request_ids: Iterable[str]) -> list[Sequence]:
+        """Finish every sequence of these requests wherever it is; returns the aborted ones."""
+        wanted = set(request_ids)
+        aborted = [s for s in self._all_live() if s.request_id in wanted]
+        for seq in aborted:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self.transferring.pop(seq.seq_id, None)
+            self.handed_off.pop(seq.seq_id, None)
+            self._finish(seq, FinishReason.ABORT)
+        return aborted
+
+    def _all_live(self) -> list[Sequence]:
+        return [*self.waiting, *self.running, *self.transferring.values(), *self.handed_off.values()]
+
+    def release(self, seq: Sequence) -> None:
+        """Prefill role: the decode side has its copy; unpin the blocks (they stay cached)."""
+        if self.handed_off.pop(seq.seq_id, None) is not None:
+            self._finish(seq, FinishReason.STOP if seq.finish_reason is None else seq.finish_reason)
+
+    def reserve_for_transfer(self, seq: Sequence) -> bool:
+        """Decode role: allocate blocks for the prompt's KV; False if the cache is full right now."""
+        self.validate(seq)
+        if not self.block_manager.grow(seq, seq.num_prompt_tokens):
+            return False
+        seq.status = SequenceStatus.TRANSFERRING
+        self.transferring[seq.seq_id] = seq
+        return True
+
+    def complete_transfer(self, seq: Sequence) -> None:
+        """The prompt's KV arrived: the sequence joins the running batch at its first decode step."""
+        self.transferring.pop(seq.seq_id)
+        seq.num_cached_tokens = seq.num_prompt_tokens
+        self.block_manager.commit(seq)
+        seq.status = SequenceStatus.RUNNING
+        seq.admit_order = next(self._admit_counter)
+        self.running.append(seq)
+
+    def fail_transfer(self, seq: Sequence) -> None:
+        """The transfer failed: recompute the prompt (and the first token's KV) locally."""
+        self.transferring.pop(seq.seq_id)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.append(seq)

@@ -1,0 +1,84 @@
+"""Tiny random HF checkpoints written by the tests themselves (fixed seed, saved as safetensors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY_COMMON = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+)
+
+
+def _config(arch: str, **overrides):
+    import transformers
+
+    kw = dict(TINY_COMMON)
+    if arch == "qwen3":
+        kw.update(head_dim=32, rope_theta=1_000_000.0, tie_word_embeddings=True)
+        cfg = transformers.Qwen3Config(**kw)
+    elif arch == "qwen2":
+        kw.update(rope_theta=1_000_000.0, tie_word_embeddings=False)
+        cfg = transformers.Qwen2Config(**kw)
+    elif arch == "llama":
+        kw.update(
+            rope_theta=500_000.0,
+            tie_word_embeddings=False,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 256,
+            },
+        )
+        cfg = transformers.LlamaConfig(**kw)
+    else:
+        raise ValueError(f"unknown tiny architecture {arch!r}")
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def write_tiny_model(arch: str, directory: Path, seed: int = 0, **overrides) -> Path:
+    """Create a random model of `arch` ('qwen3', 'qwen2', 'llama') in `directory`; returns it."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = _config(arch, **overrides)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    # Larger-than-default weights make the logits peaked, so greedy ties (and flaky parity) are rare.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
+            elif "bias" in name:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Reference greedy continuations from transformers (fp32, one prompt at a time, no padding)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model.eval()
+    outs = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            y = model.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
+                min_new_tokens=max_new_tokens, pad_token_id=0,
+            )
+        outs.append(y[0, len(ids):].tolist())
+    return outs
