@@ -54,12 +54,14 @@ def write_tiny_model(arch: str, directory: Path, seed: int = 0, **overrides) -> 
 
     torch.manual_seed(seed)
     cfg = _config(arch, **overrides)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     # Larger-than-default weights make the logits peaked, so greedy ties (and flaky parity) are rare.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                p.normal_(0.0, 0.15 if "embed" not in name else 1.0)
+                # Tied embeddings double as the LM head, where a large scale makes outputs repeat.
+                embed_std = 0.4 if cfg.tie_word_embeddings else 1.0
+                p.normal_(0.0, embed_std if "embed" in name else 0.15)
             elif "bias" in name:
                 p.normal_(0.0, 0.1)
     model.save_pretrained(directory, safe_serialization=True)
@@ -67,18 +69,24 @@ def write_tiny_model(arch: str, directory: Path, seed: int = 0, **overrides) -> 
 
 
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Reference greedy continuations from transformers (fp32, one prompt at a time, no padding)."""
+    """Reference greedy continuations from transformers (fp32, one prompt at a time, EOS not special).
+
+    A plain argmax loop over the model's forward with its own KV cache, so no generation-config
+    logic (EOS handling, min_new_tokens bans) can differ from the engine's `ignore_eos` greedy.
+    """
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     outs = []
     for ids in prompts:
-        x = torch.tensor([ids])
+        x, past, new = torch.tensor([ids]), None, []
         with torch.no_grad():
-            y = model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
-                min_new_tokens=max_new_tokens, pad_token_id=0,
-            )
-        outs.append(y[0, len(ids):].tolist())
+            for _ in range(max_new_tokens):
+                out = model(input_ids=x, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                token = int(out.logits[0, -1].argmax())
+                new.append(token)
+                x = torch.tensor([[token]])
+        outs.append(new)
     return outs
