@@ -132,7 +132,10 @@ class LLM:
             text = pending.texts.get(seq.seq_id)
             if text is None and self.tokenizer is not None:
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            outs.append({"text": text, "token_ids": ids, "finish_reason": _reason(seq)})
+            out = {"text": text, "token_ids": ids, "finish_reason": _reason(seq)}
+            if seq.sampling_params.logprobs is not None:
+                out["logprobs"] = seq.logprobs
+            outs.append(out)
         first = dict(outs[0])
         if len(outs) > 1:
             first["outputs"] = outs
