@@ -25,12 +25,14 @@ class DevicePlatform:
         return self.type == "cuda"
 
     def resolve_dtype(self, requested: str, model_dtype: str) -> torch.dtype:
-        """"auto": the checkpoint's dtype on CUDA, float32 on the CPU (exact and fastest there)."""
+        """"auto": float32 on the CPU (exact, and fastest there); on CUDA the checkpoint's half
+        precision dtype, with float32 checkpoints served in bfloat16 as vLLM does."""
         if requested != "auto":
             return _DTYPES[requested]
         if not self.is_cuda:
             return torch.float32
-        return _DTYPES.get(model_dtype.replace("torch.", ""), torch.bfloat16)
+        dtype = _DTYPES.get(model_dtype.replace("torch.", ""), torch.bfloat16)
+        return torch.bfloat16 if dtype == torch.float32 else dtype
 
     def synchronize(self) -> None:
         if self.is_cuda:

@@ -16,19 +16,52 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Union
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, ClassVar, Union
 
 import msgpack
 
 _INT_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
 ROLES = ("prefill", "decode")
 FINISH_REASONS = ("stop", "length", "abort")
-EVENT_KINDS = ("stored", "removed", "cleared")
+EVENT_FIELDS = {"stored": {"kind", "hashes", "parent"}, "removed": {"kind", "hashes"}, "cleared": {"kind"}}
 
 
 class MessageError(ValueError):
     """A message that cannot be encoded or decoded; the text names the offending field."""
+
+
+# Field constraints, attached with typing.Annotated and checked on construction. On a list, _min applies
+# to each element while _non_empty is about the list itself.
+def _min(low: int) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if any(v < low for v in (value if isinstance(value, list) else [value])):
+            raise MessageError(f"{name} must be >= {low}")
+
+    return check
+
+
+def _non_empty(name: str, value: Any) -> None:
+    if not value:
+        raise MessageError(f"{name} must not be empty")
+
+
+def _one_of(*choices: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if value is not None and value not in choices:
+            raise MessageError(f"{name} must be one of {choices}, got {value!r}")
+
+    return check
+
+
+Id = Annotated[str, _non_empty]
+Count = Annotated[int, _min(0)]
+Positive = Annotated[int, _min(1)]
+Hash = Annotated[int, _min(0)]  # uint64: the upper bound is msgpack's own
+Hashes = Annotated[list[int], _min(0)]
+TokenIds = Annotated[list[int], _min(0)]
+Prompt = Annotated[list[int], _min(0), _non_empty]
 
 
 class Message:
@@ -37,13 +70,13 @@ class Message:
     TYPE: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
+        hints = _hints(type(self))
         for f in fields(self):  # type: ignore[arg-type]
-            value = _check(getattr(self, f.name), _hints(type(self))[f.name], f.name)
-            object.__setattr__(self, f.name, value)
+            object.__setattr__(self, f.name, _check(getattr(self, f.name), hints[f.name], f.name))
         self.validate()
 
     def validate(self) -> None:
-        """Message-specific invariants beyond field types; raise MessageError naming the field."""
+        """Invariants across fields; raise MessageError naming the field."""
 
 
 @dataclass
@@ -51,29 +84,19 @@ class WorkerRegister(Message):
     """Worker -> router inbox, once at start (re-sending it unchanged is an idempotent refresh)."""
 
     TYPE: ClassVar[str] = "worker_register"
-    worker_id: str
-    role: str
+    worker_id: Id
+    role: Annotated[str, _one_of(*ROLES)]
     host: str
-    pid: int
-    command_addr: str
+    pid: Count
+    command_addr: Id
     events_addr: str | None
     kv_endpoint: dict
-    block_size: int
-    probe_hash: int
-    num_kv_blocks: int
-    max_model_len: int
-    max_num_batched_tokens: int
+    block_size: Positive
+    probe_hash: Hash
+    num_kv_blocks: Positive
+    max_model_len: Positive
+    max_num_batched_tokens: Positive
     model_name: str
-
-    def validate(self) -> None:
-        _non_empty("worker_id", self.worker_id)
-        _non_empty("command_addr", self.command_addr)
-        if self.role not in ROLES:
-            raise MessageError(f"role must be one of {ROLES}, got {self.role!r}")
-        _min("block_size", self.block_size, 1)
-        _uint64("probe_hash", self.probe_hash)
-        for name in ("num_kv_blocks", "max_model_len", "max_num_batched_tokens"):
-            _min(name, getattr(self, name), 1)
 
 
 @dataclass
@@ -81,18 +104,13 @@ class WorkerHeartbeat(Message):
     """Worker -> router inbox, every ~0.5 s: the load figures the routing policy uses."""
 
     TYPE: ClassVar[str] = "worker_heartbeat"
-    worker_id: str
-    num_free_blocks: int
-    num_total_blocks: int
-    num_waiting: int
-    num_running: int
-    queued_prefill_tokens: int
+    worker_id: Id
+    num_free_blocks: Count
+    num_total_blocks: Count
+    num_waiting: Count
+    num_running: Count
+    queued_prefill_tokens: Count  # prompt tokens accepted but not yet computed
     sent_at: float
-
-    def validate(self) -> None:
-        for name in ("num_free_blocks", "num_total_blocks", "num_waiting", "num_running"):
-            _min(name, getattr(self, name), 0)
-        _min("queued_prefill_tokens", self.queued_prefill_tokens, 0)
 
 
 @dataclass
@@ -100,16 +118,12 @@ class PrefillRequest(Message):
     """Router -> prefill worker command socket: compute the prompt's KV and the first token."""
 
     TYPE: ClassVar[str] = "prefill_request"
-    request_id: str
-    prompt_token_ids: list[int]
+    request_id: Id
+    prompt_token_ids: Prompt
     sampling: dict
-    decode_worker_id: str
-    decode_command_addr: str
+    decode_worker_id: Id
+    decode_command_addr: Id
     deadline: float | None
-
-    def validate(self) -> None:
-        _non_empty("request_id", self.request_id)
-        _token_ids("prompt_token_ids", self.prompt_token_ids, allow_empty=False)
 
 
 @dataclass
@@ -117,21 +131,14 @@ class DecodeRequest(Message):
     """Prefill worker -> decode worker command socket: continue a sequence whose KV is being sent."""
 
     TYPE: ClassVar[str] = "decode_request"
-    request_id: str
-    prompt_token_ids: list[int]
-    first_token_id: int
+    request_id: Id
+    prompt_token_ids: Prompt
+    first_token_id: Count
     sampling: dict
     kv_endpoint: dict
-    src_block_ids: list[int]
-    prefill_worker_id: str
+    src_block_ids: Annotated[list[int], _min(0)]
+    prefill_worker_id: Id
     deadline: float | None
-
-    def validate(self) -> None:
-        _non_empty("request_id", self.request_id)
-        _token_ids("prompt_token_ids", self.prompt_token_ids, allow_empty=False)
-        _min("first_token_id", self.first_token_id, 0)
-        for block_id in self.src_block_ids:
-            _min("src_block_ids", block_id, 0)
 
 
 @dataclass
@@ -139,31 +146,25 @@ class TokenOutput(Message):
     """Any worker -> router inbox: generated tokens of one request.
 
     `index` is the completion position of token_ids[0] (prefill sends 0, decode 1..). A message with
-    `finish_reason` set is the request's last; its token_ids may be empty. `logprobs`, when present,
-    has one entry per token: {"logprob": float, "top": [[token_id, logprob], ...]}.
+    `finish_reason` set is the request's last; only then may token_ids be empty. `logprobs`, when
+    present, has one entry per token: {"logprob": float, "top": [[token_id, logprob], ...]}.
     """
 
     TYPE: ClassVar[str] = "token_output"
-    request_id: str
-    worker_id: str
-    index: int
-    token_ids: list[int]
-    finish_reason: str | None
-    num_prompt_tokens: int
-    cached_tokens: int
+    request_id: Id
+    worker_id: Id
+    index: Count
+    token_ids: TokenIds
+    finish_reason: Annotated[str | None, _one_of(*FINISH_REASONS)]
+    num_prompt_tokens: Count
+    cached_tokens: Count
     logprobs: list | None = None
-    kv_transfer_bytes: int = 0
-    kv_transfer_seconds: float = 0.0
+    kv_transfer_bytes: Count = 0
+    kv_transfer_seconds: Annotated[float, _min(0)] = 0.0
 
     def validate(self) -> None:
-        _min("index", self.index, 0)
-        _token_ids("token_ids", self.token_ids, allow_empty=self.finish_reason is not None)
-        if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
-            raise MessageError(f"finish_reason must be one of {FINISH_REASONS} or None")
-        for name in ("num_prompt_tokens", "cached_tokens", "kv_transfer_bytes"):
-            _min(name, getattr(self, name), 0)
-        if self.kv_transfer_seconds < 0:
-            raise MessageError("kv_transfer_seconds must be >= 0")
+        if not self.token_ids and self.finish_reason is None:
+            raise MessageError("token_ids must not be empty unless finish_reason is set")
         if self.logprobs is not None:
             _check_logprobs(self.logprobs, len(self.token_ids))
 
@@ -172,13 +173,13 @@ class TokenOutput(Message):
 class RequestFailed(Message):
     """Any worker -> router inbox: the request cannot complete on this worker.
 
-    `retryable` means nothing was streamed that the client could have seen from this worker's side and
-    another worker may succeed (e.g. out of blocks, shutting down); the router decides whether to retry.
+    `retryable` means another worker may succeed (e.g. out of blocks, shutting down); the router
+    retries only if the client has not seen any token yet.
     """
 
     TYPE: ClassVar[str] = "request_failed"
-    request_id: str
-    worker_id: str
+    request_id: Id
+    worker_id: Id
     error: str
     retryable: bool
 
@@ -188,7 +189,7 @@ class Abort(Message):
     """Router -> worker command socket: drop the request and free its blocks (idempotent)."""
 
     TYPE: ClassVar[str] = "abort"
-    request_id: str
+    request_id: Id
 
 
 @dataclass
@@ -200,12 +201,11 @@ class KVEventBatch(Message):
     """
 
     TYPE: ClassVar[str] = "kv_event_batch"
-    worker_id: str
-    seq: int
+    worker_id: Id
+    seq: Positive
     events: list[dict]
 
     def validate(self) -> None:
-        _min("seq", self.seq, 1)
         for i, event in enumerate(self.events):
             _check_event(event, f"events[{i}]")
 
@@ -215,7 +215,7 @@ class SnapshotRequest(Message):
     """Router -> prefill worker command socket: send a Snapshot of every block hash you hold."""
 
     TYPE: ClassVar[str] = "snapshot_request"
-    worker_id: str
+    worker_id: Id
 
 
 @dataclass
@@ -223,14 +223,9 @@ class Snapshot(Message):
     """Prefill worker -> router inbox: all cached hashes; `seq` = last event batch reflected (0: none)."""
 
     TYPE: ClassVar[str] = "snapshot"
-    worker_id: str
-    seq: int
-    hashes: list[int]
-
-    def validate(self) -> None:
-        _min("seq", self.seq, 0)
-        for h in self.hashes:
-            _uint64("hashes", h)
+    worker_id: Id
+    seq: Count
+    hashes: Hashes
 
 
 @dataclass
@@ -238,25 +233,10 @@ class Shutdown(Message):
     """Router -> worker command socket: finish nothing more and exit."""
 
     TYPE: ClassVar[str] = "shutdown"
-    reason: str = field(default="")
+    reason: str = ""
 
 
-MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls
-    for cls in (
-        WorkerRegister,
-        WorkerHeartbeat,
-        PrefillRequest,
-        DecodeRequest,
-        TokenOutput,
-        RequestFailed,
-        Abort,
-        KVEventBatch,
-        SnapshotRequest,
-        Snapshot,
-        Shutdown,
-    )
-}
+MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in Message.__subclasses__()}
 
 
 def stored_event(hashes: list[int], parent: int | None) -> dict:
@@ -313,78 +293,49 @@ _HINTS: dict[type, dict[str, Any]] = {}
 
 def _hints(cls: type) -> dict[str, Any]:
     if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
+        _HINTS[cls] = typing.get_type_hints(cls, include_extras=True)
     return _HINTS[cls]
+
+
+_SCALARS: dict[type, Callable[[Any], bool]] = {
+    # exact types: bool is not an int here, and numpy scalars must be converted (.tolist()) by the sender
+    int: lambda v: type(v) is int and _INT_MIN <= v <= _UINT64_MAX,
+    float: lambda v: type(v) in (int, float),
+    str: lambda v: type(v) is str,
+    bool: lambda v: type(v) is bool,
+    dict: lambda v: type(v) is dict and all(type(k) is str for k in v),
+    list: lambda v: type(v) is list,
+}
 
 
 def _check(value: Any, tp: Any, name: str) -> Any:
     """Return `value` (floats widened from ints) if it has type `tp`, else raise MessageError."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return None
-        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _check(value, inner, name)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise MessageError(f"{name} must be a number, got {type(value).__name__}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int) or not _INT_MIN <= value <= _UINT64_MAX:
-            raise MessageError(f"{name} must be an int, got {type(value).__name__}")
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        value = _check(value, args[0], name)
+        for constraint in args[1:]:
+            constraint(name, value)
         return value
-    if tp in (str, bool):
-        if not isinstance(value, tp):
-            raise MessageError(f"{name} must be a {tp.__name__}, got {type(value).__name__}")
-        return value
-    if tp is dict or origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise MessageError(f"{name} must be a map with string keys")
-        return value
-    if tp is list or origin is list:
-        if not isinstance(value, list):
-            raise MessageError(f"{name} must be a list, got {type(value).__name__}")
-        args = typing.get_args(tp)
-        return [_check(v, args[0], name) for v in value] if args else value
-    raise MessageError(f"{name}: unsupported field type {tp!r}")  # a bug in this module
-
-
-def _non_empty(name: str, value: str) -> None:
-    if not value:
-        raise MessageError(f"{name} must not be empty")
-
-
-def _min(name: str, value: int, low: int) -> None:
-    if value < low:
-        raise MessageError(f"{name} must be >= {low}, got {value}")
-
-
-def _uint64(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT64_MAX:
-        raise MessageError(f"{name} must hold uint64 block hashes, got {value!r}")
-
-
-def _token_ids(name: str, ids: list[int], allow_empty: bool) -> None:
-    if not ids and not allow_empty:
-        raise MessageError(f"{name} must not be empty")
-    if any(t < 0 for t in ids):
-        raise MessageError(f"{name} must hold non-negative token ids")
+    if origin in (Union, types.UnionType):  # always `X | None` in this module
+        return None if value is None else _check(value, args[0], name)
+    base = origin or tp
+    if not _SCALARS[base](value):
+        raise MessageError(f"{name} must be a {base.__name__}, got {type(value).__name__}")
+    if base is list and args:
+        return [_check(v, args[0], name) for v in value]
+    return float(value) if base is float else value
 
 
 def _check_event(event: dict, name: str) -> None:
     kind = event.get("kind")
-    expected = {"stored": {"kind", "hashes", "parent"}, "removed": {"kind", "hashes"}, "cleared": {"kind"}}
-    if kind not in expected:
-        raise MessageError(f"{name}.kind must be one of {EVENT_KINDS}, got {kind!r}")
-    if set(event) != expected[kind]:
-        raise MessageError(f"{name} ({kind}) must have exactly the fields {sorted(expected[kind])}")
-    hashes = event.get("hashes", [])
-    if not isinstance(hashes, list):
-        raise MessageError(f"{name}.hashes must be a list")
-    for h in hashes:
-        _uint64(f"{name}.hashes", h)
-    if kind == "stored" and event["parent"] is not None:
-        _uint64(f"{name}.parent", event["parent"])
+    if kind not in EVENT_FIELDS:
+        raise MessageError(f"{name}.kind must be one of {tuple(EVENT_FIELDS)}, got {kind!r}")
+    if set(event) != EVENT_FIELDS[kind]:
+        raise MessageError(f"{name} ({kind}) must have exactly the fields {sorted(EVENT_FIELDS[kind])}")
+    if kind != "cleared":
+        _check(event["hashes"], Hashes, f"{name}.hashes")
+    if kind == "stored":
+        _check(event["parent"], Hash | None, f"{name}.parent")
 
 
 def _check_logprobs(entries: list, num_tokens: int) -> None:
@@ -394,9 +345,7 @@ def _check_logprobs(entries: list, num_tokens: int) -> None:
         if not isinstance(entry, dict) or set(entry) != {"logprob", "top"}:
             raise MessageError('logprobs entries must be {"logprob": float, "top": [[id, logprob], ...]}')
         _check(entry["logprob"], float, "logprobs.logprob")
-        if not isinstance(entry["top"], list):
-            raise MessageError("logprobs.top must be a list")
-        for pair in entry["top"]:
+        for pair in _check(entry["top"], list, "logprobs.top"):
             if not isinstance(pair, list) or len(pair) != 2:
                 raise MessageError("logprobs.top entries must be [token_id, logprob] pairs")
             _check(pair[0], int, "logprobs.top.token_id")

@@ -19,14 +19,16 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
-# Bytes of K (and again of V) one stage-1 loop iteration reads: with 3 pipeline stages this keeps
-# about 100 KB of shared memory per program, so two programs fit on an SM with loads in flight.
-_TILE_BYTES = 16384
+# Stage-1 launch tunables (benchmarks/attention_kernels.py --tune sweeps them). tile_bytes: bytes of K
+# (and again of V) one loop iteration reads per program; 16 KB is 64 tokens of a 128-wide bf16 head.
+DECODE_LAUNCH = {"tile_bytes": 16384, "num_warps": 4, "num_stages": 3}
 # A split should cover at least this many tokens, or the merge costs more than the parallelism gains.
 _MIN_SPLIT_TOKENS = 256
 _MAX_SPLITS = 64
-# Aim for this many stage-1 programs per SM so that the tail of the last wave is short.
-_PROGRAMS_PER_SM = 8
+# Split only while there are fewer than this many (sequence, KV head) programs per SM: on the H200,
+# batch 64 x 8 KV heads (3.9 per SM) already reads at full bandwidth with one split, and extra
+# splits there cost 5-20% (merge traffic, shorter loops).
+_PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -40,7 +42,6 @@ def _decode_stage1_kernel(
     lse_ptr,
     qk_scale,
     num_splits,
-    head_dim,
     stride_qb,
     stride_qh,
     stride_cb,
@@ -52,6 +53,7 @@ def _decode_stage1_kernel(
     stride_os,
     stride_lb,
     stride_lh,
+    HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -73,7 +75,7 @@ def _decode_stage1_kernel(
     dims = tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + rows
     row_mask = rows < GROUP
-    dim_mask = dims < head_dim
+    dim_mask = dims < HEAD_DIM
     q = tl.load(
         q_ptr + b * stride_qb + heads[:, None] * stride_qh + dims[None, :],
         mask=row_mask[:, None] & dim_mask[None, :],
@@ -118,7 +120,6 @@ def _decode_stage2_kernel(
     lse_ptr,
     out_ptr,
     num_splits,
-    head_dim,
     stride_pb,
     stride_ph,
     stride_ps,
@@ -126,6 +127,7 @@ def _decode_stage2_kernel(
     stride_lh,
     stride_ob,
     stride_oh,
+    HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -142,18 +144,18 @@ def _decode_stage2_kernel(
     denom = tl.sum(w, 0)
     part = tl.load(
         part_ptr + b * stride_pb + h * stride_ph + splits[:, None] * stride_ps + dims[None, :],
-        mask=split_mask[:, None] & (dims < head_dim)[None, :],
+        mask=split_mask[:, None] & (dims < HEAD_DIM)[None, :],
         other=0.0,
     )
     out = tl.sum(part * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
     o_ptrs = out_ptr + b * stride_ob + h * stride_oh + dims
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
     """Splits per sequence so stage 1 fills the GPU: a power of two (few variants), from host ints only."""
     base_programs = max(1, batch * num_kv_heads)
-    wanted = triton.cdiv(num_sms * _PROGRAMS_PER_SM, base_programs)
+    wanted = (num_sms * _PROGRAMS_PER_SM) // base_programs
     by_length = max(1, max_seq_len // _MIN_SPLIT_TOKENS)
     splits = max(1, min(wanted, by_length, _MAX_SPLITS))
     return 1 << (splits.bit_length() - 1)
@@ -203,10 +205,10 @@ def paged_decode_attention(
         lse,
         out,
         num_splits,
-        head_dim,
         *partial.stride()[:3],
         *lse.stride()[:2],
         *out.stride()[:2],
+        HEAD_DIM=head_dim,
         BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=common["BLOCK_D"],
         num_warps=4,
@@ -216,12 +218,13 @@ def paged_decode_attention(
 
 def decode_tile_n(head_dim: int, element_size: int) -> int:
     """Context tokens per stage-1 iteration: 64 for head_dim 128 in 16-bit, fewer for wider rows."""
-    rows = _TILE_BYTES // (triton.next_power_of_2(head_dim) * element_size)
+    rows = DECODE_LAUNCH["tile_bytes"] // (triton.next_power_of_2(head_dim) * element_size)
     return max(16, min(128, rows))
 
 
 def _stage1_constants(q: torch.Tensor, k_cache: torch.Tensor, group: int, head_dim: int) -> dict:
     return {
+        "HEAD_DIM": head_dim,
         "GROUP": group,
         # tl.dot needs at least 16 rows; the padding rows cost no memory traffic.
         "GROUP_P": max(16, triton.next_power_of_2(group)),
@@ -230,8 +233,8 @@ def _stage1_constants(q: torch.Tensor, k_cache: torch.Tensor, group: int, head_d
         "TILE_N": decode_tile_n(head_dim, q.element_size()),
         # fp32 caches get exact fp32 products; tf32 would cost about 1e-3 relative error.
         "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
-        "num_warps": 4,
-        "num_stages": 3,
+        "num_warps": DECODE_LAUNCH["num_warps"],
+        "num_stages": DECODE_LAUNCH["num_stages"],
     }
 
 
@@ -248,7 +251,6 @@ def _launch_stage1(q, k_cache, v_cache, block_tables, seq_lens, scale, num_split
         lse if lse is not None else out,
         scale * _LOG2E,
         num_splits,
-        head_dim,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

@@ -21,8 +21,8 @@ def _store_kv_kernel(
     stride_cb,
     stride_cs,
     stride_ch,
-    num_kv_heads,
-    head_dim,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -33,7 +33,7 @@ def _store_kv_kernel(
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
     # A negative slot is padding: the mask turns both stores off (no branch, no host sync).
-    mask = (heads < num_kv_heads) & (dims < head_dim) & (slot >= 0)
+    mask = (heads < NUM_KV_HEADS) & (dims < HEAD_DIM) & (slot >= 0)
     cache_off = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + heads * stride_ch + dims
     k = tl.load(k_ptr + tok * stride_kt + heads * stride_kh + dims, mask=mask)
     v = tl.load(v_ptr + tok * stride_vt + heads * stride_vh + dims, mask=mask)
@@ -68,8 +68,8 @@ def store_kv(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        num_kv_heads,
-        head_dim,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
         BLOCK_SIZE=k_cache.shape[1],
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_D=triton.next_power_of_2(head_dim),
