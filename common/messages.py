@@ -36,7 +36,13 @@ class MessageError(ValueError):
 # to each element while _non_empty is about the list itself.
 def _min(low: int) -> Callable[[str, Any], None]:
     def check(name: str, value: Any) -> None:
-        if any(v < low for v in (value if isinstance(value, list) else [value])):
+        if (
+            isinstance(value, list)
+            and value
+            and min(value) < low
+            or not isinstance(value, list)
+            and value < low
+        ):
             raise MessageError(f"{name} must be >= {low}")
 
     return check
@@ -70,9 +76,8 @@ class Message:
     TYPE: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        hints = _hints(type(self))
-        for f in fields(self):  # type: ignore[arg-type]
-            object.__setattr__(self, f.name, _check(getattr(self, f.name), hints[f.name], f.name))
+        for name, check in _checkers(type(self)):
+            object.__setattr__(self, name, check(getattr(self, name), name))
         self.validate()
 
     def validate(self) -> None:
@@ -288,13 +293,16 @@ def decode(data: bytes) -> Message:
 
 # ---- field checking -------------------------------------------------------------------------------
 
-_HINTS: dict[type, dict[str, Any]] = {}
+Checker = Callable[[Any, str], Any]  # (value, field name) -> value, floats widened; or MessageError
+_CHECKERS: dict[type, list[tuple[str, Checker]]] = {}
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls, include_extras=True)
-    return _HINTS[cls]
+def _checkers(cls: type) -> list[tuple[str, Checker]]:
+    """Per message class, one compiled checker per field (built once: messages are on the hot path)."""
+    if cls not in _CHECKERS:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        _CHECKERS[cls] = [(f.name, _compile(hints[f.name])) for f in fields(cls)]
+    return _CHECKERS[cls]
 
 
 _SCALARS: dict[type, Callable[[Any], bool]] = {
@@ -308,22 +316,48 @@ _SCALARS: dict[type, Callable[[Any], bool]] = {
 }
 
 
-def _check(value: Any, tp: Any, name: str) -> Any:
-    """Return `value` (floats widened from ints) if it has type `tp`, else raise MessageError."""
+def _compile(tp: Any) -> Checker:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Annotated:
-        value = _check(value, args[0], name)
-        for constraint in args[1:]:
+        return _annotated(_compile(args[0]), args[1:])
+    if origin in (Union, types.UnionType):  # always `X | None` in this module
+        inner = _compile(args[0])
+        return lambda value, name: None if value is None else inner(value, name)
+    if origin is list and args == (int,):
+        return _int_list
+    if origin is list:
+        element = _compile(args[0])
+        return lambda value, name: [element(v, name) for v in _scalar(list, value, name)]
+    return lambda value, name: _scalar(origin or tp, value, name)
+
+
+def _annotated(inner: Checker, constraints: tuple) -> Checker:
+    def check(value: Any, name: str) -> Any:
+        value = inner(value, name)
+        for constraint in constraints:
             constraint(name, value)
         return value
-    if origin in (Union, types.UnionType):  # always `X | None` in this module
-        return None if value is None else _check(value, args[0], name)
-    base = origin or tp
-    if not _SCALARS[base](value):
-        raise MessageError(f"{name} must be a {base.__name__}, got {type(value).__name__}")
-    if base is list and args:
-        return [_check(v, args[0], name) for v in value]
-    return float(value) if base is float else value
+
+    return check
+
+
+def _scalar(tp: type, value: Any, name: str) -> Any:
+    if not _SCALARS[tp](value):
+        raise MessageError(f"{name} must be a {tp.__name__}, got {type(value).__name__}")
+    return float(value) if tp is float else value
+
+
+def _int_list(value: Any, name: str) -> list[int]:
+    """Token ids and hashes: long lists, so the element checks run in C (map/set/min/max)."""
+    if type(value) is not list or not set(map(type, value)) <= {int}:
+        raise MessageError(f"{name} must be a list of ints")
+    if value and (min(value) < _INT_MIN or max(value) > _UINT64_MAX):
+        raise MessageError(f"{name} holds an int msgpack cannot carry")
+    return value
+
+
+_check_hashes, _check_parent = _compile(Hashes), _compile(Hash | None)
+_check_int, _check_float, _check_list = _compile(int), _compile(float), _compile(list)
 
 
 def _check_event(event: dict, name: str) -> None:
@@ -333,9 +367,9 @@ def _check_event(event: dict, name: str) -> None:
     if set(event) != EVENT_FIELDS[kind]:
         raise MessageError(f"{name} ({kind}) must have exactly the fields {sorted(EVENT_FIELDS[kind])}")
     if kind != "cleared":
-        _check(event["hashes"], Hashes, f"{name}.hashes")
+        _check_hashes(event["hashes"], f"{name}.hashes")
     if kind == "stored":
-        _check(event["parent"], Hash | None, f"{name}.parent")
+        _check_parent(event["parent"], f"{name}.parent")
 
 
 def _check_logprobs(entries: list, num_tokens: int) -> None:
@@ -344,9 +378,9 @@ def _check_logprobs(entries: list, num_tokens: int) -> None:
     for entry in entries:
         if not isinstance(entry, dict) or set(entry) != {"logprob", "top"}:
             raise MessageError('logprobs entries must be {"logprob": float, "top": [[id, logprob], ...]}')
-        _check(entry["logprob"], float, "logprobs.logprob")
-        for pair in _check(entry["top"], list, "logprobs.top"):
+        _check_float(entry["logprob"], "logprobs.logprob")
+        for pair in _check_list(entry["top"], "logprobs.top"):
             if not isinstance(pair, list) or len(pair) != 2:
                 raise MessageError("logprobs.top entries must be [token_id, logprob] pairs")
-            _check(pair[0], int, "logprobs.top.token_id")
-            _check(pair[1], float, "logprobs.top.logprob")
+            _check_int(pair[0], "logprobs.top.token_id")
+            _check_float(pair[1], "logprobs.top.logprob")

@@ -27,7 +27,24 @@ class TorchAttentionBackend(AttentionBackend):
         return self._attend(q, k_cache, v_cache, meta, scale)
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        return self._attend(q, k_cache, v_cache, meta, scale)
+        """All sequences in one SDPA call over their padded, gathered contexts."""
+        tables = meta.block_tables.long()
+        batch, width = tables.shape
+        k = k_cache[tables].flatten(1, 2)  # [B, width * block_size, Hkv, D]
+        v = v_cache[tables].flatten(1, 2)
+        valid = torch.arange(k.shape[1], device=q.device).unsqueeze(0) < meta.seq_lens.unsqueeze(1)
+        group = q.shape[1] // k.shape[2]
+        if group > 1:
+            k = k.repeat_interleave(group, dim=2)
+            v = v.repeat_interleave(group, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # [B, H, 1, D]
+            k.transpose(1, 2).to(q.dtype),
+            v.transpose(1, 2).to(q.dtype),
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+        )
+        return out.squeeze(2)
 
     def _attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         starts = meta.query_start_loc_host or meta.query_start_loc.tolist()

@@ -71,8 +71,9 @@ def write_tiny_model(arch: str, directory: Path, seed: int = 0, **overrides) -> 
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """Reference greedy continuations from transformers (fp32, one prompt at a time, EOS not special).
 
-    A plain argmax loop over the model's forward with its own KV cache, so no generation-config
-    logic (EOS handling, min_new_tokens bans) can differ from the engine's `ignore_eos` greedy.
+    A plain argmax loop over the model's full forward (no cache API, which changes between
+    transformers releases), so no generation-config logic (EOS handling, min_new_tokens bans) can
+    differ from the engine's `ignore_eos` greedy.
     """
     import transformers
 
@@ -80,13 +81,10 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     model.eval()
     outs = []
     for ids in prompts:
-        x, past, new = torch.tensor([ids]), None, []
+        seq = list(ids)
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                out = model(input_ids=x, past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                token = int(out.logits[0, -1].argmax())
-                new.append(token)
-                x = torch.tensor([[token]])
-        outs.append(new)
+                logits = model(input_ids=torch.tensor([seq]), use_cache=False).logits
+                seq.append(int(logits[0, -1].argmax()))
+        outs.append(seq[len(ids) :])
     return outs

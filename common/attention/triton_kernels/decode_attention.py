@@ -22,8 +22,9 @@ _LOG2E = 1.4426950408889634
 # Stage-1 launch tunables (benchmarks/attention_kernels.py --tune sweeps them). tile_bytes: bytes of K
 # (and again of V) one loop iteration reads per program; 16 KB is 64 tokens of a 128-wide bf16 head.
 DECODE_LAUNCH = {"tile_bytes": 16384, "num_warps": 4, "num_stages": 3}
-# A split should cover at least this many tokens, or the merge costs more than the parallelism gains.
-_MIN_SPLIT_TOKENS = 256
+# A split should cover at least this many tokens (two 64-token tiles): below that the merge and the
+# per-program setup cost more than the extra parallelism gains (H200: batch 1, 1k-4k context).
+_MIN_SPLIT_TOKENS = 128
 _MAX_SPLITS = 64
 # Split only while there are fewer than this many (sequence, KV head) programs per SM: on the H200,
 # batch 64 x 8 KV heads (3.9 per SM) already reads at full bandwidth with one split, and extra

@@ -1,0 +1,152 @@
+"""Test helpers: seeded caches, a sender living in a spawned process, and result polling.
+
+The sender process is driven over a multiprocessing pipe (test plumbing only; the transfer itself uses
+the real sockets under test)."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    num_layers: int = 3
+    num_blocks: int = 48
+    block_size: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    dtype: str = "bfloat16"
+    seed: int = 1234
+    device: str = "cpu"
+
+    def make(self) -> torch.Tensor:
+        """The same random cache in every process (seeded CPU generator, then cast and moved)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        shape = (2, self.num_layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        return torch.randn(shape, generator=gen).to(DTYPES[self.dtype]).to(self.device)
+
+    def with_(self, **kw) -> CacheSpec:
+        return replace(self, **kw)
+
+
+SPECS = [CacheSpec(dtype="bfloat16"), CacheSpec(dtype="float32", seed=99)]
+
+
+def _sender_main(conn, transport: str, specs: list[CacheSpec], config_kw: dict) -> None:
+    from kvtransfer import KVTransferConfig, create_sender
+
+    config = KVTransferConfig(transport=transport, **config_kw)
+    senders = [create_sender(transport, spec.make(), config) for spec in specs]
+    for s in senders:
+        s.start()
+    conn.send([s.endpoint() for s in senders])
+    released: dict[str, tuple[str, str | None]] = {}
+    try:
+        while True:
+            for s in senders:
+                for r in s.poll_released():
+                    released[r.request_id] = (r.status.value, r.error)
+            if not conn.poll(0.01):
+                continue
+            cmd, which, args = conn.recv()
+            if cmd == "stop":
+                break
+            try:
+                if cmd == "publish":
+                    conn.send(("ok", senders[which].publish(*args)))
+                elif cmd == "cancel":
+                    conn.send(("ok", senders[which].cancel(*args)))
+                elif cmd == "released":
+                    conn.send(("ok", dict(released)))
+            except Exception as e:
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        for s in senders:
+            s.close()
+
+
+class SenderProc:
+    """A process holding one started sender per CacheSpec."""
+
+    def __init__(self, transport: str, specs: list[CacheSpec], start_timeout: float = 60.0, **config_kw):
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_sender_main, args=(child, transport, specs, config_kw), daemon=True)
+        self.proc.start()
+        child.close()
+        if not self._conn.poll(start_timeout):
+            self.kill()
+            raise TimeoutError("sender process did not start")
+        self.endpoints: list[dict] = self._conn.recv()
+
+    def _call(self, cmd: str, which: int, *args, timeout: float = 10.0):
+        self._conn.send((cmd, which, args))
+        if not self._conn.poll(timeout):
+            raise TimeoutError(f"sender process did not answer {cmd}")
+        status, value = self._conn.recv()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def publish(self, request_id: str, block_ids: list[int], lease_s: float | None = None, which: int = 0):
+        return self._call("publish", which, request_id, block_ids, lease_s)
+
+    def cancel(self, request_id: str, which: int = 0) -> bool:
+        return self._call("cancel", which, request_id)
+
+    def released(self) -> dict[str, tuple[str, str | None]]:
+        return self._call("released", 0)
+
+    def wait_released(self, request_ids: list[str], timeout: float = 10.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            got = self.released()
+            if all(r in got for r in request_ids) or time.monotonic() > deadline:
+                return {r: got[r] for r in request_ids if r in got}
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send(("stop", 0, ()))
+            self.proc.join(10)
+        if self.proc.is_alive():
+            self.kill()
+
+
+def wait_results(receiver, request_ids: list[str], timeout: float = 20.0) -> dict:
+    """Poll until every request has a result (or the timeout passes); returns request_id -> result."""
+    out = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(r in out for r in request_ids):
+        for res in receiver.poll():
+            out[res.request_id] = res
+        time.sleep(0.005)
+    return out
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """An integer view for bitwise comparison (NaN-safe, -0.0 != 0.0)."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.contiguous().view(ints[t.element_size()])
+
+
+def closed_port_address() -> str:
+    """A tcp address on which nothing listens (bound to an ephemeral port, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"tcp://127.0.0.1:{port}"
