@@ -49,9 +49,9 @@ class LLMEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         model_config = ModelConfig.from_dir(config.model)
-        resolve_max_model_len(config, model_config)
+        max_model_len = resolve_max_model_len(config, model_config)
         platform = resolve_platform(config.device)
-        runner = ModelRunner.load(config, model_config, platform)
+        runner = ModelRunner.load(config, model_config, platform, max_model_len)
         return cls(config, model_config, runner)
 
     # ---- requests ------------------------------------------------------------------------------

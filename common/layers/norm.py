@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from common.layers.fused import ops, use_fused
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -22,6 +24,8 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
+        if use_fused(x) and x.dim() == 2:
+            return ops().rmsnorm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         summed = (x.float() + residual.float()).to(x.dtype)

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from common.layers.fused import ops, use_fused
+
 
 class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, base: float, scaling: dict | None = None) -> None:
@@ -21,6 +23,22 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, D], k [T, Hkv, D] rotated at `positions` [T]."""
+        return self.forward_with_norm(positions, q, k, None, None)
+
+    def forward_with_norm(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module | None, k_norm: nn.Module | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Optional per-head RMSNorm of q and k (Qwen3), then rotation; one kernel each on CUDA."""
+        if use_fused(q):
+            fused = ops()
+            qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
+            eps = q_norm.eps if q_norm is not None else 0.0
+            return (
+                fused.norm_rope(q, positions, self.cos, self.sin, qw, eps),
+                fused.norm_rope(k, positions, self.cos, self.sin, kw, eps),
+            )
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

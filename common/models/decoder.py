@@ -39,9 +39,7 @@ class DecoderAttention(nn.Module):
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb.forward_with_norm(positions, q, k, self.q_norm, self.k_norm)
         out = self.attn(q, k, v)
         return self.o_proj(out.reshape(-1, self.q_size))
 

@@ -16,6 +16,7 @@ from common.loader import load_weights
 from common.model_config import ModelConfig
 from common.models import build_model
 from common.parallel import tp_size
+from common.runner.cuda_graph import DecodeGraphs
 from common.runner.inputs import prepare_sampling, prepare_step
 from common.runner.sampler import Sampler
 from common.sequence import Sequence
@@ -34,8 +35,11 @@ class RunnerOutput:
 class ModelRunner:
     """Runs forward passes for scheduled batches. Construct with `ModelRunner.load(...)`."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, platform: DevicePlatform) -> None:
+    def __init__(
+        self, config: EngineConfig, model_config: ModelConfig, platform: DevicePlatform, max_model_len: int
+    ) -> None:
         self.config = config
+        self.max_model_len = max_model_len
         self.model_config = model_config
         self.platform = platform
         self.device = platform.torch_device
@@ -45,13 +49,30 @@ class ModelRunner:
         self.sampler = Sampler()
         self.model: torch.nn.Module | None = None
         self.kv_cache: torch.Tensor | None = None
+        self.graphs: DecodeGraphs | None = None
 
     @classmethod
-    def load(cls, config: EngineConfig, model_config: ModelConfig, platform: DevicePlatform) -> ModelRunner:
-        runner = cls(config, model_config, platform)
+    def load(
+        cls, config: EngineConfig, model_config: ModelConfig, platform: DevicePlatform, max_model_len: int
+    ) -> ModelRunner:
+        runner = cls(config, model_config, platform, max_model_len)
         runner.load_model()
         runner.allocate_kv_cache()
+        if platform.is_cuda and not config.enforce_eager:
+            runner.capture_graphs()
         return runner
+
+    def capture_graphs(self) -> None:
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.backend,
+            self.config.max_num_seqs,
+            -(-self.max_model_len // self.block_size),
+            self.max_model_len,
+            self.block_size,
+            self.device,
+        )
+        self.graphs.capture()
 
     # ---- start-up ------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -114,22 +135,30 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_decode: bool) -> RunnerOutput:
+        if is_decode and self.graphs is not None and self.graphs.can_run(len(seqs)):
+            logits, sample_index = self.graphs.run(seqs), list(range(len(seqs)))
+        else:
+            logits, sample_index = self._run_eager(seqs, is_decode)
+        tokens: list[int | None] = [None] * len(seqs)
+        logprobs: list[dict | None] = [None] * len(seqs)
+        if not sample_index:
+            return RunnerOutput(tokens, logprobs)
+        sampling_seqs = [seqs[i] for i in sample_index]
+        batch = prepare_sampling(sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids)
+        out = self.sampler(logits, batch)
+        for row, (i, tok) in enumerate(zip(sample_index, out.token_ids.tolist(), strict=True)):
+            tokens[i] = tok
+            if out.logprobs is not None:
+                logprobs[i] = out.logprobs[row]
+        return RunnerOutput(tokens, logprobs)
+
+    def _run_eager(self, seqs: list[Sequence], is_decode: bool) -> tuple[torch.Tensor | None, list[int]]:
         inputs = prepare_step(seqs, self.block_size, self.device, is_decode)
         set_forward_context(ForwardContext(self.backend, inputs.meta))
         try:
             hidden = self.model(inputs.input_ids, inputs.positions)
         finally:
             set_forward_context(None)
-        tokens: list[int | None] = [None] * len(seqs)
-        logprobs: list[dict | None] = [None] * len(seqs)
         if not inputs.sample_seq_index:
-            return RunnerOutput(tokens, logprobs)
-        logits = self.model.compute_logits(hidden[inputs.sample_rows])
-        sampling_seqs = [seqs[i] for i in inputs.sample_seq_index]
-        batch = prepare_sampling(sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids)
-        out = self.sampler(logits, batch)
-        for row, (i, tok) in enumerate(zip(inputs.sample_seq_index, out.token_ids.tolist(), strict=True)):
-            tokens[i] = tok
-            if out.logprobs is not None:
-                logprobs[i] = out.logprobs[row]
-        return RunnerOutput(tokens, logprobs)
+            return None, []
+        return self.model.compute_logits(hidden[inputs.sample_rows]), inputs.sample_seq_index

@@ -149,7 +149,7 @@ def test_encode_rejects_non_messages() -> None:
         encode(object())  # type: ignore[arg-type]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(st.binary(max_size=256))
 def test_arbitrary_bytes_never_crash(data: bytes) -> None:
     with contextlib.suppress(MessageError):
@@ -170,7 +170,7 @@ _msgpack_values = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, database=None)
 @given(
     st.sampled_from(sorted(m.MESSAGE_TYPES)),
     st.dictionaries(st.text(max_size=12), _msgpack_values, max_size=8),
@@ -184,7 +184,7 @@ def test_tagged_maps_with_random_fields_never_crash(tag: str, body: dict) -> Non
         decode(data)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(st.sampled_from(EXAMPLES), st.data())
 def test_mutated_valid_messages_never_crash(msg: m.Message, data: st.DataObject) -> None:
     payload = msgpack.unpackb(encode(msg))

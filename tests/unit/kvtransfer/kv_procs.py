@@ -78,6 +78,7 @@ class SenderProc:
     def __init__(self, transport: str, specs: list[CacheSpec], start_timeout: float = 60.0, **config_kw):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        self.specs = specs
         self.proc = ctx.Process(target=_sender_main, args=(child, transport, specs, config_kw), daemon=True)
         self.proc.start()
         child.close()
@@ -150,3 +151,40 @@ def closed_port_address() -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return f"tcp://127.0.0.1:{port}"
+
+
+DST_BLOCKS = 40
+# Three concurrent requests: non-contiguous, unordered src and dst ids, disjoint dst sets.
+REQUESTS = [
+    ([3, 17, 5, 40, 41], [39, 0, 22, 7, 13]),
+    ([0], [21]),
+    ([47, 46, 45, 44, 10, 11, 12], [1, 3, 5, 30, 31, 2, 38]),
+]
+
+
+def check_concurrent_transfers(proc: SenderProc, which: int, receiver, cache: torch.Tensor, tag: str) -> None:
+    """Publish REQUESTS on sender `which` of `proc`, fetch them all at once into `cache` (DST_BLOCKS
+    blocks), and check: DONE with the right byte counts, exactly the dst blocks hold bitwise the src
+    blocks, every other block is untouched, and the sender released every request as DONE."""
+    from kvtransfer import TransferStatus
+
+    spec = proc.specs[which]
+    before = cache.clone()
+    rids = [f"{tag}-{spec.dtype}-{i}" for i in range(len(REQUESTS))]
+    for rid, (src, _) in zip(rids, REQUESTS, strict=True):
+        proc.publish(rid, src, which=which)
+    for rid, (src, dst) in zip(rids, REQUESTS, strict=True):
+        receiver.fetch(rid, proc.endpoints[which], src, dst, timeout_s=30)
+    results = wait_results(receiver, rids, timeout=40)
+
+    expected = spec.make().to(cache.device)
+    block_bytes = expected[:, :, 0].numel() * expected.element_size()
+    for rid, (src, dst) in zip(rids, REQUESTS, strict=True):
+        assert results[rid].status is TransferStatus.DONE, results[rid].error
+        assert results[rid].num_bytes == len(src) * block_bytes
+        assert receiver.status(rid) is TransferStatus.DONE
+        assert torch.equal(bits(cache[:, :, dst]), bits(expected[:, :, src]))
+    untouched = sorted(set(range(DST_BLOCKS)) - {b for _, dst in REQUESTS for b in dst})
+    assert torch.equal(bits(cache[:, :, untouched]), bits(before[:, :, untouched]))
+    released = proc.wait_released(rids)
+    assert all(released[rid][0] == "done" for rid in rids), released

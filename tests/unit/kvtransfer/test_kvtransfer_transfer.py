@@ -7,21 +7,20 @@ import time
 
 import msgpack
 import pytest
-import torch
 import zmq
-from kv_procs import SPECS, SenderProc, bits, closed_port_address, wait_results
+from kv_procs import (
+    DST_BLOCKS,
+    SPECS,
+    SenderProc,
+    check_concurrent_transfers,
+    closed_port_address,
+    wait_results,
+)
 
 from kvtransfer import TransferStatus, create_receiver
 
 pytestmark = pytest.mark.timeout(120)
 
-DST_BLOCKS = 40
-# Three concurrent requests: non-contiguous, unordered src and dst ids, disjoint dst sets.
-REQUESTS = [
-    ([3, 17, 5, 40, 41], [39, 0, 22, 7, 13]),
-    ([0], [21]),
-    ([47, 46, 45, 44, 10, 11, 12], [1, 3, 5, 30, 31, 2, 38]),
-]
 DONE, FAILED = TransferStatus.DONE, TransferStatus.FAILED
 
 
@@ -33,28 +32,8 @@ def sender(request, sender_pool):
 @pytest.mark.parametrize("which", [0, 1], ids=["bf16", "fp32"])
 def test_concurrent_transfers_are_bitwise_exact(sender, receivers, which):
     transport, proc = sender
-    spec = SPECS[which]
-    cache = spec.with_(num_blocks=DST_BLOCKS, seed=7).make()
-    before = cache.clone()
-    receiver = receivers(transport, cache)
-    rids = [f"{transport}-{spec.dtype}-{i}" for i in range(len(REQUESTS))]
-    for rid, (src, _) in zip(rids, REQUESTS, strict=True):
-        proc.publish(rid, src, which=which)
-    for rid, (src, dst) in zip(rids, REQUESTS, strict=True):
-        receiver.fetch(rid, proc.endpoints[which], src, dst, timeout_s=30)
-    results = wait_results(receiver, rids, timeout=40)
-
-    expected = spec.make()
-    block_bytes = expected[:, :, 0].numel() * expected.element_size()
-    for rid, (src, dst) in zip(rids, REQUESTS, strict=True):
-        assert results[rid].status is DONE, results[rid].error
-        assert results[rid].num_bytes == len(src) * block_bytes
-        assert receiver.status(rid) is DONE
-        assert torch.equal(bits(cache[:, :, dst]), bits(expected[:, :, src]))
-    untouched = sorted(set(range(DST_BLOCKS)) - {b for _, dst in REQUESTS for b in dst})
-    assert torch.equal(bits(cache[:, :, untouched]), bits(before[:, :, untouched]))
-    released = proc.wait_released(rids)
-    assert all(released[rid][0] == "done" for rid in rids), released
+    cache = SPECS[which].with_(num_blocks=DST_BLOCKS, seed=7).make()
+    check_concurrent_transfers(proc, which, receivers(transport, cache), cache, tag=transport)
 
 
 def test_unknown_request_fails(sender, receivers):

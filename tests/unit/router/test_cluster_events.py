@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 
 from common.hashing import block_hashes
-from common.messages import PrefillRequest, SnapshotRequest, encode, stored_event
+from common.messages import PrefillRequest, Shutdown, SnapshotRequest, encode, stored_event
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router, wait_for
 
@@ -74,5 +74,17 @@ def test_restarted_worker_fails_over_in_flight_requests(model_dir, tokenizer) ->
         retried = h.worker("p-ok").of_type(PrefillRequest)
         assert len(retried) == 1 and retried[0].request_id.endswith("~retry1")
         assert "pdserve_retries_total 1" in (await h.client.get("/metrics")).text
+
+    _run(model_dir, tokenizer, specs, check)
+
+
+def test_shutdown_workers(model_dir, tokenizer) -> None:
+    specs = [("p0", "prefill", Script(reply=[5, 2])), ("d0", "decode", Script(reply=[5, 2]))]
+
+    async def check(h):
+        assert await h.router.cluster.shutdown_workers("bye") == 2
+        for w in h.workers:
+            await wait_for(lambda w=w: w.of_type(Shutdown), what=f"shutdown of {w.worker_id}")
+            assert w.of_type(Shutdown)[0].reason == "bye"
 
     _run(model_dir, tokenizer, specs, check)

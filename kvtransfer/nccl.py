@@ -1,0 +1,216 @@
+"""nccl transport: blocks travel by torch.distributed send/recv over a two-rank group per pair.
+
+Control still goes over ZMQ: the receiver's fetch names its pair (a random id; the first fetch on a
+pair makes both ends rendezvous through the sender's TCPStore). The sender gathers the blocks into one
+contiguous device buffer, replies `ready {nbytes}` and queues the send on the pair's thread; the
+receiver, on `ready`, queues a recv into a buffer of that size on its end of the pair, scatters it
+into the dst blocks, synchronizes and acks. The backend is NCCL for CUDA caches and gloo for CPU ones
+(which is how the protocol is tested without GPUs). Bytes travel as uint8, so every cache dtype works.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from .base import Endpoint
+from .config import WILDCARD_HOSTS
+from .device import wait_event
+from .dist_pair import PairGroup, close_pairs, connect_store, resolve_backend, serve_store, wait_work
+from .jobs import Job
+from .layout import scatter
+from .receiver import ZmqReceiver
+from .sender import FetchRejected, Publication, ZmqSender
+from .wire import READY, FetchRequest, Header, ProtocolError, encode, encode_error
+
+MAX_DEAD_PAIRS = 1024
+
+
+class NcclSender(ZmqSender):
+    transport = "nccl"
+
+    def _start_transport(self) -> Endpoint:
+        self._backend = resolve_backend(self._config.dist_backend, self._kv.device)
+        self._iface = self._advertise_host()
+        bind = self._iface if self._config.host in WILDCARD_HOSTS else self._config.host
+        self._store = serve_store(bind, self._config.fetch_timeout_s)
+        self._pairs: dict[str, PairGroup] = {}
+        self._dead_pairs: dict[str, None] = {}  # ordered set, bounded
+        self._send_failures: queue.SimpleQueue = queue.SimpleQueue()
+        self._retired: list[PairGroup] = []  # closed pairs whose threads may still be tearing down
+        return {"store_host": self._iface, "store_port": self._store.port, "backend": self._backend}
+
+    def _claim(self, req: FetchRequest) -> Publication:
+        # The pair comes first: the receiver's end is already waiting to rendezvous, even if this
+        # particular fetch is then refused.
+        self._drop_pairs(req.fields.get("drop"))
+        self._pair(req.fields.get("pair"))
+        return super()._claim(req)
+
+    def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
+        pair = self._pair(req.fields["pair"])
+        blocks = self._read_blocks(req.request_id, pub, req.src_block_ids, to_host=False)
+        if blocks is None:
+            raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
+        payload = blocks.view(-1).view(torch.uint8)
+        self._reply(ident, [encode(READY, req.request_id, req.xid, nbytes=payload.numel())])
+        deadline = time.monotonic() + req.timeout_s
+        failure = (ident, req.request_id, req.xid)
+        pair.submit(
+            lambda group: self._send(pair, group, payload, deadline),
+            lambda reason: self._send_failures.put((*failure, reason)),
+        )
+
+    def _send(self, pair: PairGroup, group, payload: torch.Tensor, deadline: float) -> None:
+        work = group.send([payload], 1, 0)
+        wait_work(work, self._backend, deadline, pair.is_broken)
+
+    def _pair(self, pair_id: object) -> PairGroup:
+        if not isinstance(pair_id, str) or not 8 <= len(pair_id) <= 64:
+            raise ProtocolError("fetch: field 'pair' must be a pair id string")
+        if pair_id in self._dead_pairs:
+            raise FetchRejected(f"pair {pair_id} is broken; start a new one", pair_broken=True)
+        pair = self._pairs.get(pair_id)
+        if pair is None:
+            timeout = self._config.fetch_timeout_s
+            store = self._store
+            pair = PairGroup(pair_id, 0, self._backend, lambda: store, self._iface, timeout).start()
+            self._pairs[pair_id] = pair
+        return pair
+
+    def _drop_pairs(self, pair_ids: object) -> None:
+        """Close pairs the receiver abandoned (their order is lost), freeing their communicators."""
+        for pair_id in pair_ids if isinstance(pair_ids, list) else ():
+            if isinstance(pair_id, str) and pair_id in self._pairs:
+                self._retire(pair_id, "abandoned by the receiver")
+
+    def _retire(self, pair_id: str, reason: str) -> None:
+        pair = self._pairs.pop(pair_id)
+        pair.close(reason)
+        self._retired = [p for p in self._retired if p.alive] + [pair]
+        self._dead_pairs[pair_id] = None
+        while len(self._dead_pairs) > MAX_DEAD_PAIRS:
+            self._dead_pairs.pop(next(iter(self._dead_pairs)))
+
+    def _tick(self) -> None:
+        while True:
+            try:
+                ident, request_id, xid, reason = self._send_failures.get_nowait()
+            except queue.Empty:
+                break
+            error = f"send failed: {reason}"
+            self._fail(request_id, error)
+            self._reply(ident, [encode_error(request_id, xid, error, pair_broken=True)])
+        for pair_id in [p for p, pair in self._pairs.items() if pair.is_broken()]:
+            self._retire(pair_id, "broken")
+
+    def _shutdown_transport(self) -> None:
+        close_pairs([*self._pairs.values(), *self._retired], "sender closed")
+        self._pairs.clear()
+
+
+class NcclReceiver(ZmqReceiver):
+    transport = "nccl"
+
+    def _start_transport(self) -> None:
+        self._backend = resolve_backend(self._config.dist_backend, self._kv.device)
+        host = self._config.advertise_host or self._config.host
+        self._iface = "127.0.0.1" if host in WILDCARD_HOSTS else host
+        self._pairs: dict[str, PairGroup] = {}  # sender address -> live pair
+        self._abandoned: dict[str, list[str]] = {}  # sender address -> pair ids to tell it to drop
+        self._finished_recvs: queue.SimpleQueue = queue.SimpleQueue()
+        self._write_lock = threading.Lock()  # a recv's scatter vs. the I/O thread failing its job
+        self._retired: list[PairGroup] = []  # closed pairs whose threads may still be tearing down
+
+    def _validate_endpoint(self, endpoint: Endpoint) -> str | None:
+        host, port = endpoint.get("store_host"), endpoint.get("store_port")
+        if not isinstance(host, str) or type(port) is not int:
+            return "nccl sender_endpoint needs 'store_host' (str) and 'store_port' (int)"
+        if endpoint.get("backend") != self._backend:
+            return f"sender uses backend {endpoint.get('backend')!r}, this receiver {self._backend!r}"
+        return None
+
+    def _fetch_extra(self, job: Job) -> dict[str, Any]:
+        pair = self._pairs.get(job.address)
+        if pair is not None and pair.is_broken():
+            self._retire_pair(job.address, pair, "broken")
+            pair = None
+        if pair is None:
+            ep, timeout = job.endpoint, self._config.fetch_timeout_s
+            connect = lambda: connect_store(ep["store_host"], ep["store_port"], timeout)
+            pair = PairGroup(uuid.uuid4().hex, 1, self._backend, connect, self._iface, timeout).start()
+            self._pairs[job.address] = pair
+        job.state["pair"] = pair
+        return {"pair": pair.pair_id, "drop": self._abandoned.pop(job.address, [])}
+
+    def _on_reply(self, job: Job, header: Header, frames: list) -> None:
+        if header.kind != READY or "ready" in job.state:
+            raise ProtocolError(f"unexpected {header.kind!r} message")
+        nbytes = header.get("nbytes", int)
+        if nbytes != len(job.dst) * self._layout.block_bytes:
+            raise ProtocolError(f"sender will send {nbytes} bytes, expected {len(job.dst)} blocks")
+        job.state["ready"] = True
+        job.state["pair"].submit(
+            lambda group: self._recv(job, group, nbytes),
+            lambda reason: self._finished_recvs.put((job, reason)),
+        )
+
+    def _recv(self, job: Job, group, nbytes: int) -> None:
+        pair: PairGroup = job.state["pair"]
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=self._kv.device)
+        with self._stream.use():
+            work = group.recv([buf], 0, 0)
+            wait_work(work, self._backend, job.deadline, pair.is_broken)
+            blocks = buf.view(self._layout.torch_dtype).view(2 * self._layout.num_layers, len(job.dst), -1)
+            with self._write_lock:
+                if job.state.get("failed"):
+                    return  # reported FAILED already: the dst blocks may belong to someone else now
+                wait_event(job.ready)
+                scatter(self._kv, torch.tensor(job.dst, device=self._kv.device), blocks)
+                self._stream.synchronize()
+        job.num_bytes = nbytes
+        self._finished_recvs.put((job, None))
+        self._waker.wake()
+
+    def _tick(self) -> None:
+        while True:
+            try:
+                job, reason = self._finished_recvs.get_nowait()
+            except queue.Empty:
+                return
+            if self._jobs.get(job.request_id) is not job:
+                continue
+            if reason is None:
+                self._complete(job)
+            else:
+                self._fail(job, f"recv failed: {reason}")
+
+    def _on_job_failed(self, job: Job) -> None:
+        with self._write_lock:
+            job.state["failed"] = True
+        pair: PairGroup | None = job.state.get("pair")
+        sender_error = job.state.get("sender_error") or {}
+        refused = sender_error and "ready" not in job.state and not sender_error.get("pair_broken")
+        if pair is None or refused:
+            return  # nothing was queued on the pair for this job: its order is intact
+        # The sender may have queued (or still queue) a send this receiver will never match.
+        self._retire_pair(job.address, pair, f"transfer {job.request_id!r} failed mid-way")
+
+    def _retire_pair(self, address: str, pair: PairGroup, reason: str) -> None:
+        """Close a pair for good and tell its sender, with the next fetch, to drop its end too."""
+        if self._pairs.get(address) is pair:
+            del self._pairs[address]
+        if pair.closed:
+            return
+        pair.close(reason)
+        self._retired = [p for p in self._retired if p.alive] + [pair]
+        self._abandoned.setdefault(address, []).append(pair.pair_id)
+
+    def _shutdown_transport(self) -> None:
+        close_pairs([*self._pairs.values(), *self._retired], "receiver closed")
+        self._pairs.clear()

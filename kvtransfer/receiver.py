@@ -1,0 +1,289 @@
+"""The receiver half every transport shares: a job table, one DEALER per sender, deadlines.
+
+`fetch()` (engine thread) validates, queues a job and wakes the I/O thread through a pipe. The I/O
+thread owns every socket: it sends the fetch request, hands replies to the transport subclass
+(`_on_reply`), enforces each job's deadline, and reports results through a thread-safe queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from typing import Any, ClassVar
+
+import torch
+import zmq
+
+from .base import Endpoint, KVReceiver, TransferResult, TransferStatus, check_kv_cache
+from .config import KVTransferConfig, validate_seconds
+from .device import CopyStream, Waker, record_event
+from .jobs import Job, StatusBook
+from .layout import CacheLayout, parse_block_ids
+from .wire import ACK, ERROR, FetchRequest, ProtocolError, decode, encode, encode_error
+
+logger = logging.getLogger(__name__)
+
+
+class ZmqReceiver(KVReceiver):
+    transport: ClassVar[str]
+
+    def __init__(self, kv_cache: torch.Tensor, config: KVTransferConfig | None = None) -> None:
+        self._kv = check_kv_cache(kv_cache)
+        self._config = config or KVTransferConfig(transport=self.transport)
+        self._layout = CacheLayout.of(kv_cache)
+        self._inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._book = StatusBook()
+        self._xids = itertools.count(1)
+        self._jobs: dict[str, Job] = {}  # I/O thread only
+        self._dealers: dict[str, zmq.Socket] = {}  # I/O thread only
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # ---- engine thread ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None or self._closed:
+            raise RuntimeError(f"{type(self).__name__} can be started once")
+        self._stream = CopyStream(self._kv.device)
+        self._ctx = zmq.Context()
+        self._waker = Waker()
+        self._poller = zmq.Poller()
+        self._poller.register(self._waker.fd, zmq.POLLIN)
+        self._start_transport()
+        self._thread = threading.Thread(target=self._run, name=f"kv-{self.transport}-receiver", daemon=True)
+        self._thread.start()
+
+    def fetch(
+        self,
+        request_id: str,
+        sender_endpoint: Endpoint,
+        src_block_ids: list[int],
+        dst_block_ids: list[int],
+        timeout_s: float | None = None,
+    ) -> None:
+        if self._thread is None or self._closed:
+            raise RuntimeError(f"{type(self).__name__} is not running (call start(), not after close())")
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+        self._book.begin(request_id)
+        timeout = self._config.fetch_timeout_s if timeout_s is None else timeout_s
+        xid, now = next(self._xids), time.monotonic()
+        job = Job(request_id, xid, sender_endpoint, src_block_ids, dst_block_ids, 0.0, now)
+        error = self._validate(job, timeout)
+        if error:
+            self._finish(job, TransferStatus.FAILED, error)
+            return
+        job.timeout_s = float(timeout)
+        job.ready = record_event(self._kv.device)
+        self._inbox.put(job)
+        self._waker.wake()
+
+    def poll(self) -> list[TransferResult]:
+        return self._book.drain()
+
+    def status(self, request_id: str) -> TransferStatus | None:
+        return self._book.get(request_id)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._stop.set()
+            self._waker.wake()
+            self._thread.join()
+            self._waker.close()
+            self._ctx.term()
+
+    def _validate(self, job: Job, timeout: object) -> str | None:
+        ep = job.endpoint
+        if not isinstance(ep, dict) or not isinstance(ep.get("address"), str):
+            return f"sender_endpoint must be a dict with an 'address', got {ep!r}"
+        if ep.get("transport") != self.transport:
+            return f"sender_endpoint is for transport {ep.get('transport')!r}, not {self.transport!r}"
+        try:
+            job.src = parse_block_ids("src_block_ids", job.src, None)
+            job.dst = parse_block_ids("dst_block_ids", job.dst, self._kv.shape[2])
+        except ValueError as e:
+            return str(e)
+        if len(job.src) != len(job.dst):
+            return f"src_block_ids ({len(job.src)}) and dst_block_ids ({len(job.dst)}) differ in length"
+        return validate_seconds("timeout_s", timeout) or self._validate_endpoint(ep)
+
+    # ---- I/O thread -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for sock, _ in self._poller.poll(self._poll_timeout_ms()):
+                    if sock == self._waker.fd:
+                        self._waker.drain()
+                        self._take_inbox()
+                    else:
+                        self._drain(sock)
+                self._tick()
+                self._expire(time.monotonic())
+        except Exception:
+            logger.exception("kvtransfer %s receiver: I/O loop crashed", self.transport)
+        finally:
+            self._shutdown()
+
+    def _poll_timeout_ms(self) -> int:
+        wait = self._config.poll_interval_s
+        if self._jobs:
+            wait = min(wait, min(j.deadline for j in self._jobs.values()) - time.monotonic())
+        return max(0, int(wait * 1000))
+
+    def _take_inbox(self) -> None:
+        while True:
+            try:
+                job = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._begin(job)
+            except Exception as e:
+                logger.exception("kvtransfer %s receiver: starting %r failed", self.transport, job.request_id)
+                self._fail(job, f"receiver error starting the fetch: {e!r}")
+
+    def _begin(self, job: Job) -> None:
+        self._jobs[job.request_id] = job
+        try:
+            job.socket = self._dealer(job.address)
+        except zmq.ZMQError as e:
+            self._fail(job, f"cannot connect to sender address {job.address!r}: {e}", notify=False)
+            return
+        remaining = max(job.deadline - time.monotonic(), 1e-3)
+        request = FetchRequest(job.request_id, job.xid, job.src, self._layout, remaining)
+        if not self._send(job.socket, [request.encode(**self._fetch_extra(job))]):
+            self._fail(job, f"cannot send the fetch request to {job.address}", notify=False)
+            return
+        self._set_status(job, TransferStatus.TRANSFERRING)
+
+    def _dealer(self, address: str) -> zmq.Socket:
+        sock = self._dealers.get(address)
+        if sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            try:
+                sock.connect(address)
+            except zmq.ZMQError:
+                sock.close(linger=0)
+                raise
+            self._poller.register(sock, zmq.POLLIN)
+            self._dealers[address] = sock
+        return sock
+
+    def _drop_dealer_if_idle(self, address: str) -> None:
+        """Close the socket to a sender that just timed out, unless other jobs still use it: a dead
+        sender's socket would otherwise keep reconnecting forever."""
+        if any(j.address == address for j in self._jobs.values()):
+            return
+        sock = self._dealers.pop(address, None)
+        if sock is not None:
+            self._poller.unregister(sock)
+            sock.close(linger=0)
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        for _ in range(64):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._on_message(sock, frames)
+
+    def _on_message(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
+        try:
+            header = decode(frames[0].buffer)
+        except ProtocolError as e:
+            logger.debug("kvtransfer receiver: dropping a malformed frame: %s", e)
+            return
+        job = self._jobs.get(header.request_id)
+        if job is None or job.xid != header.xid or job.socket is not sock:
+            return  # a reply to an attempt that already ended, or not for us
+        try:
+            if header.kind == ERROR:
+                job.state["sender_error"] = header.fields
+                self._fail(job, f"sender: {header.fields.get('error')!s}", notify=False)
+            else:
+                self._on_reply(job, header, frames[1:])
+        except ProtocolError as e:
+            self._fail(job, f"malformed reply from sender: {e}")
+        except Exception as e:
+            logger.exception("kvtransfer %s receiver: handling a reply failed", self.transport)
+            self._fail(job, f"receiver error: {e!r}")
+
+    def _expire(self, now: float) -> None:
+        for job in [j for j in self._jobs.values() if j.deadline <= now]:
+            stage = f"{job.progress}/{len(job.dst)} blocks written" if job.progress else "no data yet"
+            self._fail(job, f"timed out after {job.timeout_s:g} s waiting for sender {job.address} ({stage})")
+            self._drop_dealer_if_idle(job.address)
+
+    def _complete(self, job: Job) -> None:
+        """The dst blocks hold the data (copy stream synchronized): ack, then report DONE."""
+        self._send(job.socket, [encode(ACK, job.request_id, job.xid)])
+        self._jobs.pop(job.request_id, None)
+        self._finish(job, TransferStatus.DONE, None)
+
+    def _fail(self, job: Job, error: str, notify: bool = True) -> None:
+        if notify and job.socket is not None:  # so the sender releases its blocks now, not at lease end
+            self._send(job.socket, [encode_error(job.request_id, job.xid, error)])
+        self._jobs.pop(job.request_id, None)
+        self._on_job_failed(job)
+        self._finish(job, TransferStatus.FAILED, error)
+
+    def _send(self, sock: zmq.Socket, frames: list) -> bool:
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError as e:
+            logger.debug("kvtransfer receiver: send failed: %s", e)
+            return False
+
+    def _set_status(self, job: Job, status: TransferStatus) -> None:
+        self._book.set(job.request_id, status)
+
+    def _finish(self, job: Job, status: TransferStatus, error: str | None) -> None:
+        self._book.finish(job, status, error)
+
+    def _shutdown(self) -> None:
+        for job in list(self._jobs.values()):
+            self._fail(job, "receiver closed", notify=False)
+        while True:
+            try:
+                self._fail(self._inbox.get_nowait(), "receiver closed", notify=False)
+            except queue.Empty:
+                break
+        self._shutdown_transport()
+        for sock in self._dealers.values():
+            sock.close(linger=0)
+        self._dealers.clear()
+
+    # ---- transport hooks --------------------------------------------------------------------------
+
+    def _start_transport(self) -> None:
+        """Transport setup at start() (no network I/O: peers are reached lazily)."""
+
+    def _validate_endpoint(self, endpoint: Endpoint) -> str | None:
+        return None
+
+    def _fetch_extra(self, job: Job) -> dict[str, Any]:
+        """Transport keys added to the fetch request."""
+        return {}
+
+    def _on_reply(self, job: Job, header, frames: list[zmq.Frame]) -> None:
+        raise NotImplementedError
+
+    def _on_job_failed(self, job: Job) -> None:
+        """A job ended FAILED (its dst blocks must not be written from now on)."""
+
+    def _tick(self) -> None:
+        """Called on every loop iteration (transports with helper threads collect their results)."""
+
+    def _shutdown_transport(self) -> None:
+        """Release transport resources (on the I/O thread as it exits)."""

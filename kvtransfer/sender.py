@@ -1,0 +1,277 @@
+"""The sender half every transport shares: publications with leases, and a ZMQ ROUTER control loop.
+
+The background thread owns the ROUTER socket. It answers fetch requests (the transport subclass moves
+the bytes in `_serve`), turns acks and receiver errors into releases, and expires leases. The engine's
+thread only touches the publication table, under `_lock`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import zmq
+
+from .base import Endpoint, KVSender, Release, TransferStatus, check_kv_cache
+from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds
+from .device import CopyStream, host_buffer, record_event, wait_event
+from .layout import CacheLayout, gather, parse_block_ids
+from .wire import ACK, ERROR, FETCH, FetchRequest, Header, ProtocolError, decode, encode_error
+
+logger = logging.getLogger(__name__)
+
+# A served fetch keeps its blocks pinned at least this long past the receiver's own timeout, so a
+# receiver still inside its deadline never reads blocks the engine has already reused.
+CLAIM_GRACE_S = 5.0
+
+
+class FetchRejected(Exception):
+    """A fetch this sender will not serve; the message (and `fields`) go back to the receiver."""
+
+    def __init__(self, message: str, **fields: object) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+@dataclass(eq=False)
+class Publication:
+    block_ids: list[int]
+    block_set: frozenset[int]
+    lease_s: float
+    deadline: float
+    ready: torch.cuda.Event | None  # the engine's writes to these blocks, on CUDA
+    xid: int | None = None  # the fetch attempt being served; acks for other attempts are stale
+
+
+class ZmqSender(KVSender):
+    transport: ClassVar[str]
+
+    def __init__(self, kv_cache: torch.Tensor, config: KVTransferConfig | None = None) -> None:
+        self._kv = check_kv_cache(kv_cache)
+        self._config = config or KVTransferConfig(transport=self.transport)
+        self._layout = CacheLayout.of(kv_cache)
+        self._pubs: dict[str, Publication] = {}
+        self._lock = threading.Lock()  # guards _pubs
+        self._read_lock = threading.Lock()  # held while blocks are read, so cancel() can wait it out
+        self._released: queue.SimpleQueue[Release] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._endpoint: Endpoint | None = None
+        self._closed = False
+
+    # ---- engine thread ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None or self._closed:
+            raise RuntimeError(f"{type(self).__name__} can be started once")
+        self._stream = CopyStream(self._kv.device)
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable replies raise instead of vanishing
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # a full pipe would otherwise drop data frames silently
+        self._sock.bind(f"tcp://{self._config.host}:*")
+        port = self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
+        self._endpoint = {"transport": self.transport, "address": f"tcp://{self._advertise_host()}:{port}"}
+        self._endpoint.update(self._start_transport())
+        self._thread = threading.Thread(target=self._run, name=f"kv-{self.transport}-sender", daemon=True)
+        self._thread.start()
+
+    def endpoint(self) -> Endpoint:
+        if self._endpoint is None:
+            raise RuntimeError("endpoint() is known only after start()")
+        return dict(self._endpoint)
+
+    def publish(self, request_id: str, src_block_ids: list[int], lease_s: float | None = None) -> None:
+        self._check_running()
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+        ids = parse_block_ids("src_block_ids", src_block_ids, self._kv.shape[2])
+        lease = self._config.lease_s if lease_s is None else lease_s
+        error = validate_seconds("lease_s", lease)
+        if error:
+            raise ValueError(error)
+        ready = record_event(self._kv.device)
+        pub = Publication(ids, frozenset(ids), lease, time.monotonic() + lease, ready)
+        with self._lock:
+            if request_id in self._pubs:
+                raise ValueError(f"request_id {request_id!r} is already published")
+            self._pubs[request_id] = pub
+
+    def cancel(self, request_id: str) -> bool:
+        with self._lock:
+            pub = self._pubs.pop(request_id, None)
+        with self._read_lock:  # a gather of these blocks may be running: let it finish first
+            pass
+        return pub is not None
+
+    def poll_released(self) -> list[Release]:
+        out = []
+        while True:
+            try:
+                out.append(self._released.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._ctx.term()
+
+    def _check_running(self) -> None:
+        if self._thread is None or self._closed:
+            raise RuntimeError(f"{type(self).__name__} is not running (call start(), not after close())")
+
+    def _advertise_host(self) -> str:
+        if self._config.advertise_host:
+            return self._config.advertise_host
+        if self._config.host in WILDCARD_HOSTS:
+            import socket
+
+            return socket.gethostname()
+        return self._config.host
+
+    # ---- I/O thread -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poll_ms = int(self._config.poll_interval_s * 1000)
+        try:
+            while not self._stop.is_set():
+                if poller.poll(poll_ms):
+                    self._drain()
+                self._expire(time.monotonic())
+                self._tick()
+        finally:
+            self._sock.close(linger=0)
+            self._shutdown_transport()
+
+    def _drain(self) -> None:
+        for _ in range(64):  # bounded, so lease expiry keeps running under a flood of messages
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._dispatch(frames)
+            except Exception:  # the loop must survive anything a peer sends
+                logger.exception("kvtransfer %s sender: failed to handle a message", self.transport)
+
+    def _dispatch(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return
+        try:
+            header = decode(frames[1])
+        except ProtocolError as e:
+            logger.debug("kvtransfer sender: dropping a malformed frame: %s", e)
+            return
+        if header.kind == FETCH:
+            self._on_fetch(frames[0], header)
+        elif header.kind == ACK:
+            self._end(header, TransferStatus.DONE, None)
+        elif header.kind == ERROR:
+            self._end(header, TransferStatus.FAILED, f"receiver reported: {header.fields.get('error')!r}")
+
+    def _on_fetch(self, ident: bytes, header: Header) -> None:
+        try:
+            req = FetchRequest.parse(header)
+            pub = self._claim(req)
+            self._serve(ident, req, pub)
+        except (ProtocolError, FetchRejected) as e:
+            fields = getattr(e, "fields", {})
+            self._reply(ident, [encode_error(header.request_id, header.xid, str(e), **fields)])
+        except Exception as e:
+            logger.exception("kvtransfer %s sender: serving %r failed", self.transport, header.request_id)
+            self._fail(header.request_id, f"sender error: {e!r}")
+            self._reply(ident, [encode_error(header.request_id, header.xid, f"sender error: {e!r}")])
+
+    def _claim(self, req: FetchRequest) -> Publication:
+        """The publication `req` may read, with its lease stretched over the receiver's deadline."""
+        with self._lock:
+            pub = self._pubs.get(req.request_id)
+            if pub is None:
+                raise FetchRejected(
+                    f"unknown request_id {req.request_id!r} at the sender "
+                    "(never published, cancelled, or its lease expired)"
+                )
+            error = req.layout.mismatch(self._layout)
+            if error is None and not pub.block_set.issuperset(req.src_block_ids):
+                error = "src block ids are not among the blocks published for this request"
+            if error:
+                self._end_locked(req.request_id, TransferStatus.FAILED, error)
+                raise FetchRejected(error)
+            pub.xid = req.xid
+            pub.deadline = max(pub.deadline, time.monotonic() + req.timeout_s + CLAIM_GRACE_S)
+            return pub
+
+    def _read_blocks(self, request_id: str, pub: Publication, index: list[int], to_host: bool):
+        """Gather blocks `index` of a live publication into one contiguous tensor (host memory if
+        `to_host`), or None if it was cancelled meanwhile. Synchronous: the blocks are free to reuse
+        once this returns."""
+        with self._read_lock:
+            with self._lock:
+                if self._pubs.get(request_id) is not pub:
+                    return None
+            wait_event(pub.ready)
+            with self._stream.use():
+                blocks = gather(self._kv, torch.tensor(index, device=self._kv.device))
+                if to_host and blocks.is_cuda:
+                    staged = host_buffer(blocks.shape, blocks.dtype, pinned=True)
+                    blocks = staged.copy_(blocks, non_blocking=True)
+            self._stream.synchronize()
+        return blocks
+
+    def _end(self, header: Header, status: TransferStatus, error: str | None) -> None:
+        with self._lock:
+            pub = self._pubs.get(header.request_id)
+            if pub is not None and pub.xid == header.xid:  # else stale, or for a request never claimed
+                self._end_locked(header.request_id, status, error)
+
+    def _fail(self, request_id: str, error: str) -> None:
+        with self._lock:
+            if request_id in self._pubs:
+                self._end_locked(request_id, TransferStatus.FAILED, error)
+
+    def _end_locked(self, request_id: str, status: TransferStatus, error: str | None) -> None:
+        del self._pubs[request_id]
+        self._released.put(Release(request_id, status, error))
+
+    def _expire(self, now: float) -> None:
+        with self._lock:
+            expired = [(rid, p) for rid, p in self._pubs.items() if p.deadline <= now]
+            for rid, pub in expired:
+                error = f"lease of {pub.lease_s:g} s expired without an ack"
+                self._end_locked(rid, TransferStatus.FAILED, error)
+
+    def _reply(self, ident: bytes, frames: list, copy: bool = True) -> bool:
+        try:
+            self._sock.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=copy)
+            return True
+        except zmq.ZMQError as e:  # EHOSTUNREACH: the receiver disconnected
+            logger.debug("kvtransfer sender: reply not delivered: %s", e)
+            return False
+
+    # ---- transport hooks --------------------------------------------------------------------------
+
+    def _start_transport(self) -> Endpoint:
+        """Transport setup at start(); returns extra endpoint keys."""
+        return {}
+
+    def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
+        raise NotImplementedError
+
+    def _tick(self) -> None:
+        """Called on every loop iteration (transports with helper threads collect their results)."""
+
+    def _shutdown_transport(self) -> None:
+        """Release transport resources (runs on the I/O thread as it exits)."""

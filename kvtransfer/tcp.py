@@ -1,0 +1,73 @@
+"""tcp transport: blocks travel as raw ZMQ frames through host memory (works anywhere, CPU included).
+
+The sender answers a fetch with a stream of `data` messages, each a msgpack header plus one raw frame
+holding `count` consecutive requested blocks as [2 * num_layers, count, block_elems] (zero-copy: ZMQ
+sends straight from the gathered host buffer). Chunks of at most `chunk_bytes` keep every buffer on
+malloc's fast path and let the receiver scatter chunk k while chunk k+1 is still on the wire. The
+receiver checks each chunk's position and size, scatters it, and after the last one acks.
+"""
+
+from __future__ import annotations
+
+import torch
+import zmq
+
+from .device import host_buffer, wait_event
+from .jobs import Job
+from .layout import scatter
+from .receiver import ZmqReceiver
+from .sender import FetchRejected, Publication, ZmqSender
+from .wire import DATA, FetchRequest, Header, ProtocolError, encode
+
+
+class TcpSender(ZmqSender):
+    transport = "tcp"
+
+    def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
+        ids = req.src_block_ids
+        per_chunk = max(1, self._config.chunk_bytes // self._layout.block_bytes)
+        for first in range(0, len(ids), per_chunk):
+            blocks = self._read_blocks(req.request_id, pub, ids[first : first + per_chunk], to_host=True)
+            if blocks is None:
+                raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
+            header = encode(DATA, req.request_id, req.xid, first=first, count=blocks.shape[1])
+            # The frame keeps a reference to `blocks` until ZMQ has sent it, so no copy is needed.
+            payload = blocks.view(-1).view(torch.uint8).numpy()
+            if not self._reply(ident, [header, payload], copy=False):
+                self._fail(req.request_id, "receiver disconnected during the transfer")
+                return
+
+
+class TcpReceiver(ZmqReceiver):
+    transport = "tcp"
+
+    def _on_reply(self, job: Job, header: Header, frames: list[zmq.Frame]) -> None:
+        if header.kind != DATA:
+            raise ProtocolError(f"unexpected {header.kind!r} message")
+        first, count = header.get("first", int), header.get("count", int)
+        if first != job.progress or count < 1 or first + count > len(job.dst):
+            raise ProtocolError(f"chunk at {first} (+{count}) after {job.progress} of {len(job.dst)} blocks")
+        nbytes = count * self._layout.block_bytes
+        if len(frames) != 1 or len(frames[0]) != nbytes:
+            raise ProtocolError(f"a chunk of {count} blocks needs one frame of {nbytes} bytes")
+        if first == 0:
+            wait_event(job.ready)
+            job.state["index"] = torch.tensor(job.dst, device=self._kv.device)
+        self._write(job, first, count, frames[0])
+        job.progress += count
+        job.num_bytes += len(frames[0])
+        if job.progress == len(job.dst):
+            self._stream.synchronize()
+            self._complete(job)
+
+    def _write(self, job: Job, first: int, count: int, frame: zmq.Frame) -> None:
+        two_layers = 2 * self._layout.num_layers
+        raw = torch.frombuffer(frame.buffer, dtype=torch.uint8)
+        blocks = raw.view(self._layout.torch_dtype).view(two_layers, count, self._layout.block_elems)
+        with self._stream.use():
+            if self._kv.is_cuda:
+                # Pinned staging makes the host-to-device copy asynchronous; torch keeps the pinned block
+                # alive until the copy stream is done with it.
+                staged = host_buffer(blocks.shape, blocks.dtype, pinned=True).copy_(blocks)
+                blocks = staged.to(self._kv.device, non_blocking=True)
+            scatter(self._kv, job.state["index"][first : first + count], blocks)

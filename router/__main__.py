@@ -1,0 +1,67 @@
+"""`python -m router --model PATH [--host H] [--port P] [--inbox-host H] [--inbox-port P] ...`"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from router.config import RouterConfig
+from router.policy import ROUTING_POLICIES
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
+    p = argparse.ArgumentParser(
+        prog="python -m router", description="pdserve router (OpenAI-compatible HTTP)"
+    )
+    p.add_argument("--model", required=True, help="HF model directory (tokenizer files are read from it)")
+    p.add_argument("--served-model-name", default=None, help="name clients use (default: the directory name)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: pick a free one)")
+    p.add_argument("--inbox-host", default="127.0.0.1", help="this node's address as workers reach it")
+    p.add_argument("--inbox-port", type=int, default=0, help="ZMQ inbox port (0: pick a free one)")
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request; 0 = no limit")
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="silence before a worker is down")
+    p.add_argument("--block-size", type=int, default=None, help="KV block size (default: the workers')")
+    p.add_argument("--max-running-requests", type=int, default=4096, help="beyond this, answer 429")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="beyond this, answer 413")
+    p.add_argument("--ready-file", default=None, help='write {"http": url, "inbox": addr} here when ready')
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    args = p.parse_args(argv)
+    try:
+        config = RouterConfig(
+            model=args.model,
+            served_model_name=args.served_model_name,
+            host=args.host,
+            port=args.port,
+            inbox_host=args.inbox_host,
+            inbox_port=args.inbox_port,
+            routing=args.routing,
+            request_timeout=args.request_timeout or None,
+            heartbeat_timeout=args.heartbeat_timeout,
+            block_size=args.block_size,
+            max_running_requests=args.max_running_requests,
+            max_body_bytes=args.max_body_bytes,
+            ready_file=args.ready_file,
+        )
+    except ValueError as e:
+        p.error(str(e))
+    return config, args.log_level
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config, log_level = parse_args(argv)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from router.server import serve  # imported late so that --help stays fast
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(config, log_level))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

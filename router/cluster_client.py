@@ -1,0 +1,278 @@
+"""The router's worker-facing side: ZMQ sockets in asyncio (the protocol is in `router/__init__.py`).
+
+Owns: the inbox (one PULL socket every worker pushes to), one PUSH socket per registered worker's
+command address, one SUB socket per prefill worker's events address, and the per-request queues that
+TokenOutput / RequestFailed messages are routed to by request_id. It keeps the WorkerRegistry and the
+PrefixIndex current; it never decides where a request goes (that is the lifecycle's job).
+
+Failure handling: a worker that goes silent is marked DOWN, its cached hashes are dropped from the
+index, and every request still depending on it gets a synthetic retryable RequestFailed. A worker that
+comes back (heartbeats again, or re-registers) is asked for a snapshot before its hashes count again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from common.messages import (
+    KVEventBatch,
+    Message,
+    MessageError,
+    RequestFailed,
+    Shutdown,
+    Snapshot,
+    SnapshotRequest,
+    TokenOutput,
+    WorkerHeartbeat,
+    WorkerRegister,
+    decode,
+    encode,
+)
+from router.config import RouterConfig
+from router.prefix_index import IndexUpdate, PrefixIndex
+from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry, WorkerState
+
+log = logging.getLogger(__name__)
+SEND_HWM = 100_000  # queued commands per worker before sends fail fast instead of blocking the router
+
+
+class ClusterClient:
+    def __init__(
+        self,
+        config: RouterConfig,
+        registry: WorkerRegistry,
+        index: PrefixIndex,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self.registry = registry
+        self.index = index
+        self._clock = clock
+        self._ctx: zmq.asyncio.Context | None = None
+        self._inbox: zmq.asyncio.Socket | None = None
+        self._commands: dict[str, zmq.asyncio.Socket] = {}
+        self._events: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}
+        self._streams: dict[str, asyncio.Queue[TokenOutput | RequestFailed]] = {}
+        self._snapshot_asked: dict[str, float] = {}
+        self._tasks: list[asyncio.Task] = []
+        self.inbox_addr: str | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> str:
+        """Bind the inbox and start the receive and liveness loops; returns the inbox address."""
+        self._ctx = zmq.asyncio.Context()
+        address = f"tcp://{_bracket(self._config.inbox_host)}:{self._config.inbox_port or '*'}"
+        self._inbox = self._socket(zmq.PULL, address)
+        self._inbox.bind(address)
+        self.inbox_addr = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._tasks = [asyncio.create_task(self._inbox_loop()), asyncio.create_task(self._liveness_loop())]
+        log.info("router inbox listening on %s", self.inbox_addr)
+        return self.inbox_addr
+
+    async def stop(self) -> None:
+        tasks = self._tasks + [task for _, task in self._events.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for worker_id in list(self._commands):
+            self._disconnect(worker_id)
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def open_stream(self, request_id: str) -> asyncio.Queue[TokenOutput | RequestFailed]:
+        queue: asyncio.Queue[TokenOutput | RequestFailed] = asyncio.Queue()
+        self._streams[request_id] = queue
+        return queue
+
+    def close_stream(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    async def send(self, worker_id: str, msg: Message) -> bool:
+        """Queue a command for a worker without blocking; False if it cannot be delivered."""
+        sock = self._commands.get(worker_id)
+        if sock is None:
+            return False
+        try:
+            await sock.send(encode(msg), flags=zmq.NOBLOCK)
+        except zmq.ZMQError as e:  # Again: the worker stopped reading and its queue is full
+            log.warning("cannot send %s to %s: %s", msg.TYPE, worker_id, e)
+            return False
+        return True
+
+    async def shutdown_workers(self, reason: str = "router shutting down") -> int:
+        """Ask every registered worker to exit (for launchers); returns how many were told."""
+        told = 0
+        for worker_id in list(self._commands):
+            told += await self.send(worker_id, Shutdown(reason))
+        return told
+
+    # ---- inbox ---------------------------------------------------------------------------------
+
+    async def _inbox_loop(self) -> None:
+        assert self._inbox is not None
+        while True:
+            data = await self._inbox.recv()
+            try:
+                msg = decode(data)
+            except MessageError as e:
+                log.warning("dropping malformed inbox message: %s", e)
+                continue
+            try:
+                await self._handle(msg)
+            except Exception:  # one bad message must never stop the router's inbox
+                log.exception("error handling %s", msg.TYPE)
+
+    async def _handle(self, msg: Message) -> None:
+        if isinstance(msg, TokenOutput | RequestFailed):
+            queue = self._streams.get(msg.request_id)
+            if queue is not None:  # else: the request already ended (aborted); late tokens are dropped
+                queue.put_nowait(msg)
+        elif isinstance(msg, WorkerHeartbeat):
+            outcome = self.registry.heartbeat(msg, self._clock())
+            if outcome is HeartbeatOutcome.REVIVED:
+                log.info("worker %s is back", msg.worker_id)
+                await self._refresh_index(msg.worker_id)
+        elif isinstance(msg, WorkerRegister):
+            await self._on_register(msg)
+        elif isinstance(msg, Snapshot):
+            if self.index.apply_snapshot(msg) is IndexUpdate.NEEDS_SNAPSHOT:
+                await self._ask_snapshot(msg.worker_id)
+            elif not self.index.awaiting_snapshot(msg.worker_id):
+                self._snapshot_asked.pop(msg.worker_id, None)
+        else:
+            log.warning("unexpected %s on the inbox", msg.TYPE)
+
+    async def _on_register(self, reg: WorkerRegister) -> None:
+        result = self.registry.register(reg, self._clock())
+        if result.outcome is RegistrationOutcome.REJECTED:
+            log.error(
+                "rejected worker %s (%s@%s pid %d): %s",
+                reg.worker_id,
+                reg.role,
+                reg.host,
+                reg.pid,
+                result.reason,
+            )
+            return
+        if result.outcome is RegistrationOutcome.REFRESHED:
+            return
+        if result.outcome is RegistrationOutcome.REPLACED:
+            log.warning("worker %s restarted (pid %d)", reg.worker_id, reg.pid)
+            self._disconnect(reg.worker_id)
+            self._fail_requests_on(reg.worker_id, "worker restarted")
+        self._connect(reg)
+        log.info("registered %s worker %s at %s (pid %d)", reg.role, reg.worker_id, reg.host, reg.pid)
+        if reg.events_addr is not None:
+            await self._refresh_index(reg.worker_id)
+
+    # ---- worker sockets ------------------------------------------------------------------------
+
+    def _connect(self, reg: WorkerRegister) -> None:
+        push = self._socket(zmq.PUSH, reg.command_addr)
+        push.setsockopt(zmq.SNDHWM, SEND_HWM)
+        push.connect(reg.command_addr)
+        self._commands[reg.worker_id] = push
+        if reg.events_addr is None:
+            return
+        sub = self._socket(zmq.SUB, reg.events_addr)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(reg.events_addr)
+        self.index.add_worker(reg.worker_id)
+        self._events[reg.worker_id] = (sub, asyncio.create_task(self._events_loop(reg.worker_id, sub)))
+
+    def _socket(self, kind: int, address: str) -> zmq.asyncio.Socket:
+        assert self._ctx is not None, "start() first"
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)  # never block shutdown on unsent commands to a dead worker
+        # Only for IPv6 literals: with IPV6 on, an IPv4 bind reports an IPv4-mapped address
+        # ("[::ffff:...]") that IPv4-only peers cannot use.
+        sock.setsockopt(zmq.IPV6, int("[" in address))
+        return sock
+
+    def _disconnect(self, worker_id: str) -> None:
+        push = self._commands.pop(worker_id, None)
+        if push is not None:
+            push.close(linger=0)
+        entry = self._events.pop(worker_id, None)
+        if entry is not None:
+            entry[1].cancel()
+            entry[0].close(linger=0)
+        self.index.remove_worker(worker_id)
+        self._snapshot_asked.pop(worker_id, None)
+
+    async def _events_loop(self, worker_id: str, sub: zmq.asyncio.Socket) -> None:
+        while True:
+            data = await sub.recv()
+            try:
+                batch = decode(data)
+            except MessageError as e:
+                log.warning("dropping malformed event from %s: %s", worker_id, e)
+                continue
+            if not isinstance(batch, KVEventBatch) or batch.worker_id != worker_id:
+                log.warning("dropping unexpected %s on %s's event socket", batch.TYPE, worker_id)
+                continue
+            if self.index.apply_batch(batch) is IndexUpdate.NEEDS_SNAPSHOT:
+                log.info("event gap from %s at seq %d: asking for a snapshot", worker_id, batch.seq)
+                await self._ask_snapshot(worker_id)
+
+    async def _refresh_index(self, worker_id: str) -> None:
+        self.index.reset_worker(worker_id)
+        await self._ask_snapshot(worker_id)
+
+    async def _ask_snapshot(self, worker_id: str) -> None:
+        self._snapshot_asked[worker_id] = self._clock()
+        await self.send(worker_id, SnapshotRequest(worker_id))
+
+    # ---- liveness ------------------------------------------------------------------------------
+
+    async def _liveness_loop(self) -> None:
+        interval = min(self._config.heartbeat_timeout / 4, 0.5)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check_liveness()
+            except Exception:
+                log.exception("liveness check failed")
+
+    async def check_liveness(self) -> None:
+        """Mark silent workers down and re-ask snapshots that went unanswered."""
+        now = self._clock()
+        for worker_id in self.registry.sweep(now):
+            log.warning(
+                "worker %s missed heartbeats for %.1fs: down", worker_id, self.registry.heartbeat_timeout
+            )
+            self.index.reset_worker(worker_id)
+            self._fail_requests_on(worker_id, "worker stopped responding")
+        for worker_id, asked_at in list(self._snapshot_asked.items()):
+            if not self.index.awaiting_snapshot(worker_id):
+                del self._snapshot_asked[worker_id]
+            elif now - asked_at > self._config.snapshot_retry_interval and self._is_live(worker_id):
+                await self._ask_snapshot(worker_id)
+
+    def _is_live(self, worker_id: str) -> bool:
+        info = self.registry.get(worker_id)
+        return info is not None and info.state is WorkerState.LIVE
+
+    def _fail_requests_on(self, worker_id: str, reason: str) -> None:
+        for request_id in self.registry.loads.requests_on(worker_id):
+            queue = self._streams.get(request_id)
+            if queue is not None:
+                queue.put_nowait(RequestFailed(request_id, worker_id, reason, retryable=True))
+
+
+def _bracket(host: str) -> str:
+    """IPv6 literals need brackets in a ZMQ tcp endpoint."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

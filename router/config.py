@@ -1,0 +1,67 @@
+"""Router configuration: a frozen dataclass validated on construction, no I/O."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from router.policy import ROUTING_POLICIES
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything the router needs to start.
+
+    `port=0` / `inbox_port=0` ask the OS for free ports; the bound addresses are reported through the
+    ready file. `inbox_host` is both where the inbox binds and the address workers are told to push
+    to, so on a multi-host cluster it must be this node's cluster-facing IP, not 0.0.0.0.
+    `request_timeout` bounds one request end to end (None: no limit). `block_size=None` adopts the
+    first accepted worker's block size.
+    """
+
+    model: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    inbox_host: str = "127.0.0.1"
+    inbox_port: int = 0
+    routing: str = "prefix"
+    request_timeout: float | None = 600.0
+    heartbeat_timeout: float = 5.0
+    snapshot_retry_interval: float = 2.0
+    block_size: int | None = None
+    max_running_requests: int = 4096
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_retries: int = 1
+    ready_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model must be a non-empty path")
+        for name in ("port", "inbox_port"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be a port number in [0, 65535], got {value!r}")
+        if self.routing not in ROUTING_POLICIES:
+            raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {self.routing!r}")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be positive or None, got {self.request_timeout!r}")
+        for name in ("heartbeat_timeout", "snapshot_retry_interval"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("max_running_requests", "max_body_bytes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ValueError(f"max_retries must be a non-negative int, got {self.max_retries!r}")
+        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
+            raise ValueError(f"block_size must be a positive int or None, got {self.block_size!r}")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients put in "model" (defaults to the model directory's name)."""
+        return self.served_model_name or os.path.basename(os.path.normpath(self.model))
+
+    def accepts_model(self, name: str | None) -> bool:
+        """A request may name the served name or the path; omitting it means the one model served."""
+        return name is None or name in (self.model_name, self.model)

@@ -1,0 +1,128 @@
+"""Incremental detokenization with stop strings.
+
+Text is produced by decoding a small sliding window of tokens (the vLLM method): decode
+tokens[prefix:read] and tokens[prefix:], and the difference is the new text. Two things are held back:
+
+- text ending in U+FFFD: with byte-level BPE one character (emoji, CJK) can span several tokens and
+  the window decodes to a replacement character until the last byte arrives, so the client never
+  sees half a character. `finish()` releases what is still held (the model really produced bad bytes).
+- a tail that could be the start of a stop string: it is released once it cannot be one any more.
+
+When a stop string appears, everything from its first character on is dropped (OpenAI semantics)
+and the detokenizer reports which stop string ended the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+REPLACEMENT_CHAR = "\ufffd"
+# Prompt tokens used as left context so the first generated token decodes as it would mid-text
+# (tokenizers with Metaspace decoders drop the leading space of the first token otherwise).
+CONTEXT_TOKENS = 5
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class DetokenizerDelta(NamedTuple):
+    text: str  # new text the client may see now
+    stop: str | None  # the stop string that ended the output, or None
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into a stream of safe-to-show text."""
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        prompt_token_ids: Sequence[int] = (),
+        stop: Sequence[str] = (),
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self._decoder = decoder
+        self._skip_special = skip_special_tokens
+        self._tokens: list[int] = list(prompt_token_ids[-CONTEXT_TOKENS:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._tokens)
+        self._stops = tuple(s for s in stop if s)
+        self._max_stop = max((len(s) for s in self._stops), default=0)
+        self._text = ""  # all generated text decoded so far (before any stop truncation)
+        self._sent = 0  # how many characters of _text were returned
+        self.stopped: str | None = None
+
+    @property
+    def text(self) -> str:
+        """Everything returned so far."""
+        return self._text[: self._sent]
+
+    def add(self, token_ids: Sequence[int], check_stop: bool = True) -> DetokenizerDelta:
+        """Feed newly generated tokens; returns the text that became safe to show.
+
+        `check_stop=False` (before min_tokens is reached) lets stop strings pass, as vLLM does.
+        """
+        if self.stopped is not None:
+            return DetokenizerDelta("", self.stopped)
+        self._tokens.extend(token_ids)
+        before = len(self._text)
+        self._text += self._decode_new()
+        return self._release(before, final=False, check_stop=check_stop)
+
+    def finish(self) -> DetokenizerDelta:
+        """No more tokens: release held text, including an unresolved U+FFFD."""
+        if self.stopped is not None:
+            return DetokenizerDelta("", self.stopped)
+        before = len(self._text)
+        self._text += self._decode_new(final=True)
+        return self._release(before, final=True)
+
+    def _decode_new(self, final: bool = False) -> str:
+        if self._read_offset == len(self._tokens):
+            return ""
+        prefix_text = self._decode(self._tokens[self._prefix_offset : self._read_offset])
+        full_text = self._decode(self._tokens[self._prefix_offset :])
+        if len(full_text) <= len(prefix_text) or (full_text.endswith(REPLACEMENT_CHAR) and not final):
+            return ""  # an incomplete character (or a token with no text yet): wait for more
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._tokens)
+        return full_text[len(prefix_text) :]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._decoder.decode(ids, skip_special_tokens=self._skip_special)
+
+    def _release(self, before: int, final: bool, check_stop: bool = True) -> DetokenizerDelta:
+        hit = self._find_stop(before) if check_stop else None
+        if hit is not None:
+            position, stop = hit
+            self.stopped = stop
+            return self._emit(position)
+        if final or not check_stop:
+            return self._emit(len(self._text))
+        return self._emit(len(self._text) - self._stop_prefix_len())
+
+    def _emit(self, end: int) -> DetokenizerDelta:
+        end = max(end, self._sent)
+        delta = self._text[self._sent : end]
+        self._sent = end
+        return DetokenizerDelta(delta, self.stopped)
+
+    def _find_stop(self, before: int) -> tuple[int, str] | None:
+        """Earliest stop string that ends in the new text (it may start in older, held text).
+
+        Text already returned cannot be taken back, so a stop string starting there does not count
+        (that only happens when stop checking was off for min_tokens).
+        """
+        if not self._stops:
+            return None
+        start = max(self._sent, before - self._max_stop + 1)
+        hits = [(p, s) for s in self._stops if (p := self._text.find(s, start)) != -1]
+        return min(hits) if hits else None
+
+    def _stop_prefix_len(self) -> int:
+        """Length of the longest tail of the text that is a proper prefix of some stop string."""
+        for k in range(min(self._max_stop - 1, len(self._text)), 0, -1):
+            tail = self._text[-k:]
+            if any(s.startswith(tail) for s in self._stops):
+                return k
+        return 0

@@ -1,0 +1,62 @@
+"""Run a request's sequences (prompts x n) concurrently and merge their updates into one stream.
+
+Each sequence runs in its own task; updates come out tagged with the choice index in arrival order.
+If one sequence fails, or the consumer goes away (client disconnect), every other sequence is
+cancelled, which makes each of them abort its workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import NamedTuple
+
+from router.request_lifecycle import RequestLifecycle, SequenceRequest
+from router.token_stream import SequenceOutput, SequenceUpdate
+
+
+class ChoiceUpdate(NamedTuple):
+    choice_index: int
+    update: SequenceUpdate
+    output: SequenceOutput
+
+
+_DONE = object()
+
+
+async def run_sequences(
+    lifecycle: RequestLifecycle, seqs: list[SequenceRequest]
+) -> AsyncIterator[ChoiceUpdate]:
+    if len(seqs) == 1:  # the common case needs no tasks
+        async with contextlib.aclosing(lifecycle.generate(seqs[0])) as updates:
+            async for update, output in updates:
+                yield ChoiceUpdate(0, update, output)
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    tasks = [asyncio.create_task(_pump(lifecycle, i, seq, queue)) for i, seq in enumerate(seqs)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is _DONE:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _pump(lifecycle: RequestLifecycle, index: int, seq: SequenceRequest, queue: asyncio.Queue) -> None:
+    try:
+        async with contextlib.aclosing(lifecycle.generate(seq)) as updates:
+            async for update, output in updates:
+                queue.put_nowait(ChoiceUpdate(index, update, output))
+    except Exception as e:  # handed to the consumer, which cancels the siblings
+        queue.put_nowait(e)
+    finally:
+        queue.put_nowait(_DONE)

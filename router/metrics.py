@@ -1,0 +1,164 @@
+"""A minimal Prometheus text-exposition registry (counters, gauges, histograms with labels).
+
+Written here rather than taken from prometheus_client so that each router instance owns its metrics
+(several routers built in one test process must not collide in a global registry) and so the router
+has no dependency the project does not declare.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+LabelValues = tuple[str, ...]
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class _Metric:
+    kind = ""
+
+    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
+        self.name = name
+        self.help = help_text
+        self.label_names = tuple(labels)
+
+    def _key(self, labels: dict[str, str]) -> LabelValues:
+        if set(labels) != set(self.label_names):
+            raise ValueError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
+        return tuple(str(labels[n]) for n in self.label_names)
+
+    def _label_text(self, values: LabelValues, extra: tuple[tuple[str, str], ...] = ()) -> str:
+        pairs = list(zip(self.label_names, values, strict=True)) + list(extra)
+        if not pairs:
+            return ""
+        return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
+
+    def header(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+
+    def render(self) -> list[str]:
+        raise NotImplementedError
+
+
+class Counter(_Metric):
+    kind = "counter"
+
+    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
+        super().__init__(name, help_text, labels)
+        self._values: dict[LabelValues, float] = {}
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        if amount < 0:
+            raise ValueError(f"{self.name}: counters only go up, got {amount}")
+        key = self._key(labels)
+        self._values[key] = self._values.get(key, 0.0) + amount
+
+    def value(self, **labels: str) -> float:
+        return self._values.get(self._key(labels), 0.0)
+
+    def render(self) -> list[str]:
+        return [f"{self.name}{self._label_text(k)} {_num(v)}" for k, v in sorted(self._values.items())]
+
+
+class Gauge(_Metric):
+    kind = "gauge"
+
+    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
+        super().__init__(name, help_text, labels)
+        self._values: dict[LabelValues, float] = {}
+
+    def set(self, value: float, **labels: str) -> None:
+        self._values[self._key(labels)] = float(value)
+
+    def clear(self) -> None:
+        """Forget all label sets (gauges describing workers are rebuilt at each scrape)."""
+        self._values.clear()
+
+    def value(self, **labels: str) -> float:
+        return self._values.get(self._key(labels), 0.0)
+
+    def render(self) -> list[str]:
+        return [f"{self.name}{self._label_text(k)} {_num(v)}" for k, v in sorted(self._values.items())]
+
+
+class Histogram(_Metric):
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = LATENCY_BUCKETS,
+    ) -> None:
+        super().__init__(name, help_text, labels)
+        self.buckets = tuple(sorted(buckets))
+        self._counts: dict[LabelValues, list[int]] = {}  # per bucket, not cumulative; last = +Inf
+        self._sums: dict[LabelValues, float] = {}
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = self._key(labels)
+        counts = self._counts.setdefault(key, [0] * (len(self.buckets) + 1))
+        counts[bisect.bisect_left(self.buckets, value)] += 1
+        self._sums[key] = self._sums.get(key, 0.0) + value
+
+    def count(self, **labels: str) -> int:
+        return sum(self._counts.get(self._key(labels), ()))
+
+    def render(self) -> list[str]:
+        lines = []
+        for key, counts in sorted(self._counts.items()):
+            cumulative = 0
+            for bound, n in zip((*self.buckets, math.inf), counts, strict=True):
+                cumulative += n
+                le = (("le", "+Inf" if bound == math.inf else _num(bound)),)
+                lines.append(f"{self.name}_bucket{self._label_text(key, le)} {cumulative}")
+            lines.append(f"{self.name}_sum{self._label_text(key)} {_num(self._sums[key])}")
+            lines.append(f"{self.name}_count{self._label_text(key)} {cumulative}")
+        return lines
+
+
+class MetricsRegistry:
+    def __init__(self) -> None:
+        self._metrics: dict[str, _Metric] = {}
+
+    def counter(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Counter:
+        return self._add(Counter(name, help_text, labels))
+
+    def gauge(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Gauge:
+        return self._add(Gauge(name, help_text, labels))
+
+    def histogram(
+        self,
+        name: str,
+        help_text: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] = LATENCY_BUCKETS,
+    ) -> Histogram:
+        return self._add(Histogram(name, help_text, labels, buckets))
+
+    def _add(self, metric):
+        if metric.name in self._metrics:
+            raise ValueError(f"metric {metric.name} is already registered")
+        self._metrics[metric.name] = metric
+        return metric
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for metric in self._metrics.values():
+            lines += metric.header() + metric.render()
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(value: float) -> str:
+    if value == math.inf:
+        return "+Inf"
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)

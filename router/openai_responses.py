@@ -1,0 +1,195 @@
+"""Shape merged sequence updates into OpenAI responses: SSE chunks or one full response.
+
+Choice index = prompt_index * n + sample_index (OpenAI's order for several prompts with n > 1).
+usage.prompt_tokens counts each prompt once; completion_tokens counts every choice's tokens;
+prompt_tokens_details.cached_tokens is what the prefill workers reported for each prompt's first sample.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from router.fanout import ChoiceUpdate
+from router.logprobs import chat_logprobs, completion_logprobs
+from router.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionResponse,
+    DeltaMessage,
+    PromptTokensDetails,
+    Usage,
+)
+from router.request_builder import GenerationPlan
+from router.token_stream import SequenceOutput
+from router.tokenizer import ModelTokenizer
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class _Formatter:
+    def __init__(
+        self, request_id: str, model: str, created: int, plan: GenerationPlan, tok: ModelTokenizer
+    ) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = created
+        self.plan = plan
+        self.tokenizer = tok
+        self.outputs: dict[int, SequenceOutput] = {}
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.plan.prompts) * self.plan.sampling.n
+
+    def usage(self) -> Usage:
+        n = self.plan.sampling.n
+        prompt_tokens = sum(len(p) for p in self.plan.prompts)
+        completion = sum(o.num_generated for o in self.outputs.values())
+        cached = sum(o.cached_tokens for i, o in self.outputs.items() if i % n == 0)
+        return Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=prompt_tokens + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
+
+    async def stream(self, updates: AsyncIterator[ChoiceUpdate]) -> AsyncIterator[str]:
+        for payload in self._opening_chunks():
+            yield sse(payload)
+        async for item in updates:
+            self.outputs[item.choice_index] = item.output
+            payload = self._chunk(item)
+            if payload is not None:
+                yield sse(payload)
+        if self.plan.include_usage:
+            yield sse(self._envelope([], usage=self.usage().model_dump()))
+        yield DONE
+
+    def _opening_chunks(self) -> list[dict]:
+        return []
+
+    def _chunk(self, item: ChoiceUpdate) -> dict | None:
+        raise NotImplementedError
+
+    def _envelope(self, choices: list, usage: dict | None = None) -> dict:
+        raise NotImplementedError
+
+
+class CompletionFormatter(_Formatter):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._text_offsets: dict[int, int] = {}
+
+    def _logprobs(self, item: ChoiceUpdate) -> CompletionLogprobs | None:
+        if item.update.logprobs is None:
+            return None
+        start = self._text_offsets.get(item.choice_index, 0)
+        lp = completion_logprobs(self.tokenizer, item.update.token_ids, item.update.logprobs, start)
+        self._text_offsets[item.choice_index] = start + sum(len(t) for t in lp.tokens)
+        return lp
+
+    def _chunk(self, item: ChoiceUpdate) -> dict | None:
+        u = item.update
+        if not u.text and u.finish_reason is None and not u.logprobs:
+            return None
+        choice = CompletionChoice(
+            index=item.choice_index, text=u.text, logprobs=self._logprobs(item), finish_reason=u.finish_reason
+        )
+        return self._envelope([choice.model_dump()])
+
+    def _envelope(self, choices: list, usage: dict | None = None) -> dict:
+        chunk = CompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[])
+        return chunk.model_dump() | {"choices": choices, "usage": usage}
+
+    async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
+        logprobs: dict[int, CompletionLogprobs] = {}
+        async for item in updates:
+            self.outputs[item.choice_index] = item.output
+            lp = self._logprobs(item)
+            if lp is not None:
+                merged = logprobs.setdefault(item.choice_index, CompletionLogprobs())
+                for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    getattr(merged, name).extend(getattr(lp, name))
+        choices = [
+            CompletionChoice(index=i, text=o.text, logprobs=logprobs.get(i), finish_reason=o.finish_reason)
+            for i, o in sorted(self.outputs.items())
+        ]
+        response = CompletionResponse(
+            id=self.request_id, created=self.created, model=self.model, choices=choices, usage=self.usage()
+        )
+        return response.model_dump()
+
+
+class ChatFormatter(_Formatter):
+    def _opening_chunks(self) -> list[dict]:
+        """OpenAI streams the assistant role first, once per choice."""
+        return [
+            self._envelope(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
+            for i in range(self.num_choices)
+        ]
+
+    def _logprobs(self, item: ChoiceUpdate) -> ChatLogprobs | None:
+        if item.update.logprobs is None:
+            return None
+        return chat_logprobs(self.tokenizer, item.update.token_ids, item.update.logprobs)
+
+    def _chunk(self, item: ChoiceUpdate) -> dict | None:
+        u = item.update
+        if not u.text and u.finish_reason is None and not u.logprobs:
+            return None
+        lp = self._logprobs(item)
+        choice = ChatChunkChoice(
+            index=item.choice_index,
+            delta=DeltaMessage(content=u.text or None),
+            logprobs=lp,
+            finish_reason=u.finish_reason,
+        )
+        payload = choice.model_dump()
+        payload["delta"] = {k: v for k, v in payload["delta"].items() if v is not None}  # OpenAI omits them
+        return self._envelope([payload])
+
+    def _envelope(self, choices: list, usage: dict | None = None) -> dict:
+        chunk = ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[])
+        return chunk.model_dump() | {"choices": choices, "usage": usage}
+
+    async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
+        logprobs: dict[int, ChatLogprobs] = {}
+        async for item in updates:
+            self.outputs[item.choice_index] = item.output
+            lp = self._logprobs(item)
+            if lp is not None:
+                logprobs.setdefault(item.choice_index, ChatLogprobs()).content.extend(lp.content)
+        choices = [
+            ChatChoice(
+                index=i,
+                message=AssistantMessage(content=o.text),
+                logprobs=logprobs.get(i),
+                finish_reason=o.finish_reason,
+            )
+            for i, o in sorted(self.outputs.items())
+        ]
+        response = ChatCompletionResponse(
+            id=self.request_id, created=self.created, model=self.model, choices=choices, usage=self.usage()
+        )
+        return response.model_dump()

@@ -1,0 +1,159 @@
+"""Worker selection: small pure functions over load snapshots, plus the selectable routing policies.
+
+Prefill: the cost of sending a request to a worker is the prompt tokens it would have to compute
+(cached leading blocks are free) plus the prompt tokens already queued on it; the cheapest wins, ties
+go to the worker with fewest requests in flight, then to the smallest worker id (deterministic).
+
+Decode: only workers whose KV capacity (total blocks and max_model_len) can hold prompt + max_tokens
+are eligible; among them the most free blocks wins, then the fewest running sequences, then the
+smallest id. Free blocks are a moment's figure, so they rank workers rather than exclude them: a
+decode worker that is momentarily full queues the request.
+
+`round_robin` ignores prefix hits and load (a baseline for benchmarks) but still honours capacity.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+ROUTING_POLICIES = ("prefix", "round_robin")
+
+
+@dataclass(frozen=True)
+class PrefillLoad:
+    """A prefill worker as the policy sees it. `queued_prefill_tokens`: prompt tokens not yet computed."""
+
+    worker_id: str
+    queued_prefill_tokens: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    worker_id: str
+    num_free_blocks: int
+    num_total_blocks: int
+    num_running: int
+    block_size: int
+    max_model_len: int
+
+    def can_hold(self, num_tokens: int) -> bool:
+        """Whether this worker could ever hold a sequence of `num_tokens` tokens."""
+        blocks_needed = -(-num_tokens // self.block_size)
+        return num_tokens <= self.max_model_len and blocks_needed <= self.num_total_blocks
+
+
+class Choice(NamedTuple):
+    worker_id: str
+    cached_blocks: int = 0  # leading prompt blocks the chosen prefill worker already holds
+    cost: int = 0  # the policy's figure for the winner (prefill: new + queued tokens)
+
+
+def prefill_cost(load: PrefillLoad, cached_blocks: int, num_prompt_tokens: int, block_size: int) -> int:
+    """new_prefill_tokens + queued_prefill_tokens. At least one token is always computed (the last)."""
+    new_tokens = max(num_prompt_tokens - cached_blocks * block_size, 1)
+    return new_tokens + load.queued_prefill_tokens
+
+
+def choose_prefill(
+    candidates: Sequence[PrefillLoad],
+    matches: Mapping[str, int],
+    num_prompt_tokens: int,
+    block_size: int,
+) -> Choice | None:
+    """The cheapest prefill worker for a prompt, or None when there is no candidate.
+
+    `matches` maps worker id -> leading cached blocks (from PrefixIndex.match; absent means 0).
+    """
+    best: tuple[int, int, str] | None = None
+    for load in candidates:
+        cost = prefill_cost(load, matches.get(load.worker_id, 0), num_prompt_tokens, block_size)
+        key = (cost, load.in_flight, load.worker_id)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        return None
+    return Choice(best[2], matches.get(best[2], 0), best[0])
+
+
+def choose_decode(candidates: Sequence[DecodeLoad], num_tokens: int) -> Choice | None:
+    """The decode worker with most free blocks (then fewest running) able to hold `num_tokens`."""
+    eligible = [c for c in candidates if c.can_hold(num_tokens)]
+    if not eligible:
+        return None
+    best = min(eligible, key=lambda c: (-c.num_free_blocks, c.num_running, c.worker_id))
+    return Choice(best.worker_id, 0, best.num_free_blocks)
+
+
+class RoutingPolicy(Protocol):
+    """Picks workers for one request; returns None when no candidate fits."""
+
+    name: str
+
+    def pick_prefill(
+        self,
+        candidates: Sequence[PrefillLoad],
+        matches: Mapping[str, int],
+        num_prompt_tokens: int,
+        block_size: int,
+    ) -> Choice | None: ...
+
+    def pick_decode(self, candidates: Sequence[DecodeLoad], num_tokens: int) -> Choice | None: ...
+
+
+class PrefixAwarePolicy:
+    name = "prefix"
+
+    def pick_prefill(
+        self,
+        candidates: Sequence[PrefillLoad],
+        matches: Mapping[str, int],
+        num_prompt_tokens: int,
+        block_size: int,
+    ) -> Choice | None:
+        return choose_prefill(candidates, matches, num_prompt_tokens, block_size)
+
+    def pick_decode(self, candidates: Sequence[DecodeLoad], num_tokens: int) -> Choice | None:
+        return choose_decode(candidates, num_tokens)
+
+
+class RoundRobinPolicy:
+    """Cycles through candidates (sorted by id so the order is stable as workers come and go)."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._prefill_turn = itertools.count()
+        self._decode_turn = itertools.count()
+
+    def pick_prefill(
+        self,
+        candidates: Sequence[PrefillLoad],
+        matches: Mapping[str, int],
+        num_prompt_tokens: int,
+        block_size: int,
+    ) -> Choice | None:
+        if not candidates:
+            return None
+        ordered = sorted(candidates, key=lambda c: c.worker_id)
+        load = ordered[next(self._prefill_turn) % len(ordered)]
+        cached = matches.get(load.worker_id, 0)
+        return Choice(load.worker_id, cached, prefill_cost(load, cached, num_prompt_tokens, block_size))
+
+    def pick_decode(self, candidates: Sequence[DecodeLoad], num_tokens: int) -> Choice | None:
+        eligible = sorted((c for c in candidates if c.can_hold(num_tokens)), key=lambda c: c.worker_id)
+        if not eligible:
+            return None
+        chosen = eligible[next(self._decode_turn) % len(eligible)]
+        return Choice(chosen.worker_id, 0, chosen.num_free_blocks)
+
+
+def make_policy(name: str) -> RoutingPolicy:
+    if name == "prefix":
+        return PrefixAwarePolicy()
+    if name == "round_robin":
+        return RoundRobinPolicy()
+    raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {name!r}")

@@ -1,0 +1,165 @@
+"""From a validated OpenAI request to what the cluster runs: prompts as token ids + SamplingParams.
+
+Everything a client can get wrong is answered here with a 400 naming the field: sampling values (via
+SamplingParams), prompt token ids outside the vocabulary, roles or content the template cannot take,
+and prompts that do not fit the context window. Defaults follow vLLM: max_tokens is 16 for
+completions and "the rest of the context window" for chat.
+
+`max_model_len=None` (no live workers yet) validates everything that does not depend on the workers
+and skips the context-window check; the caller then answers 503 instead of running the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from common.sampling_params import SamplingParams
+from router.errors import APIError, bad_request, from_value_error
+from router.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from router.tokenizer import ChatTemplateError, ModelTokenizer
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """One HTTP request's work: every prompt is sampled `sampling.n` times."""
+
+    prompts: list[list[int]]
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+    skip_special_tokens: bool
+
+    def sequence_params(self, sample_index: int) -> SamplingParams:
+        """The sub-request's params: n=1 and, with a seed, seed + sample_index (distinct samples)."""
+        seed = None if self.sampling.seed is None else self.sampling.seed + sample_index
+        return replace(self.sampling, n=1, seed=seed)
+
+
+class RequestBuilder:
+    def __init__(self, tokenizer: ModelTokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def completion(self, req: CompletionRequest, max_model_len: int | None) -> GenerationPlan:
+        if req.echo:
+            raise bad_request("echo is not supported", param="echo")
+        if req.suffix:
+            raise bad_request("suffix is not supported", param="suffix")
+        prompts = self._completion_prompts(req.prompt)
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
+        max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
+        return self._plan(req, prompts, max_tokens, req.logprobs, max_model_len)
+
+    def chat(self, req: ChatCompletionRequest, max_model_len: int | None) -> GenerationPlan:
+        if req.tools:
+            raise bad_request("tools are not supported", param="tools")
+        if req.response_format and req.response_format.get("type") not in (None, "text"):
+            raise bad_request("only the text response_format is supported", param="response_format")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
+        prompt = self._chat_prompt(req)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if max_tokens is None:
+            max_tokens = (
+                max(max_model_len - len(prompt), 1) if max_model_len else COMPLETION_DEFAULT_MAX_TOKENS
+            )
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        return self._plan(req, [prompt], max_tokens, logprobs, max_model_len)
+
+    def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        # "developer" is OpenAI's newer name for "system"; open-model templates only know "system".
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            | ({"name": m.name} if m.name else {})
+            for m in req.messages
+        ]
+        try:
+            return self.tokenizer.encode_chat(messages, add_generation_prompt=req.add_generation_prompt)
+        except ChatTemplateError as e:
+            raise bad_request(str(e), param="messages") from None
+
+    def _completion_prompts(self, prompt: str | list) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompts = [self.tokenizer.encode(prompt)]
+        elif all(isinstance(p, str) for p in prompt):
+            prompts = [self.tokenizer.encode(p) for p in prompt]
+        elif all(isinstance(p, int) for p in prompt):
+            prompts = [list(prompt)]
+        else:
+            prompts = [list(p) for p in prompt]
+        vocab = self.tokenizer.vocab_size
+        for ids in prompts:
+            if not ids:
+                raise bad_request("prompt must not be empty", param="prompt")
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise bad_request(
+                    f"prompt token id {bad} is outside the vocabulary [0, {vocab})", param="prompt"
+                )
+        return prompts
+
+    def _plan(
+        self,
+        req: _GenerationRequest,
+        prompts: list[list[int]],
+        max_tokens: int,
+        logprobs: int | None,
+        max_model_len: int | None,
+    ) -> GenerationPlan:
+        sampling = self._sampling(req, max_tokens, logprobs)
+        for ids in prompts:
+            if max_model_len is not None:
+                _check_context(len(ids), sampling.max_tokens, max_model_len)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream_options is not None and not req.stream:
+            raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
+        return GenerationPlan(prompts, sampling, req.stream, include_usage, req.skip_special_tokens)
+
+    def _sampling(self, req: _GenerationRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        given = {
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "top_k": req.top_k,
+            "min_p": req.min_p,
+            "presence_penalty": req.presence_penalty,
+            "frequency_penalty": req.frequency_penalty,
+            "repetition_penalty": req.repetition_penalty,
+            "stop": [req.stop] if isinstance(req.stop, str) else req.stop,
+            "stop_token_ids": req.stop_token_ids,
+            "seed": req.seed,
+        }
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
+                ignore_eos=req.ignore_eos,
+                logprobs=logprobs,
+                n=req.n,
+                **{k: v for k, v in given.items() if v is not None},
+            )
+        except ValueError as e:
+            raise from_value_error(e) from None
+
+
+def _check_context(prompt_len: int, max_tokens: int, max_model_len: int) -> None:
+    if prompt_len >= max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens; the prompt has {prompt_len}.",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+    if prompt_len + max_tokens > max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
+            "completion).",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )

@@ -1,0 +1,72 @@
+"""The router's metric set (names are part of the operations contract; see docs/architecture.md)."""
+
+from __future__ import annotations
+
+from router.metrics import MetricsRegistry
+
+TOKEN_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.5,
+)
+TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = MetricsRegistry()
+        self.requests = r.counter(
+            "pdserve_requests_total", "HTTP generation requests by outcome.", ["status"]
+        )
+        self.prompt_tokens = r.counter("pdserve_prompt_tokens_total", "Prompt tokens of finished sequences.")
+        self.generation_tokens = r.counter("pdserve_generation_tokens_total", "Generated tokens.")
+        self.prefix_hit_tokens = r.counter(
+            "pdserve_prefix_cache_hit_tokens_total", "Prompt tokens served from a prefill worker's cache."
+        )
+        self.prefill_requests = r.counter(
+            "pdserve_prefill_requests_total", "Sequences sent to each prefill worker.", ["worker"]
+        )
+        self.decode_requests = r.counter(
+            "pdserve_decode_requests_total", "Sequences assigned to each decode worker.", ["worker"]
+        )
+        self.ttft = r.histogram("pdserve_time_to_first_token_seconds", "Time from arrival to first token.")
+        self.tpot = r.histogram(
+            "pdserve_time_per_output_token_seconds",
+            "Mean time between output tokens after the first, per sequence.",
+            buckets=TOKEN_LATENCY_BUCKETS,
+        )
+        self.e2e = r.histogram("pdserve_e2e_request_latency_seconds", "Time from arrival to the last token.")
+        self.kv_transfer_bytes = r.counter(
+            "pdserve_kv_transfer_bytes_total", "KV bytes moved prefill -> decode."
+        )
+        self.kv_transfer_seconds = r.histogram(
+            "pdserve_kv_transfer_seconds", "KV transfer time per sequence.", buckets=TRANSFER_BUCKETS
+        )
+        self.retries = r.counter(
+            "pdserve_retries_total", "Sequences re-dispatched after a retryable failure."
+        )
+        self.running = r.gauge("pdserve_requests_running", "HTTP generation requests in progress.")
+        self.worker_up = r.gauge(
+            "pdserve_worker_up", "1 if the worker is registered and live.", ["role", "worker"]
+        )
+        self.kv_usage = r.gauge(
+            "pdserve_kv_cache_usage_ratio", "Used / total KV blocks per worker.", ["worker"]
+        )
+        self.queued_prefill = r.gauge(
+            "pdserve_queued_prefill_tokens", "Prompt tokens waiting on each prefill worker.", ["worker"]
+        )
+        self.index_blocks = r.gauge(
+            "pdserve_prefix_index_blocks", "Block hashes the index holds per prefill worker.", ["worker"]
+        )

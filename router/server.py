@@ -1,0 +1,135 @@
+"""Assemble the router and serve it with uvicorn.
+
+`build_router(config)` wires every part together (in-process use: tests, launchers) and returns the
+FastAPI app plus the `Router` holding the parts; the app's lifespan binds the ZMQ inbox. `serve`
+binds the HTTP socket itself so `--port 0` works, and once both sockets listen it writes the ready
+file `{"http": url, "inbox": addr}` (atomically) and prints the same JSON on one stdout line that
+starts with READY_PREFIX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import uvicorn
+from fastapi import FastAPI
+
+from router.app import create_app
+from router.cluster_client import ClusterClient
+from router.config import RouterConfig
+from router.policy import RoutingPolicy, make_policy
+from router.prefix_index import PrefixIndex
+from router.request_builder import RequestBuilder
+from router.request_lifecycle import RequestLifecycle
+from router.router_metrics import RouterMetrics
+from router.tokenizer import ModelTokenizer
+from router.worker_registry import WorkerRegistry
+
+log = logging.getLogger(__name__)
+READY_PREFIX = "PDSERVE_ROUTER_READY "
+
+
+@dataclass
+class Router:
+    """Every long-lived part of one router. `running` counts generation requests in progress."""
+
+    config: RouterConfig
+    tokenizer: ModelTokenizer
+    registry: WorkerRegistry
+    index: PrefixIndex
+    policy: RoutingPolicy
+    metrics: RouterMetrics
+    cluster: ClusterClient
+    lifecycle: RequestLifecycle
+    builder: RequestBuilder
+    running: int = 0
+
+    async def start(self) -> str:
+        """Bind the inbox; returns its address (what workers must push to)."""
+        return await self.cluster.start()
+
+    async def stop(self) -> None:
+        await self.cluster.stop()
+
+    @property
+    def inbox_addr(self) -> str | None:
+        return self.cluster.inbox_addr
+
+
+class RouterHandles(NamedTuple):
+    app: FastAPI
+    router: Router
+
+
+def build_router(config: RouterConfig, tokenizer: ModelTokenizer | None = None) -> RouterHandles:
+    """Wire the router's parts; reads the tokenizer files from `config.model` unless one is given."""
+    tokenizer = tokenizer or ModelTokenizer.from_dir(config.model)
+    registry = WorkerRegistry(config.heartbeat_timeout, config.block_size)
+    index = PrefixIndex()
+    policy = make_policy(config.routing)
+    metrics = RouterMetrics()
+    cluster = ClusterClient(config, registry, index)
+    lifecycle = RequestLifecycle(config, tokenizer, cluster, registry, index, policy, metrics)
+    router = Router(
+        config, tokenizer, registry, index, policy, metrics, cluster, lifecycle, RequestBuilder(tokenizer)
+    )
+    return RouterHandles(create_app(router), router)
+
+
+async def serve(config: RouterConfig, log_level: str = "info") -> None:
+    """Run until cancelled or interrupted (uvicorn handles SIGINT/SIGTERM)."""
+    app, router = build_router(config)
+    sock = _bind_http(config.host, config.port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=30))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()  # startup failed: raise its error
+            return
+        await asyncio.sleep(0.02)
+    _announce_ready(config, _http_url(config.host, sock.getsockname()[1]), router.inbox_addr or "")
+    await task
+
+
+def _bind_http(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _http_url(host: str, port: int) -> str:
+    """A URL a local client can use: wildcard binds are reached through loopback."""
+    shown = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    if ":" in shown:
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def _announce_ready(config: RouterConfig, http_url: str, inbox: str) -> None:
+    info = {
+        "http": http_url,
+        "inbox": inbox,
+        "model": config.model_name,
+        "pid": os.getpid(),
+        "time": time.time(),
+    }
+    text = json.dumps(info)
+    if config.ready_file:
+        tmp = f"{config.ready_file}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, config.ready_file)  # readers never see a half-written file
+    print(READY_PREFIX + text, flush=True)
+    log.info("router ready: %s", text)
+    sys.stdout.flush()

@@ -1,0 +1,80 @@
+"""Read-only views of the cluster for /health, /debug/index and the per-worker gauges of /metrics."""
+
+from __future__ import annotations
+
+from router.policy import DecodeLoad, PrefillLoad
+from router.prefix_index import PrefixIndex, WorkerIndexStats
+from router.router_metrics import RouterMetrics
+from router.worker_registry import WorkerInfo, WorkerRegistry, WorkerState
+
+
+def _worker_summary(w: WorkerInfo) -> dict:
+    return {
+        "worker_id": w.worker_id,
+        "role": w.role,
+        "host": w.reg.host,
+        "pid": w.reg.pid,
+        "state": w.state.value,
+    }
+
+
+def health_report(registry: WorkerRegistry, healthy: bool) -> dict:
+    return {
+        "status": "ok" if healthy else "unavailable",
+        "workers": [_worker_summary(w) for w in registry.workers()],
+        "rejected_workers": [{"worker_id": k, "reason": v} for k, v in sorted(registry.rejected.items())],
+    }
+
+
+def debug_index(registry: WorkerRegistry, index: PrefixIndex, policy_name: str) -> dict:
+    index_stats = {s.worker_id: s for s in index.stats()}
+    loads = {load.worker_id: load for load in [*registry.prefill_loads(), *registry.decode_loads()]}
+    workers = [
+        _worker_summary(w)
+        | {"kv_cache_usage": round(w.kv_usage(), 4)}
+        | _index_view(index_stats.get(w.worker_id))
+        | _load_view(loads.get(w.worker_id))
+        for w in registry.workers()
+    ]
+    return {
+        "policy": policy_name,
+        "block_size": registry.block_size,
+        "unique_blocks": index.num_unique_blocks,
+        "workers": workers,
+        "rejected_workers": dict(sorted(registry.rejected.items())),
+    }
+
+
+def _index_view(stats: WorkerIndexStats | None) -> dict:
+    if stats is None:
+        return {}
+    return {
+        "cached_blocks": stats.num_blocks,
+        "last_event_seq": stats.last_seq,
+        "awaiting_snapshot": stats.awaiting_snapshot,
+        "buffered_event_batches": stats.num_buffered_batches,
+    }
+
+
+def _load_view(load: PrefillLoad | DecodeLoad | None) -> dict:
+    if isinstance(load, PrefillLoad):
+        return {"queued_prefill_tokens": load.queued_prefill_tokens, "in_flight": load.in_flight}
+    if isinstance(load, DecodeLoad):
+        return {
+            "free_blocks": load.num_free_blocks,
+            "total_blocks": load.num_total_blocks,
+            "running": load.num_running,
+        }
+    return {}
+
+
+def refresh_worker_gauges(metrics: RouterMetrics, registry: WorkerRegistry, index: PrefixIndex) -> None:
+    """Rebuild the per-worker gauges so workers that left disappear from the exposition."""
+    for gauge in (metrics.worker_up, metrics.kv_usage, metrics.queued_prefill, metrics.index_blocks):
+        gauge.clear()
+    for w in registry.workers():
+        metrics.worker_up.set(1 if w.state is WorkerState.LIVE else 0, role=w.role, worker=w.worker_id)
+        metrics.kv_usage.set(w.kv_usage(), worker=w.worker_id)
+    for load in registry.prefill_loads():
+        metrics.queued_prefill.set(load.queued_prefill_tokens, worker=load.worker_id)
+        metrics.index_blocks.set(index.num_blocks(load.worker_id), worker=load.worker_id)

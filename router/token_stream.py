@@ -1,0 +1,109 @@
+"""One sequence's token stream: put worker messages in completion order and turn them into text.
+
+The prefill worker sends the token at index 0 and the decode worker indices 1..; the two travel on
+different paths, so the decode stream may arrive first. `TokenReorderBuffer` holds messages until
+every earlier position has arrived. `SequenceOutput` then applies them: it counts tokens, enforces
+max_tokens, detokenizes (stop strings included) and decides when the sequence is finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.messages import TokenOutput
+from common.sampling_params import SamplingParams
+from router.detokenizer import IncrementalDetokenizer
+
+
+class TokenReorderBuffer:
+    """Releases TokenOutputs in index order; a message with finish_reason closes the stream.
+
+    Invariant: `next_index` is the completion position of the first token not yet released. Messages
+    for positions already released (duplicates, retries) are dropped.
+    """
+
+    def __init__(self) -> None:
+        self.next_index = 0
+        self.closed = False
+        self._pending: dict[int, TokenOutput] = {}
+
+    def push(self, msg: TokenOutput) -> list[TokenOutput]:
+        if self.closed or msg.index < self.next_index:
+            return []
+        existing = self._pending.get(msg.index)
+        if existing is None or (not existing.token_ids and msg.token_ids):
+            self._pending[msg.index] = msg
+        ready = []
+        while not self.closed and self.next_index in self._pending:
+            out = self._pending.pop(self.next_index)
+            ready.append(out)
+            self.next_index += len(out.token_ids)
+            self.closed = out.finish_reason is not None
+        return ready
+
+    @property
+    def num_buffered(self) -> int:
+        return len(self._pending)
+
+
+@dataclass
+class SequenceUpdate:
+    """What one applied message changed: new visible text and tokens, and whether it ended."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict] | None
+    finish_reason: str | None = None
+    finished_by_worker: bool = False  # the worker ended it itself (no Abort needed)
+
+
+class SequenceOutput:
+    """Accumulated output of one sequence, fed with in-order TokenOutputs."""
+
+    def __init__(self, detokenizer: IncrementalDetokenizer, sampling: SamplingParams) -> None:
+        self._detok = detokenizer
+        self._max_tokens = sampling.max_tokens
+        self._min_tokens = sampling.min_tokens
+        self._stop_token_ids = set(sampling.stop_token_ids)
+        self.num_prompt_tokens = 0
+        self.cached_tokens = 0
+        self.token_ids: list[int] = []
+        self.kv_transfer_bytes = 0
+        self.kv_transfer_seconds = 0.0
+        self.finish_reason: str | None = None
+        self.first_token_at: float | None = None  # router clock, set by the lifecycle
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def text(self) -> str:
+        return self._detok.text
+
+    def apply(self, out: TokenOutput) -> SequenceUpdate:
+        if self.finish_reason is not None:
+            return SequenceUpdate("", [], None, self.finish_reason)
+        if out.index == 0:
+            self.num_prompt_tokens, self.cached_tokens = out.num_prompt_tokens, out.cached_tokens
+        self.kv_transfer_bytes += out.kv_transfer_bytes
+        self.kv_transfer_seconds += out.kv_transfer_seconds
+        room = self._max_tokens - self.num_generated
+        tokens = out.token_ids[:room]
+        logprobs = out.logprobs[: len(tokens)] if out.logprobs is not None else None
+        self.token_ids.extend(tokens)
+        finish = out.finish_reason
+        if len(out.token_ids) > room or (finish is None and self.num_generated >= self._max_tokens):
+            finish = "length"  # the router enforces max_tokens even if a worker overshoots
+        text_tokens = tokens
+        if finish == "stop" and tokens and tokens[-1] in self._stop_token_ids:
+            text_tokens = tokens[:-1]  # like vLLM: a stop token id's own text is not part of the output
+        delta = self._detok.add(text_tokens, check_stop=self.num_generated >= self._min_tokens)
+        text = delta.text
+        if delta.stop is not None:
+            finish = "stop"
+        elif finish is not None:
+            text += self._detok.finish().text
+        self.finish_reason = finish
+        by_worker = finish is not None and finish == out.finish_reason and delta.stop is None
+        return SequenceUpdate(text, tokens, logprobs, finish, by_worker)

@@ -1,0 +1,170 @@
+"""Which workers exist, whether they are live, and how loaded they are. Pure state: no sockets.
+
+Invariants:
+- Every registered worker passed the parity check: its block size equals the cluster's (fixed by
+  `--block-size` or by the first accepted worker) and its probe hash equals `probe_hash(block_size)`
+  computed here, so router and worker hash blocks identically. Rejected workers are remembered (for
+  /health and /debug) but never routed to.
+- A worker is LIVE while its last message (register or heartbeat) is younger than `heartbeat_timeout`
+  on the router's monotonic clock (worker clocks are not trusted), DOWN otherwise.
+- Load figures combine the last heartbeat with what the router dispatched since (see `LoadTracker`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from common.hashing import probe_hash
+from common.messages import WorkerHeartbeat, WorkerRegister
+from router.load_tracker import LoadTracker
+from router.policy import DecodeLoad, PrefillLoad
+
+
+class WorkerState(enum.Enum):
+    LIVE = "live"
+    DOWN = "down"
+
+
+class RegistrationOutcome(enum.Enum):
+    NEW = "new"
+    REFRESHED = "refreshed"  # same worker re-sent the same registration: nothing changes
+    REPLACED = "replaced"  # same id, different process or address: a restart
+    REJECTED = "rejected"
+
+
+class Registration(NamedTuple):
+    outcome: RegistrationOutcome
+    reason: str = ""
+
+
+class HeartbeatOutcome(enum.Enum):
+    OK = "ok"
+    REVIVED = "revived"  # the worker was DOWN and is back: its cache view must be refreshed
+    UNKNOWN = "unknown"  # never registered (e.g. the router restarted): ignored until it registers
+
+
+@dataclass
+class WorkerInfo:
+    reg: WorkerRegister
+    last_seen: float
+    state: WorkerState = WorkerState.LIVE
+    heartbeat: WorkerHeartbeat | None = None
+    registered_at: float = field(default=0.0)
+
+    @property
+    def worker_id(self) -> str:
+        return self.reg.worker_id
+
+    @property
+    def role(self) -> str:
+        return self.reg.role
+
+    def kv_usage(self) -> float:
+        hb = self.heartbeat
+        if hb is None or hb.num_total_blocks == 0:
+            return 0.0
+        return 1.0 - hb.num_free_blocks / hb.num_total_blocks
+
+
+class WorkerRegistry:
+    def __init__(self, heartbeat_timeout: float, block_size: int | None = None) -> None:
+        if heartbeat_timeout <= 0:
+            raise ValueError(f"heartbeat_timeout must be positive, got {heartbeat_timeout}")
+        self.heartbeat_timeout = heartbeat_timeout
+        self.block_size = block_size
+        self.loads = LoadTracker()
+        self._workers: dict[str, WorkerInfo] = {}
+        self.rejected: dict[str, str] = {}  # worker id -> why
+
+    def register(self, reg: WorkerRegister, now: float) -> Registration:
+        reason = self._parity_problem(reg)
+        if reason:
+            self.rejected[reg.worker_id] = reason
+            return Registration(RegistrationOutcome.REJECTED, reason)
+        self.rejected.pop(reg.worker_id, None)
+        if self.block_size is None:
+            self.block_size = reg.block_size
+        old = self._workers.get(reg.worker_id)
+        if old is not None and old.reg == reg:
+            old.last_seen, old.state = now, WorkerState.LIVE
+            return Registration(RegistrationOutcome.REFRESHED)
+        self._workers[reg.worker_id] = WorkerInfo(reg, last_seen=now, registered_at=now)
+        return Registration(RegistrationOutcome.NEW if old is None else RegistrationOutcome.REPLACED)
+
+    def _parity_problem(self, reg: WorkerRegister) -> str:
+        if self.block_size is not None and reg.block_size != self.block_size:
+            return f"block_size {reg.block_size} != cluster block_size {self.block_size}"
+        try:
+            expected = probe_hash(reg.block_size)
+        except ValueError as e:
+            return str(e)
+        if reg.probe_hash != expected:
+            return f"probe_hash {reg.probe_hash} != {expected}: the worker hashes blocks differently"
+        return ""
+
+    def heartbeat(self, hb: WorkerHeartbeat, now: float) -> HeartbeatOutcome:
+        info = self._workers.get(hb.worker_id)
+        if info is None:
+            return HeartbeatOutcome.UNKNOWN
+        revived = info.state is WorkerState.DOWN
+        info.heartbeat, info.last_seen, info.state = hb, now, WorkerState.LIVE
+        self.loads.heartbeat_received(hb.worker_id)
+        return HeartbeatOutcome.REVIVED if revived else HeartbeatOutcome.OK
+
+    def sweep(self, now: float) -> list[str]:
+        """Mark silent workers DOWN; returns the ids that went down just now."""
+        gone = []
+        for info in self._workers.values():
+            if info.state is WorkerState.LIVE and now - info.last_seen > self.heartbeat_timeout:
+                info.state = WorkerState.DOWN
+                gone.append(info.worker_id)
+        return gone
+
+    def remove(self, worker_id: str) -> WorkerInfo | None:
+        return self._workers.pop(worker_id, None)
+
+    def get(self, worker_id: str) -> WorkerInfo | None:
+        return self._workers.get(worker_id)
+
+    def workers(self) -> list[WorkerInfo]:
+        return sorted(self._workers.values(), key=lambda w: w.worker_id)
+
+    def live(self, role: str) -> list[WorkerInfo]:
+        return [w for w in self.workers() if w.role == role and w.state is WorkerState.LIVE]
+
+    def is_healthy(self) -> bool:
+        """At least one live prefill and one live decode worker, and no registered worker down."""
+        if any(w.state is not WorkerState.LIVE for w in self._workers.values()):
+            return False
+        return bool(self.live("prefill")) and bool(self.live("decode"))
+
+    def prefill_loads(self) -> list[PrefillLoad]:
+        out = []
+        for w in self.live("prefill"):
+            reported = w.heartbeat.queued_prefill_tokens if w.heartbeat else 0
+            # The heartbeat and the router's own tally count the same queued work from two sides;
+            # the larger is the fresher view (the heartbeat lags dispatches, the tally lags progress).
+            queued = max(reported, self.loads.outstanding_prefill_tokens(w.worker_id))
+            out.append(PrefillLoad(w.worker_id, queued, self.loads.in_flight(w.worker_id)))
+        return out
+
+    def decode_loads(self) -> list[DecodeLoad]:
+        out = []
+        for w in self.live("decode"):
+            hb = w.heartbeat
+            total = hb.num_total_blocks if hb else w.reg.num_kv_blocks
+            free = (hb.num_free_blocks if hb else total) - self.loads.blocks_since_heartbeat(w.worker_id)
+            reported = (hb.num_running + hb.num_waiting) if hb else 0
+            running = max(reported, self.loads.in_flight(w.worker_id))
+            out.append(DecodeLoad(w.worker_id, free, total, running, w.reg.block_size, w.reg.max_model_len))
+        return out
+
+    def max_model_len(self) -> int | None:
+        """The longest sequence some live prefill and some live decode worker can both take."""
+        prefill = [w.reg.max_model_len for w in self.live("prefill")]
+        decode = [w.reg.max_model_len for w in self.live("decode")]
+        if not prefill or not decode:
+            return None
+        return min(max(prefill), max(decode))

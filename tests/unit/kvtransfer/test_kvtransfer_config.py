@@ -1,0 +1,181 @@
+"""Configuration, transport choice, registry, cache checks and the wire format (no sockets)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+
+from kvtransfer import KVTransferConfig, create_receiver, create_sender, resolve_transport
+from kvtransfer.base import check_kv_cache
+from kvtransfer.layout import CacheLayout, parse_block_ids
+from kvtransfer.wire import FetchRequest, ProtocolError, decode
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    "device_type, same_host, expected",
+    [("cuda", True, "ipc"), ("cuda", False, "nccl"), ("cpu", True, "tcp"), ("cpu", False, "tcp")],
+)
+def test_resolve_auto(device_type, same_host, expected):
+    assert resolve_transport("auto", device_type, same_host) == expected
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "nccl"])
+def test_resolve_explicit_is_kept(transport):
+    assert resolve_transport(transport, "cpu", False) == transport
+
+
+@pytest.mark.parametrize(
+    "args, field", [(("udp", "cpu", True), "transport"), (("auto", "tpu", True), "device_type")]
+)
+def test_resolve_rejects_unknown(args, field):
+    with pytest.raises(ValueError, match=field):
+        resolve_transport(*args)
+
+
+def test_config_defaults_are_valid():
+    config = KVTransferConfig()
+    assert config.transport == "tcp" and config.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("transport", "udp"),
+        ("dist_backend", "mpi"),
+        ("host", None),
+        ("advertise_host", "0.0.0.0"),
+        ("fetch_timeout_s", 0),
+        ("fetch_timeout_s", float("inf")),
+        ("lease_s", -1.0),
+        ("lease_s", "5"),
+        ("poll_interval_s", float("nan")),
+        ("chunk_bytes", 0),
+        ("chunk_bytes", True),
+    ],
+)
+def test_config_rejects_bad_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        KVTransferConfig(**{field: value})
+
+
+def test_registry_rejects_auto_unknown_and_mismatched_config():
+    cache = torch.zeros(2, 1, 4, 2, 1, 4)
+    with pytest.raises(ValueError, match="resolve_transport"):
+        create_sender("auto", cache)
+    with pytest.raises(ValueError, match="transport"):
+        create_receiver("smoke-signals", cache)
+    with pytest.raises(ValueError, match="config.transport"):
+        create_sender("tcp", cache, KVTransferConfig(transport="nccl"))
+
+
+def test_ipc_needs_a_cuda_cache():
+    with pytest.raises(ValueError, match="CUDA"):
+        create_sender("ipc", torch.zeros(2, 1, 4, 2, 1, 4))
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        torch.zeros(2, 1, 4, 2, 4),
+        torch.zeros(3, 1, 4, 2, 1, 4),
+        torch.zeros(2, 1, 4, 4, 2, 3).transpose(3, 4),
+        [1],
+    ],
+    ids=["5d", "not-k-and-v", "non-contiguous", "not-a-tensor"],
+)
+def test_kv_cache_contract_is_checked(cache):
+    with pytest.raises(ValueError, match="kv_cache"):
+        check_kv_cache(cache)
+
+
+def test_constructors_do_no_io_and_close_is_safe_unstarted():
+    cache = torch.zeros(2, 1, 4, 2, 1, 4)
+    sender, receiver = create_sender("tcp", cache), create_receiver("tcp", cache)
+    with pytest.raises(RuntimeError):
+        sender.endpoint()
+    with pytest.raises(RuntimeError):
+        sender.publish("r", [0])
+    with pytest.raises(RuntimeError):
+        receiver.fetch("r", {}, [0], [0])
+    sender.close()
+    receiver.close()
+    sender.close()  # idempotent
+
+
+def test_importing_the_package_loads_no_transport():
+    code = (
+        "import sys, kvtransfer\n"
+        "heavy = ('kvtransfer.tcp', 'kvtransfer.ipc', 'kvtransfer.nccl', 'zmq')\n"
+        "loaded = [m for m in heavy if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+        "import torch\n"
+        "assert not torch.cuda.is_initialized()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
+
+
+def test_layout_mismatch_names_the_difference():
+    bf16 = CacheLayout("bfloat16", 2, 16, 8, 128)
+    assert bf16.mismatch(bf16) is None
+    assert "dtype mismatch" in bf16.mismatch(CacheLayout("float16", 2, 16, 8, 128))
+    assert "block shape mismatch" in bf16.mismatch(CacheLayout("bfloat16", 2, 16, 8, 64))
+    assert CacheLayout.from_wire(bf16.to_wire()) == bf16
+    assert bf16.block_bytes == 2 * 2 * 16 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        ([], "non-empty"),
+        ("12", "non-empty"),
+        ([1, 1], "repeat"),
+        ([4], r"\[0, 4\)"),
+        ([-1], r"\[0, 4\)"),
+        ([1.0], "only ints"),
+        ([True], "only ints"),
+    ],
+)
+def test_block_ids_are_validated(ids, message):
+    with pytest.raises(ValueError, match=message):
+        parse_block_ids("ids", ids, 4)
+
+
+def test_block_ids_accept_index_like_ints():
+    assert parse_block_ids("ids", (3, torch.tensor(1).item(), 0), 4) == [3, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\xc1",
+        msgpack.packb([1]),
+        msgpack.packb({1: 2}),
+        msgpack.packb({"t": "x", "rid": 1, "xid": 1}),
+        msgpack.packb({"t": "x", "rid": "r", "xid": True}),
+        b"\x00" * (2 << 20),
+    ],
+)
+def test_decode_rejects_garbage_with_protocol_error_only(frame):
+    with pytest.raises(ProtocolError):
+        decode(frame)
+
+
+def test_fetch_request_round_trip_and_validation():
+    layout = CacheLayout("float32", 2, 4, 1, 8)
+    request = FetchRequest("r", 3, [5, 1], layout, 2.5)
+    parsed = FetchRequest.parse(decode(request.encode(pair="p")))
+    assert (parsed.request_id, parsed.xid, parsed.src_block_ids, parsed.layout) == ("r", 3, [5, 1], layout)
+    assert parsed.timeout_s == 2.5 and parsed.fields["pair"] == "p"
+    bad = msgpack.packb(
+        {"t": "fetch", "rid": "r", "xid": 1, "src": [1], "layout": layout.to_wire(), "timeout": 0}
+    )
+    with pytest.raises(ProtocolError, match="timeout"):
+        FetchRequest.parse(decode(bad))

@@ -1,0 +1,141 @@
+"""Sender and receiver API behaviour within one process (threads, real sockets): argument handling,
+statuses, and a receiver fed garbage by a fake sender."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import torch
+import zmq
+from kv_procs import CacheSpec, bits, wait_results
+
+from kvtransfer import KVTransferConfig, TransferStatus, create_receiver, create_sender
+
+pytestmark = pytest.mark.timeout(60)
+SPEC = CacheSpec(num_blocks=16)
+
+
+@pytest.fixture
+def sender():
+    s = create_sender("tcp", SPEC.make())
+    s.start()
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize(
+    "ids, lease, message",
+    [([], None, "non-empty"), ([16], None, "src_block_ids"), ([1, 1], None, "repeat"), ([1], 0, "lease_s")],
+)
+def test_publish_rejects_caller_bugs(sender, ids, lease, message):
+    with pytest.raises(ValueError, match=message):
+        sender.publish("r", ids, lease)
+
+
+def test_publish_twice_and_non_string_id(sender):
+    sender.publish("r", [1])
+    with pytest.raises(ValueError, match="already published"):
+        sender.publish("r", [2])
+    with pytest.raises(ValueError, match="request_id"):
+        sender.publish(7, [2])
+
+
+def test_endpoint_reports_the_bound_ephemeral_port(sender):
+    endpoint = sender.endpoint()
+    assert endpoint["transport"] == "tcp"
+    host, port = endpoint["address"].removeprefix("tcp://").rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0
+    assert msgpack.unpackb(msgpack.packb(endpoint)) == endpoint
+
+
+@pytest.mark.parametrize(
+    "endpoint, src, dst, timeout, message",
+    [
+        ({"transport": "nccl", "address": "tcp://127.0.0.1:1"}, [1], [1], 5, "transport"),
+        ({"transport": "tcp"}, [1], [1], 5, "address"),
+        (None, [1, 2], [1], 5, "differ in length"),
+        (None, [1], [99], 5, "dst_block_ids"),
+        (None, [1, 2], [3, 3], 5, "repeat"),
+        (None, ["a"], [1], 5, "src_block_ids"),
+        (None, [1], [1], -1, "timeout_s"),
+    ],
+)
+def test_fetch_reports_bad_arguments_as_failed(sender, endpoint, src, dst, timeout, message):
+    receiver = create_receiver("tcp", SPEC.make())
+    receiver.start()
+    try:
+        receiver.fetch("r", endpoint or sender.endpoint(), src, dst, timeout)
+        result = receiver.poll()[0]  # reported at once, no network involved
+        assert result.status is TransferStatus.FAILED and message in result.error
+    finally:
+        receiver.close()
+
+
+def test_statuses_and_duplicate_fetch(sender):
+    cache = SPEC.with_(seed=5).make()
+    receiver = create_receiver("tcp", cache)
+    receiver.start()
+    try:
+        assert receiver.status("r") is None
+        sender.publish("r", [4, 2])
+        receiver.fetch("r", sender.endpoint(), [4, 2], [0, 15])
+        assert receiver.status("r") in (TransferStatus.PENDING, TransferStatus.TRANSFERRING)
+        with pytest.raises(ValueError, match="in flight"):
+            receiver.fetch("r", sender.endpoint(), [4, 2], [0, 15])
+        assert wait_results(receiver, ["r"])["r"].status is TransferStatus.DONE
+        assert receiver.status("r") is TransferStatus.DONE
+        assert torch.equal(bits(cache[:, :, [0, 15]]), bits(SPEC.make()[:, :, [4, 2]]))
+        assert [(r.request_id, r.status) for r in _wait_released(sender)] == [("r", TransferStatus.DONE)]
+    finally:
+        receiver.close()
+
+
+def test_receiver_survives_garbage_replies(sender):
+    """A fake sender answers a fetch with garbage: the receiver ignores what names no live attempt, fails
+    the request on a malformed reply (telling the sender), leaves the dst blocks alone, and keeps serving."""
+    fake = zmq.Context.instance().socket(zmq.ROUTER)
+    fake.setsockopt(zmq.LINGER, 0)
+    port = fake.bind_to_random_port("tcp://127.0.0.1")
+    cache = SPEC.make()
+    before = cache.clone()
+    receiver = create_receiver("tcp", cache, KVTransferConfig(poll_interval_s=0.01))
+    receiver.start()
+    try:
+        receiver.fetch("r", {"transport": "tcp", "address": f"tcp://127.0.0.1:{port}"}, [0, 1], [2, 3], 10)
+        assert fake.poll(5000)
+        ident, header = fake.recv_multipart()
+        xid = msgpack.unpackb(header)["xid"]
+        data = {"t": "data", "rid": "r", "xid": xid, "first": 0, "count": 1}
+        garbage = [
+            [b"junk"],
+            [msgpack.packb(["list"])],
+            [msgpack.packb({**data, "rid": "other"}), b"x"],  # another request
+            [msgpack.packb({**data, "xid": xid + 1}), b"x"],  # another attempt
+        ]
+        for frames in garbage:
+            fake.send_multipart([ident, *frames])
+        assert not wait_results(receiver, ["r"], timeout=0.3)  # all of that was ignored
+        fake.send_multipart([ident, msgpack.packb({**data, "count": 2}), b"too short"])
+        result = wait_results(receiver, ["r"])["r"]
+        assert result.status is TransferStatus.FAILED and "malformed reply" in result.error
+        assert fake.poll(5000) and msgpack.unpackb(fake.recv_multipart()[1])["t"] == "error"
+        assert torch.equal(bits(cache), bits(before))
+
+        sender.publish("ok", [5])
+        receiver.fetch("ok", sender.endpoint(), [5], [6])
+        assert wait_results(receiver, ["ok"])["ok"].status is TransferStatus.DONE
+    finally:
+        receiver.close()
+        fake.close()
+
+
+def _wait_released(sender, timeout: float = 5.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        released = sender.poll_released()
+        if released:
+            return released
+        time.sleep(0.01)
+    return []
