@@ -1,0 +1,1 @@
+"""Launching the cluster: `python -m deploy.launch`, worker backends (Ray actors or subprocesses)."""

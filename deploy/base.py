@@ -1,0 +1,56 @@
+"""The worker-backend contract shared by the launcher and its backends (local processes, Ray).
+
+A backend starts one worker per `WorkerSpec` and hands back a `WorkerHandle`. A worker is the
+command line `python -m {prefill_worker|decode_worker} {argv}`; under Ray the same `main(argv)`
+runs inside an actor. Invariants: `start` returns without waiting for the worker to be ready
+(readiness is the router's `/health`); `stop` is idempotent, escalates to a kill after `grace_s`,
+and leaves no orphan process; `shutdown` stops everything the backend started.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str  # "prefill" | "decode"
+    worker_id: str
+    argv: list[str]  # arguments after `python -m {role}_worker`
+    num_gpus: float = 0.0  # GPU share (several workers may share one GPU)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode"):
+            raise ValueError(f"role must be 'prefill' or 'decode', got {self.role!r}")
+        if self.num_gpus < 0:
+            raise ValueError(f"num_gpus must be >= 0, got {self.num_gpus}")
+
+    @property
+    def module(self) -> str:
+        return f"{self.role}_worker"
+
+
+class WorkerHandle(ABC):
+    spec: WorkerSpec
+
+    @abstractmethod
+    def alive(self) -> bool:
+        """True while the worker process/actor is running."""
+
+    @abstractmethod
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Ask the worker to exit (SIGTERM / actor exit), kill it after `grace_s`."""
+
+
+class WorkerBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def start(self, spec: WorkerSpec) -> WorkerHandle:
+        """Start one worker; returns at once."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop every worker this backend started (and anything it brought up, e.g. a local Ray)."""
