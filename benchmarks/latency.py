@@ -1,7 +1,7 @@
 """Decode latency at batch 1 and prefill throughput, measured on the engine's own step loop.
 
-    python benchmarks/latency.py --random-model qwen3-0.6b          # on the GPU
-    python benchmarks/latency.py --context 1000 --decode-tokens 256 --prefill-prompts 8 --prefill-len 2048
+python benchmarks/latency.py --random-model qwen3-0.6b          # on the GPU
+python benchmarks/latency.py --context 1000 --decode-tokens 256 --prefill-prompts 8 --prefill-len 2048
 """
 
 from __future__ import annotations
@@ -71,12 +71,22 @@ def main() -> None:
     else:
         model = resolve_model(args.model)
     budget = max(args.prefill_prompts * args.prefill_len, 8192)
-    llm = LLM(model, max_model_len=4096, enforce_eager=args.enforce_eager, enable_prefix_caching=False,
-              max_num_batched_tokens=budget, max_num_seqs=64)
+    llm = LLM(
+        model,
+        max_model_len=4096,
+        enforce_eager=args.enforce_eager,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=budget,
+        max_num_seqs=64,
+    )
     tpot = decode_tpot(llm, args.context, args.decode_tokens)
     prefill = prefill_throughput(llm, args.prefill_prompts, args.prefill_len)
-    result = {"tpot_ms": tpot * 1e3, "prefill_tok_per_s": prefill, "context": args.context,
-              "eager": args.enforce_eager}
+    result = {
+        "tpot_ms": tpot * 1e3,
+        "prefill_tok_per_s": prefill,
+        "context": args.context,
+        "eager": args.enforce_eager,
+    }
     print(f"batch-1 decode at {args.context} context: {tpot * 1e3:.3f} ms/token")
     print(f"prefill {args.prefill_prompts} x {args.prefill_len}: {prefill:,.0f} tok/s")
     if args.json_out:

@@ -39,7 +39,8 @@ def run_engine(model: str, prompts, outputs, args) -> dict:
     engine_kwargs = json.loads(args.engine_kwargs)
     llm = LLM(model, max_model_len=4096, enforce_eager=args.enforce_eager, **engine_kwargs)
     params = [
-        SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n, seed=None) for n in outputs
+        SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n, seed=None)
+        for n in outputs
     ]
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     t0 = time.perf_counter()
@@ -64,7 +65,9 @@ def run_transformers(model: str, prompts, outputs, args) -> dict:
         ids[i, width - len(p) :] = torch.tensor(p)
         mask[i, width - len(p) :] = 1
     new = max(outputs)
-    kwargs = dict(do_sample=True, temperature=args.temperature, top_k=0, max_new_tokens=new, min_new_tokens=new)
+    kwargs = dict(
+        do_sample=True, temperature=args.temperature, top_k=0, max_new_tokens=new, min_new_tokens=new
+    )
     with torch.no_grad():
         hf.generate(ids[:1, -8:].to(device), max_new_tokens=2, pad_token_id=0)  # warm-up
         t0 = time.perf_counter()
@@ -72,7 +75,12 @@ def run_transformers(model: str, prompts, outputs, args) -> dict:
         elapsed = time.perf_counter() - t0
     # Only each prompt's own requested tokens count as useful output, as for our engine.
     total = sum(outputs)
-    return {"engine": "transformers", "output_tokens": total, "seconds": elapsed, "tok_per_s": total / elapsed}
+    return {
+        "engine": "transformers",
+        "output_tokens": total,
+        "seconds": elapsed,
+        "tok_per_s": total / elapsed,
+    }
 
 
 def parse_args() -> argparse.Namespace:
@@ -85,7 +93,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--engine-kwargs", default="{}", help='extra EngineConfig fields as JSON, e.g. \'{"max_num_seqs": 512}\'')
+    p.add_argument(
+        "--engine-kwargs",
+        default="{}",
+        help="extra EngineConfig fields as JSON, e.g. '{\"max_num_seqs\": 512}'",
+    )
     p.add_argument("--compare-hf", action="store_true", help="also time transformers' generate")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json-out", default=None)

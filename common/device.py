@@ -25,7 +25,7 @@ class DevicePlatform:
         return self.type == "cuda"
 
     def resolve_dtype(self, requested: str, model_dtype: str) -> torch.dtype:
-        """"auto": float32 on the CPU (exact, and fastest there); on CUDA the checkpoint's half
+        """ "auto": float32 on the CPU (exact, and fastest there); on CUDA the checkpoint's half
         precision dtype, with float32 checkpoints served in bfloat16 as vLLM does."""
         if requested != "auto":
             return _DTYPES[requested]

@@ -46,7 +46,9 @@ class LLM:
         """
         prompts, params = self._normalise(prompts, sampling_params)
         token_lists = [self._encode(p, i) for i, p in enumerate(prompts)]
-        seqs_per_prompt = [self._make_seqs(ids, sp, i) for i, (ids, sp) in enumerate(zip(token_lists, params))]
+        seqs_per_prompt = [
+            self._make_seqs(ids, sp, i) for i, (ids, sp) in enumerate(zip(token_lists, params, strict=True))
+        ]
         pending = [_Pending(i, seqs) for i, seqs in enumerate(seqs_per_prompt)]
         by_id = {s.seq_id: p for p in pending for s in p.seqs}
         for p in pending:
@@ -57,7 +59,9 @@ class LLM:
 
     # ---- helpers -------------------------------------------------------------------------------
     def _normalise(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
             prompts = [prompts]
         if not isinstance(prompts, list):
             raise ValueError("prompts must be a string, a token-id list, or a list of those")

@@ -61,7 +61,11 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             p + "post_attention_layernorm.weight": (h,),
         }
         if qwen2 or cfg.get("attention_bias"):
-            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+            shapes |= {
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.bias": (kv,),
+            }
         if qwen3:
             shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
     if not cfg.get("tie_word_embeddings"):
@@ -69,7 +73,9 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_random_model(out: str | Path, preset: str = "qwen3-0.6b", seed: int = 0, dtype: str = "bfloat16") -> Path:
+def write_random_model(
+    out: str | Path, preset: str = "qwen3-0.6b", seed: int = 0, dtype: str = "bfloat16"
+) -> Path:
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     out = Path(out)
@@ -91,7 +97,9 @@ def write_random_model(out: str | Path, preset: str = "qwen3-0.6b", seed: int = 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="qwen3-0.6b", choices=sorted(PRESETS))
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)

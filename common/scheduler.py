@@ -190,9 +190,9 @@ class Scheduler:
         params = seq.sampling_params
         if token in params.stop_token_ids and seq.num_completion_tokens >= params.min_tokens:
             return FinishReason.STOP
-        if not params.ignore_eos and token in self.config.eos_token_ids:
-            if seq.num_completion_tokens >= params.min_tokens:
-                return FinishReason.STOP
+        eos = not params.ignore_eos and token in self.config.eos_token_ids
+        if eos and seq.num_completion_tokens >= params.min_tokens:
+            return FinishReason.STOP
         if seq.num_completion_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None

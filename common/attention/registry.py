@@ -43,7 +43,9 @@ def resolve_backend_name(requested: str, device_type: str, block_size: int) -> s
     if requested not in usable:
         raise ValueError(f"attention_backend {requested!r} is not usable on device {device_type!r}")
     if requested == "flash_attn" and block_size % 256:
-        raise ValueError(f"attention_backend 'flash_attn' needs kvcache_block_size % 256 == 0, got {block_size}")
+        raise ValueError(
+            f"attention_backend 'flash_attn' needs kvcache_block_size % 256 == 0, got {block_size}"
+        )
     return requested
 
 

@@ -74,6 +74,10 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     q_pos = torch.arange(k_len - q_len, k_len, device=q.device).unsqueeze(1)
     mask = torch.arange(k_len, device=q.device).unsqueeze(0) <= q_pos
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale
+        q.transpose(0, 1),
+        k.transpose(0, 1).to(q.dtype),
+        v.transpose(0, 1).to(q.dtype),
+        attn_mask=mask,
+        scale=scale,
     )
     return out.transpose(0, 1)

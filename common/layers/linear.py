@@ -58,7 +58,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
-            raise ValueError(f"shard_id must be an index into {len(self.output_sizes)} parts, got {shard_id!r}")
+            raise ValueError(
+                f"shard_id must be an index into {len(self.output_sizes)} parts, got {shard_id!r}"
+            )
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         size = self.output_sizes[shard_id] // self.tp_size
         target = param.data.narrow(0, offset, size)
@@ -68,7 +70,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matrix; KV heads are split across ranks like query heads."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool
+    ) -> None:
         size = tp_size()
         self.head_dim = head_dim
         self.num_heads = divide(num_heads, size, "num_attention_heads")

@@ -21,12 +21,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, H, D], k [T, Hkv, D] rotated at `positions` [T]."""
         return self.forward_with_norm(positions, q, k, None, None)
 
     def forward_with_norm(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module | None, k_norm: nn.Module | None
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_norm: nn.Module | None,
+        k_norm: nn.Module | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Optional per-head RMSNorm of q and k (Qwen3), then rotation; one kernel each on CUDA."""
         if use_fused(q):

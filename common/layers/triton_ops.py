@@ -14,8 +14,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, stride_x, stride_r, stride_o, n, eps,
-                    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    n,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -38,9 +50,19 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     res_out = torch.empty_like(out) if residual is not None else out
     if rows:
         _rmsnorm_kernel[(rows,)](
-            x, residual if residual is not None else x, weight, out, res_out,
-            x.stride(0), (residual if residual is not None else x).stride(0), out.stride(0), n, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n), num_warps=4,
+            x,
+            residual if residual is not None else x,
+            weight,
+            out,
+            res_out,
+            x.stride(0),
+            (residual if residual is not None else x).stride(0),
+            out.stride(0),
+            n,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(n),
+            num_warps=4,
         )
     return out if residual is None else (out, res_out)
 
@@ -67,8 +89,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _norm_rope_kernel(src_ptr, dst_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, stride_t, stride_h, num_heads, eps,
-                      HEAD_DIM: tl.constexpr, HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+def _norm_rope_kernel(
+    src_ptr,
+    dst_ptr,
+    w_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    stride_t,
+    stride_h,
+    num_heads,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
     tok = tl.program_id(0)
     head = tl.program_id(1)
     half = HALF
@@ -89,14 +124,32 @@ def _norm_rope_kernel(src_ptr, dst_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, stride
     tl.store(out + half + d, (x2 * c + x1 * s).to(dst_ptr.dtype.element_ty))
 
 
-def norm_rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+def norm_rope(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
     """Optional per-head RMSNorm, then rotary embedding, of x [T, H, D] (a strided view is fine)."""
     tokens, heads, head_dim = x.shape
     out = torch.empty((tokens, heads, head_dim), dtype=x.dtype, device=x.device)
     if tokens:
         _norm_rope_kernel[(tokens, heads)](
-            x, out, weight if weight is not None else x, cos, sin, positions, x.stride(0), x.stride(1), heads, eps,
-            HEAD_DIM=head_dim, HALF=head_dim // 2, HAS_NORM=weight is not None, num_warps=1,
+            x,
+            out,
+            weight if weight is not None else x,
+            cos,
+            sin,
+            positions,
+            x.stride(0),
+            x.stride(1),
+            heads,
+            eps,
+            HEAD_DIM=head_dim,
+            HALF=head_dim // 2,
+            HAS_NORM=weight is not None,
+            num_warps=1,
         )
     return out

@@ -21,9 +21,8 @@ def supported_architectures() -> list[str]:
 
 def model_class(architecture: str) -> type[nn.Module]:
     if architecture not in _REGISTRY:
-        raise ValueError(
-            f"architecture {architecture!r} is not supported; supported: {', '.join(supported_architectures())}"
-        )
+        supported = ", ".join(supported_architectures())
+        raise ValueError(f"architecture {architecture!r} is not supported; supported: {supported}")
     module, _, name = _REGISTRY[architecture].partition(":")
     return getattr(importlib.import_module(module), name)
 

@@ -67,7 +67,13 @@ class DecodeGraphs:
 
     def _views(self, buf) -> _Views:
         m = self.max_bs
-        return _Views(buf[:m], buf[m : 2 * m], buf[2 * m : 3 * m], buf[3 * m : 4 * m], buf[4 * m :].reshape(m, self.width))
+        return _Views(
+            buf[:m],
+            buf[m : 2 * m],
+            buf[2 * m : 3 * m],
+            buf[3 * m : 4 * m],
+            buf[4 * m :].reshape(m, self.width),
+        )
 
     def _meta(self, bs: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -126,7 +132,9 @@ class DecodeGraphs:
         v.input_ids[:n] = [s.token_ids[-1] for s in seqs]
         v.positions[:n] = pos
         v.seq_lens[:n] = pos + 1
-        last_blocks = np.fromiter((s.block_table[p // block] for s, p in zip(seqs, pos.tolist())), np.int32, n)
+        last_blocks = np.fromiter(
+            (s.block_table[p // block] for s, p in zip(seqs, pos.tolist(), strict=True)), np.int32, n
+        )
         v.slots[:n] = last_blocks * block + pos % block
         for i, s in enumerate(seqs):
             v.block_tables[i, : len(s.block_table)] = s.block_table

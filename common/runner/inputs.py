@@ -86,9 +86,15 @@ def prepare_sampling(
     temps = _to([p.temperature for p in params], torch.float32, device, pin)
     batch = SamplingBatch(
         temperatures=temps,
-        top_k=_to([p.top_k for p in params], torch.int64, device, pin) if any(p.top_k > 0 for p in params) else None,
-        top_p=_to([p.top_p for p in params], torch.float32, device, pin) if any(p.top_p < 1 for p in params) else None,
-        min_p=_to([p.min_p for p in params], torch.float32, device, pin) if any(p.min_p > 0 for p in params) else None,
+        top_k=_to([p.top_k for p in params], torch.int64, device, pin)
+        if any(p.top_k > 0 for p in params)
+        else None,
+        top_p=_to([p.top_p for p in params], torch.float32, device, pin)
+        if any(p.top_p < 1 for p in params)
+        else None,
+        min_p=_to([p.min_p for p in params], torch.float32, device, pin)
+        if any(p.min_p > 0 for p in params)
+        else None,
         all_greedy=all(p.temperature == 0 for p in params),
         generators=[_generator(s, device) for s in seqs],
         num_logprobs=[p.logprobs for p in params] if any(p.logprobs is not None for p in params) else None,

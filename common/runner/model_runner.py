@@ -107,7 +107,9 @@ class ModelRunner:
             budget = int(self.config.cpu_kvcache_gb * (1 << 30))
         blocks = budget // self.kv_bytes_per_block
         if blocks <= 0:
-            raise ValueError("not enough memory for any KV cache block; lower the model size or raise the memory share")
+            raise ValueError(
+                "not enough memory for any KV cache block; lower the model size or raise the memory share"
+            )
         return blocks
 
     def _activation_reserve(self) -> int:
@@ -121,7 +123,14 @@ class ModelRunner:
     def allocate_kv_cache(self) -> None:
         cfg = self.model_config
         num_blocks = self.num_blocks_for_memory()
-        shape = (2, cfg.num_hidden_layers, num_blocks, self.block_size, cfg.num_key_value_heads // tp_size(), cfg.head_dim)
+        shape = (
+            2,
+            cfg.num_hidden_layers,
+            num_blocks,
+            self.block_size,
+            cfg.num_key_value_heads // tp_size(),
+            cfg.head_dim,
+        )
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for i, layer in enumerate(layers):
@@ -144,7 +153,9 @@ class ModelRunner:
         if not sample_index:
             return RunnerOutput(tokens, logprobs)
         sampling_seqs = [seqs[i] for i in sample_index]
-        batch = prepare_sampling(sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids)
+        batch = prepare_sampling(
+            sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids
+        )
         out = self.sampler(logits, batch)
         for row, (i, tok) in enumerate(zip(sample_index, out.token_ids.tolist(), strict=True)):
             tokens[i] = tok

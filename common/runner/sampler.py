@@ -114,7 +114,7 @@ def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, wanted: list[int | None] 
     logp = torch.log_softmax(raw, dim=-1)
     chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
     k = max(w or 0 for w in wanted)
-    top_vals, top_ids = (logp.topk(k, dim=-1) if k else (None, None))
+    top_vals, top_ids = logp.topk(k, dim=-1) if k else (None, None)
     out: list[dict | None] = []
     for row, w in enumerate(wanted):
         if w is None:

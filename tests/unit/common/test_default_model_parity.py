@@ -29,7 +29,9 @@ def test_chat_greedy_matches_transformers(default_llm):
     ]
     ids = [tok.encode(p) for p in prompts]
     reference = hf_greedy(default_llm.config.model, ids, 32)
-    outs = default_llm.generate(ids, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    outs = default_llm.generate(
+        ids, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False
+    )
     assert [o["token_ids"] for o in outs] == reference
     assert "Paris" in outs[0]["text"]
 
@@ -37,10 +39,17 @@ def test_chat_greedy_matches_transformers(default_llm):
 def test_stop_strings_and_eos(default_llm):
     tok = default_llm.tokenizer
     prompt = tok.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
     full = default_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)[0]
-    assert full["finish_reason"] == "stop" and full["token_ids"][-1] in default_llm.engine.model_config.eos_token_ids
-    cut = default_llm.generate([prompt], SamplingParams(temperature=0, max_tokens=32, stop=["France"]), use_tqdm=False)
+    assert (
+        full["finish_reason"] == "stop"
+        and full["token_ids"][-1] in default_llm.engine.model_config.eos_token_ids
+    )
+    cut = default_llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=32, stop=["France"]), use_tqdm=False
+    )
     assert cut[0]["text"] == full["text"][: full["text"].index("France")]
     assert cut[0]["finish_reason"] == "stop"

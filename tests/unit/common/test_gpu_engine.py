@@ -53,7 +53,9 @@ def test_logits_match_transformers_bf16(qwen3_dir):
     prompt = _prompts(1, 200, 200)[0]
     llm = _llm(qwen3_dir)
     seen = _recorded_logits(llm)
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=17, ignore_eos=True), use_tqdm=False)
+    out = llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=17, ignore_eos=True), use_tqdm=False
+    )
     tokens = out[0]["token_ids"]
     del llm
     hf = transformers.AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.bfloat16).cuda().eval()

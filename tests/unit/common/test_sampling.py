@@ -10,7 +10,12 @@ from common.runner.sampler import Sampler, SamplingBatch
 
 def _batch(n: int, **kw) -> SamplingBatch:
     defaults = dict(
-        temperatures=torch.ones(n), top_k=None, top_p=None, min_p=None, all_greedy=False, generators=[None] * n
+        temperatures=torch.ones(n),
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        all_greedy=False,
+        generators=[None] * n,
     )
     defaults.update(kw)
     return SamplingBatch(**defaults)
@@ -63,14 +68,18 @@ def test_seeded_requests_repeat_and_n_samples(tiny_model_dirs):
     other = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
     b = llm.generate([[7, 8, 9], [1, 2, 3]], [other, params], use_tqdm=False)[1]["token_ids"]
     assert a == b
-    multi = llm.generate([[1, 2, 3]], SamplingParams(temperature=1.0, max_tokens=12, n=3, seed=5), use_tqdm=False)
+    multi = llm.generate(
+        [[1, 2, 3]], SamplingParams(temperature=1.0, max_tokens=12, n=3, seed=5), use_tqdm=False
+    )
     outs = multi[0]["outputs"]
     assert len(outs) == 3 and len({tuple(o["token_ids"]) for o in outs}) > 1
 
 
 def test_top_k_one_equals_greedy_and_logprobs(tiny_model_dirs):
     llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=128)
-    greedy = llm.generate([[4, 5, 6]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    greedy = llm.generate(
+        [[4, 5, 6]], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False
+    )
     topk = SamplingParams(temperature=0.8, top_k=1, max_tokens=10, ignore_eos=True, logprobs=3)
     llm.generate([[4, 5, 6]], topk, use_tqdm=False)
     out = llm.generate([[4, 5, 6]], topk, use_tqdm=False)

@@ -26,7 +26,9 @@ def _seq(n: int, start: int = 10, **params) -> Sequence:
 def _step(s: Scheduler, token: int = 7):
     batch = s.schedule()
     plan = [(seq.seq_id, seq.num_scheduled_tokens) for seq in batch.seqs]
-    sampled = [token if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq) else None for seq in batch.seqs]
+    sampled = [
+        token if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq) else None for seq in batch.seqs
+    ]
     return batch, plan, s.postprocess(batch, sampled)
 
 

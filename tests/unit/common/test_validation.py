@@ -108,5 +108,7 @@ def test_bad_request_mid_flight_does_not_disturb_others(llm):
 
 
 def test_generation_stops_at_max_model_len(llm):
-    out = llm.generate([[1] * 120], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False)
+    out = llm.generate(
+        [[1] * 120], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True), use_tqdm=False
+    )
     assert len(out[0]["token_ids"]) == 8 and out[0]["finish_reason"] == "length"
