@@ -31,6 +31,15 @@ Protocol (pull after notice), the same for every transport:
    sender so it releases at once instead of at lease expiry. Nothing in the engine's thread blocks or
    raises for such failures; garbage from a peer fails at most the request it names.
 
+Endpoint dicts (msgpack-able; bytes stay bytes):
+    tcp:  {"transport": "tcp",  "address": "tcp://127.0.0.1:41234"}
+    ipc:  {"transport": "ipc",  "address": ..., "num_blocks": int,
+           "handle": {"size", "stride", "offset", "dtype", "device", "handle": bytes, "storage_bytes",
+                      "storage_offset", "ref_counter_handle": bytes, "ref_counter_offset",
+                      "event_handle": bytes, "event_sync"}}      (torch's CUDA IPC export of the cache)
+    nccl: {"transport": "nccl", "address": ..., "store_host": str, "store_port": int,
+           "backend": "nccl" | "gloo"}
+
 Usage:
     from kvtransfer import KVTransferConfig, create_sender, create_receiver, resolve_transport
     transport = resolve_transport(cfg.transport, kv_cache.device.type, same_host=True)

@@ -39,7 +39,7 @@ def _sender(conn, args: argparse.Namespace, num_blocks: int) -> None:
     sender.close()
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--transport", default="tcp", choices=["tcp", "ipc", "nccl"])
     p.add_argument("--mb", type=float, default=64.0, help="bytes per request, in MiB")
@@ -52,8 +52,11 @@ def main() -> None:
     p.add_argument("--dst-device", default="cpu")
     p.add_argument("--chunk-mb", type=int, default=16)
     p.add_argument("--repeat", type=int, default=5)
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def main() -> None:
+    args = _parse_args()
     itemsize = getattr(torch, args.dtype).itemsize
     block_bytes = 2 * args.layers * args.block_size * args.heads * args.head_dim * itemsize
     n = max(1, round(args.mb * (1 << 20) / block_bytes))
@@ -64,26 +67,27 @@ def main() -> None:
     endpoint = conn.recv()
     receiver = create_receiver(args.transport, torch.zeros_like(_make_cache(args, 2 * n, args.dst_device)))
     receiver.start()
-    rates = []
-    for i in range(args.repeat + 1):  # the first run warms up sockets, pairs and allocators
-        src = list(range(0, 2 * n, 2))  # every other block: a real gather, not one slice
-        dst = list(range(1, 2 * n, 2))
-        conn.send((f"bench-{i}", src, 60.0))
-        conn.recv()
-        t0 = time.perf_counter()
-        receiver.fetch(f"bench-{i}", endpoint, src, dst, timeout_s=60.0)
-        result = _wait(receiver)
-        seconds = time.perf_counter() - t0
-        assert result.status is TransferStatus.DONE, result.error
-        if i:
-            rates.append(result.num_bytes / seconds / 1e9)
-            print(json.dumps({"run": i, "bytes": result.num_bytes, "seconds": round(seconds, 5)}))
+    rates = [_timed_fetch(conn, receiver, endpoint, i, n) for i in range(args.repeat + 1)][1:]  # 0: warm-up
     summary = {"transport": args.transport, "MiB": round(n * block_bytes / (1 << 20), 1), "blocks": n}
     summary.update(median_GBps=round(statistics.median(rates), 3), best_GBps=round(max(rates), 3))
     print(json.dumps(summary))
     receiver.close()
     conn.send(None)
     proc.join(10)
+
+
+def _timed_fetch(conn, receiver, endpoint: dict, i: int, n: int) -> float:
+    """Publish n blocks (every other one: a real gather, not one slice), fetch them; GB/s."""
+    src, dst = list(range(0, 2 * n, 2)), list(range(1, 2 * n, 2))
+    conn.send((f"bench-{i}", src, 60.0))
+    conn.recv()
+    t0 = time.perf_counter()
+    receiver.fetch(f"bench-{i}", endpoint, src, dst, timeout_s=60.0)
+    result = _wait(receiver)
+    seconds = time.perf_counter() - t0
+    assert result.status is TransferStatus.DONE, result.error
+    print(json.dumps({"run": i, "bytes": result.num_bytes, "seconds": round(seconds, 5)}))
+    return result.num_bytes / seconds / 1e9
 
 
 def _wait(receiver):

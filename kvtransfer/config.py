@@ -8,20 +8,25 @@ from dataclasses import dataclass
 TRANSPORTS = ("tcp", "ipc", "nccl")
 TRANSPORT_CHOICES = (*TRANSPORTS, "auto")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
-WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
+WILDCARD_HOSTS = ("0.0.0.0", "*", "::")
 
 
 @dataclass(frozen=True)
 class KVTransferConfig:
     """Settings shared by senders and receivers.
 
-    `host` is the interface the sender binds (its ports are always ephemeral and reported through
-    `endpoint()`); `advertise_host` is the address written into the endpoint for peers to dial (default:
-    `host`, or this machine's name when `host` is a wildcard). `lease_s` is how long a publication stays
-    pinned without an acknowledgement; `fetch_timeout_s` bounds one fetch end to end. `chunk_bytes` caps
-    one data frame of the tcp transport (allocations above ~32 MiB are fresh mmaps, i.e. page faults).
-    `dist_backend` is the torch.distributed backend of the nccl transport ('auto': nccl for CUDA caches,
-    gloo for CPU ones)."""
+    - `host`: the interface the sender binds; its ports are always ephemeral and reported by
+      `endpoint()`. On a receiver of the nccl transport over gloo, the interface gloo listens on.
+    - `advertise_host`: the address written into the endpoint for peers to dial (default: `host`, or
+      this machine's name when `host` is a wildcard).
+    - `lease_s`: how long a publication stays pinned without an acknowledgement.
+    - `fetch_timeout_s`: the default bound on one fetch, end to end.
+    - `chunk_bytes`: the largest data frame of the tcp transport (allocations above ~32 MiB are fresh
+      mmaps, i.e. page faults on every use).
+    - `dist_backend`: the torch.distributed backend of the nccl transport ('auto': nccl for CUDA caches,
+      gloo for CPU ones).
+    - `poll_interval_s`: how often the I/O threads wake up to expire leases and deadlines.
+    """
 
     transport: str = "tcp"
     host: str = "127.0.0.1"
@@ -35,8 +40,8 @@ class KVTransferConfig:
     def __post_init__(self) -> None:
         _choice("transport", self.transport, TRANSPORT_CHOICES)
         _choice("dist_backend", self.dist_backend, DIST_BACKENDS)
-        if not isinstance(self.host, str):
-            raise ValueError(f"host must be a string, got {self.host!r}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be a non-empty string, got {self.host!r}")
         if self.advertise_host is not None and (
             not isinstance(self.advertise_host, str) or self.advertise_host in WILDCARD_HOSTS
         ):
@@ -58,6 +63,11 @@ def resolve_transport(transport: str, device_type: str, same_host: bool) -> str:
     if device_type == "cuda":
         return "ipc" if same_host else "nccl"
     return "tcp"
+
+
+def zmq_host(host: str) -> str:
+    """`host` as it goes into a ZMQ tcp:// address (IPv6 literals need brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def validate_seconds(name: str, value: object) -> str | None:

@@ -132,19 +132,14 @@ class PairGroup:
         return self._group is not None
 
     def close(self, reason: str) -> None:
-        """Break the pair: queued tasks fail, a running NCCL operation is aborted. Never blocks."""
+        """Break the pair: queued tasks fail, a running wait gives up. Never blocks (the pair's thread
+        tears the group down itself)."""
         if self.closed:
             return
         self.closed = True
         if self.broken is None:
             self.broken = reason
         self._tasks.put(None)
-        group = self._group
-        if group is not None and self.backend == "nccl":
-            try:
-                group.abort()  # makes a pending NCCL kernel exit instead of waiting for a dead peer
-            except Exception:
-                logger.debug("kvtransfer pair %s: abort failed", self.pair_id, exc_info=True)
 
     def join(self, timeout_s: float) -> None:
         """Wait (bounded) for the thread to finish tearing the group down after `close()`."""
@@ -171,8 +166,16 @@ class PairGroup:
                     self.broken = self.broken or f"{self.backend} pair failed: {type(e).__name__}: {e}"
             on_error(self.broken)
         self._drain_failed()
-        # Dropping the group here (a daemon thread) keeps its possibly slow teardown off everyone's path.
-        self._group = None
+        self._teardown()
+
+    def _teardown(self) -> None:
+        """Runs on the pair's thread, so a slow teardown (a dead peer) delays no one else."""
+        group, self._group = self._group, None
+        if group is not None and self.backend == "nccl":
+            try:
+                group.abort()  # ends any NCCL kernel still waiting for the peer
+            except Exception:
+                logger.debug("kvtransfer pair %s: abort failed", self.pair_id, exc_info=True)
 
     def _drain_failed(self) -> None:
         while True:

@@ -162,8 +162,8 @@ class NcclReceiver(ZmqReceiver):
 
     def _recv(self, job: Job, group, nbytes: int) -> None:
         pair: PairGroup = job.state["pair"]
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=self._kv.device)
         with self._stream.use():
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=self._kv.device)
             work = group.recv([buf], 0, 0)
             wait_work(work, self._backend, job.deadline, pair.is_broken)
             blocks = buf.view(self._layout.torch_dtype).view(2 * self._layout.num_layers, len(job.dst), -1)

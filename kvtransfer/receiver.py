@@ -169,7 +169,8 @@ class ZmqReceiver(KVReceiver):
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)  # a bounded queue would stall the sender's data frames
+            sock.setsockopt(zmq.IPV6, 1)  # senders may advertise IPv6 addresses
             try:
                 sock.connect(address)
             except zmq.ZMQError:

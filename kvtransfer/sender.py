@@ -18,7 +18,7 @@ import torch
 import zmq
 
 from .base import Endpoint, KVSender, Release, TransferStatus, check_kv_cache
-from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds
+from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds, zmq_host
 from .device import CopyStream, host_buffer, record_event, wait_event
 from .layout import CacheLayout, gather, parse_block_ids
 from .wire import ACK, ERROR, FETCH, FetchRequest, Header, ProtocolError, decode, encode_error
@@ -71,16 +71,25 @@ class ZmqSender(KVSender):
             raise RuntimeError(f"{type(self).__name__} can be started once")
         self._stream = CopyStream(self._kv.device)
         self._ctx = zmq.Context()
+        try:
+            port = self._bind()
+            address = f"tcp://{zmq_host(self._advertise_host())}:{port}"
+            self._endpoint = {"transport": self.transport, "address": address, **self._start_transport()}
+        except Exception:
+            self._ctx.destroy(linger=0)
+            raise
+        self._thread = threading.Thread(target=self._run, name=f"kv-{self.transport}-sender", daemon=True)
+        self._thread.start()
+
+    def _bind(self) -> str:
+        """Bind the ROUTER on an ephemeral port of the configured interface; returns the port."""
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable replies raise instead of vanishing
         self._sock.setsockopt(zmq.SNDHWM, 0)  # a full pipe would otherwise drop data frames silently
-        self._sock.bind(f"tcp://{self._config.host}:*")
-        port = self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
-        self._endpoint = {"transport": self.transport, "address": f"tcp://{self._advertise_host()}:{port}"}
-        self._endpoint.update(self._start_transport())
-        self._thread = threading.Thread(target=self._run, name=f"kv-{self.transport}-sender", daemon=True)
-        self._thread.start()
+        self._sock.setsockopt(zmq.IPV6, 1)  # harmless for IPv4 hosts, needed for IPv6 ones
+        self._sock.bind(f"tcp://{zmq_host(self._config.host)}:*")
+        return self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
 
     def endpoint(self) -> Endpoint:
         if self._endpoint is None:

@@ -52,7 +52,6 @@ class TcpReceiver(ZmqReceiver):
             raise ProtocolError(f"a chunk of {count} blocks needs one frame of {nbytes} bytes")
         if first == 0:
             wait_event(job.ready)
-            job.state["index"] = torch.tensor(job.dst, device=self._kv.device)
         self._write(job, first, count, frames[0])
         job.progress += count
         job.num_bytes += len(frames[0])
@@ -64,7 +63,9 @@ class TcpReceiver(ZmqReceiver):
         two_layers = 2 * self._layout.num_layers
         raw = torch.frombuffer(frame.buffer, dtype=torch.uint8)
         blocks = raw.view(self._layout.torch_dtype).view(two_layers, count, self._layout.block_elems)
-        with self._stream.use():
+        with self._stream.use():  # everything on the copy stream, the index upload included
+            if "index" not in job.state:
+                job.state["index"] = torch.tensor(job.dst, device=self._kv.device)
             if self._kv.is_cuda:
                 # Pinned staging makes the host-to-device copy asynchronous; torch keeps the pinned block
                 # alive until the copy stream is done with it.

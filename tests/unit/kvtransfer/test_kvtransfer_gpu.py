@@ -1,0 +1,87 @@
+"""GPU transfers (skipped without CUDA): ipc and tcp between two processes sharing one GPU, nccl between
+two GPUs. Sender in a spawned process, receiver in this one, as on CPU."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from kv_procs import DST_BLOCKS, SPECS, SenderProc, check_concurrent_transfers, wait_results
+
+from kvtransfer import TransferStatus
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.timeout(300),
+]
+GPU0 = [spec.with_(device="cuda:0") for spec in SPECS]
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+
+
+@pytest.fixture(scope="module")
+def gpu_pool():
+    procs: dict[str, SenderProc] = {}
+
+    def get(transport: str) -> SenderProc:
+        if transport not in procs:
+            procs[transport] = SenderProc(transport, GPU0, chunk_bytes=8192)
+        return procs[transport]
+
+    yield get
+    for proc in procs.values():
+        proc.stop()
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+@pytest.mark.parametrize("which", [0, 1], ids=["bf16", "fp32"])
+def test_one_gpu_two_processes_bitwise(gpu_pool, receivers, transport, which):
+    cache = GPU0[which].with_(num_blocks=DST_BLOCKS, seed=7).make()
+    receiver = receivers(transport, cache)
+    check_concurrent_transfers(gpu_pool(transport), which, receiver, cache, tag=f"gpu-{transport}")
+
+
+def test_ipc_failures_are_reported(gpu_pool, receivers):
+    proc = gpu_pool("ipc")
+    receiver = receivers("ipc", GPU0[0].with_(num_blocks=8).make())
+    receiver.fetch("ipc-unknown", proc.endpoints[0], [1], [1], timeout_s=10)
+    assert "unknown request_id" in wait_results(receiver, ["ipc-unknown"])["ipc-unknown"].error
+
+    proc.publish("ipc-lease", [2], 0.3)
+    assert proc.wait_released(["ipc-lease"], timeout=5)["ipc-lease"][0] == "failed"
+
+    proc.publish("ipc-dtype", [3, 4])
+    mismatched = receivers("ipc", GPU0[1].with_(num_blocks=8).make())  # float32 vs the sender's bfloat16
+    mismatched.fetch("ipc-dtype", proc.endpoints[0], [3, 4], [0, 1], timeout_s=10)
+    assert "dtype mismatch" in wait_results(mismatched, ["ipc-dtype"])["ipc-dtype"].error
+    assert proc.wait_released(["ipc-dtype"])["ipc-dtype"][0] == "failed"
+
+
+@pytest.mark.parametrize("transport", ["ipc", pytest.param("nccl", marks=two_gpus)])
+def test_gpu_killed_sender_fails_within_timeout(receivers, transport):
+    spec = GPU0[0]
+    proc = SenderProc(transport, [spec])
+    try:
+        device = "cuda:1" if transport == "nccl" else "cuda:0"
+        receiver = receivers(transport, spec.with_(num_blocks=8, device=device).make())
+        proc.publish("before-kill", [1, 2])
+        receiver.fetch("before-kill", proc.endpoints[0], [1, 2], [0, 1], timeout_s=60)
+        first = wait_results(receiver, ["before-kill"], timeout=70)["before-kill"]
+        assert first.status is TransferStatus.DONE, first.error
+        proc.publish("after-kill", [3, 4])
+        proc.kill()
+        t0 = time.monotonic()
+        receiver.fetch("after-kill", proc.endpoints[0], [3, 4], [2, 3], timeout_s=2.0)
+        result = wait_results(receiver, ["after-kill"], timeout=10)["after-kill"]
+        assert result.status is TransferStatus.FAILED and result.error
+        assert time.monotonic() - t0 < 4.0
+    finally:
+        proc.stop()
+
+
+@two_gpus
+@pytest.mark.parametrize("which", [0, 1], ids=["bf16", "fp32"])
+def test_nccl_two_gpus_bitwise(gpu_pool, receivers, which):
+    cache = SPECS[which].with_(num_blocks=DST_BLOCKS, seed=7, device="cuda:1").make()
+    check_concurrent_transfers(gpu_pool("nccl"), which, receivers("nccl", cache), cache, tag="gpu-nccl")
