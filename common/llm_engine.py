@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from common.block_manager import BlockManager
@@ -16,6 +17,18 @@ from common.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from common.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepTimings:
+    """Wall-clock seconds spent in each part of `step()` (cheap; read by benchmarks)."""
+
+    schedule: float = 0.0
+    prefill_forward: float = 0.0
+    decode_forward: float = 0.0
+    postprocess: float = 0.0
+    prefill_steps: int = 0
+    decode_steps: int = 0
 
 
 @dataclass
@@ -45,6 +58,7 @@ class LLMEngine:
             eos_token_ids=frozenset(model_config.eos_token_ids),
         )
         self.scheduler = Scheduler(sched_cfg, self.block_manager)
+        self.timings = StepTimings()
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -90,18 +104,33 @@ class LLMEngine:
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> StepResult:
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         result = StepResult(num_preempted=len(batch.preempted))
         if not batch.seqs:
             return result
+        t1 = time.perf_counter()
         out = self.runner.run(batch.seqs, batch.is_decode)
+        t2 = time.perf_counter()
         for seq, lp in zip(batch.seqs, out.logprobs, strict=True):
             if lp is not None:
                 seq.logprobs.append(lp)
         result.updates = self.scheduler.postprocess(batch, out.token_ids)
+        self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
         result.num_prefill_tokens = batch.num_prefill_tokens
         result.num_decode_tokens = batch.num_decode_tokens
         return result
+
+    def _account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
+        tm = self.timings
+        tm.schedule += t1 - t0
+        tm.postprocess += t3 - t2
+        if is_decode:
+            tm.decode_forward += t2 - t1
+            tm.decode_steps += 1
+        else:
+            tm.prefill_forward += t2 - t1
+            tm.prefill_steps += 1
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.block_manager.drain_events()

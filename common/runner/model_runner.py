@@ -19,6 +19,7 @@ from common.parallel import tp_size
 from common.runner.cuda_graph import DecodeGraphs
 from common.runner.inputs import prepare_sampling, prepare_step
 from common.runner.sampler import Sampler
+from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -58,9 +59,27 @@ class ModelRunner:
         runner = cls(config, model_config, platform, max_model_len)
         runner.load_model()
         runner.allocate_kv_cache()
-        if platform.is_cuda and not config.enforce_eager:
-            runner.capture_graphs()
+        if platform.is_cuda:
+            runner.warmup()
+            if not config.enforce_eager:
+                runner.capture_graphs()
         return runner
+
+    def warmup(self) -> None:
+        """Run a small two-sequence prefill so kernel compilation happens at start, not mid-request.
+
+        The dummy sequences write KV into the first blocks, which the block manager later hands out
+        as fresh blocks (their content is always rewritten before it is read).
+        """
+        seqs, next_block = [], 0
+        for n in (17, 40):
+            seq = Sequence(list(range(1, n + 1)), SamplingParams(temperature=0), self.block_size)
+            blocks = -(-n // self.block_size)
+            seq.block_table = list(range(next_block, next_block + blocks))
+            seq.num_scheduled_tokens = n
+            next_block += blocks
+            seqs.append(seq)
+        self.run(seqs, is_decode=False)
 
     def capture_graphs(self) -> None:
         self.graphs = DecodeGraphs(

@@ -32,7 +32,8 @@ _MAX_SPLITS = 64
 _PROGRAMS_PER_SM = 4
 
 
-@triton.jit
+# Split count and table width vary between eager steps; don't recompile for each combination.
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_stage1_kernel(
     q_ptr,
     k_cache_ptr,

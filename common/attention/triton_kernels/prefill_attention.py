@@ -83,7 +83,8 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+# The batch shape changes every step; specialising on it would recompile mid-run (seconds each).
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,

@@ -69,15 +69,36 @@ def test_logits_match_transformers_bf16(qwen3_dir):
     assert agree >= 0.9
 
 
+def _greedy_with_logits(llm: LLM, prompts) -> tuple[list[list[int]], list[torch.Tensor]]:
+    seen = _recorded_logits(llm)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    return [o["token_ids"] for o in outs], seen
+
+
 def test_cuda_graphs_match_eager(qwen3_dir):
-    prompts = _prompts(12, 10, 300, seed=1)
+    """At a captured batch size the graph replays exactly the eager kernels: identical tokens.
+
+    With a batch padded up to the next captured size, GEMMs of another shape may round
+    differently, so there the logits must agree within bf16 tolerance step by step.
+    """
+    exact, padded = _prompts(16, 10, 300, seed=1), _prompts(12, 10, 300, seed=4)
     eager = _llm(qwen3_dir, enforce_eager=True)
-    a = [o["token_ids"] for o in eager.generate(prompts, GREEDY, use_tqdm=False)]
+    a, _ = _greedy_with_logits(eager, exact)
+    a_pad, a_logits = _greedy_with_logits(eager, padded)
     del eager
     graphs = _llm(qwen3_dir)
     assert graphs.engine.runner.graphs is not None
-    b = [o["token_ids"] for o in graphs.generate(prompts, GREEDY, use_tqdm=False)]
+    b, _ = _greedy_with_logits(graphs, exact)
+    b_pad, b_logits = _greedy_with_logits(graphs, padded)
     assert a == b
+    same_prefix = next(
+        (i for i in range(GREEDY.max_tokens) if any(x[i] != y[i] for x, y in zip(a_pad, b_pad, strict=True))),
+        None,
+    )
+    steps = len(a_logits) if same_prefix is None else same_prefix + 1
+    assert steps >= 4
+    for x, y in zip(a_logits[:steps], b_logits[:steps], strict=True):
+        assert ((x - y).norm(dim=-1) / x.norm(dim=-1)).max().item() < 2e-2
 
 
 def test_prefix_hit_matches_miss(qwen3_dir):

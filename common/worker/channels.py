@@ -1,0 +1,266 @@
+"""A worker's ZMQ sockets, all owned by one I/O thread (ZMQ sockets must not be shared between threads).
+
+Engine thread -> I/O thread: `to_router` / `to_peer` / `publish` queue (destination, message) and wake
+the thread through a pipe; messages are encoded there. I/O thread -> engine thread: commands decoded
+from the PULL socket land on `inbox`; malformed frames are logged and dropped here, so the engine loop
+only ever sees valid messages. The I/O thread also sends the registration (at once, then every
+`register_interval_s`: that is how a restarted router re-learns running workers) and a heartbeat
+every `heartbeat_interval_s` built from the latest `load` the engine thread posted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from common.messages import Message, MessageError, WorkerHeartbeat, WorkerRegister, decode, encode
+from common.worker.net import tcp_endpoint
+from common.worker.role import LoadReport
+
+log = logging.getLogger(__name__)
+
+ROUTER, EVENTS = "\0router", "\0events"  # outbox destinations; any other is a peer's command address
+MAX_COMMAND_BYTES = 256 << 20  # bigger frames are dropped by ZMQ before they reach memory
+ROUTER_SNDHWM = 100_000  # queued messages while the router is unreachable, then sends are dropped
+
+
+@dataclass(frozen=True)
+class BoundAddresses:
+    command_addr: str
+    events_addr: str | None
+
+
+class Waker:
+    """A pipe the I/O thread polls, so other threads can interrupt its wait."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+
+    @property
+    def fd(self) -> int:
+        return self._r
+
+    def wake(self) -> None:
+        # A full pipe means a wake-up is already pending; a closed one means we are shutting down.
+        with contextlib.suppress(OSError):
+            os.write(self._w, b"x")
+
+    def drain(self) -> None:
+        try:
+            while os.read(self._r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class WorkerChannels:
+    def __init__(
+        self,
+        worker_id: str,
+        router_addr: str,
+        host: str,
+        with_events: bool,
+        heartbeat_interval_s: float = 0.5,
+        register_interval_s: float = 2.0,
+    ) -> None:
+        self.worker_id = worker_id
+        self.router_addr = router_addr
+        self.host = host
+        self.with_events = with_events
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.register_interval_s = register_interval_s
+        self.inbox: queue.Queue[Message] = queue.Queue()
+        self.load = LoadReport()  # replaced (never mutated) by the engine thread
+        self._outbox: queue.SimpleQueue[tuple[str, Message]] = queue.SimpleQueue()
+        self._registration: WorkerRegister | None = None
+        self._peers: dict[str, zmq.Socket] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- any thread ----------------------------------------------------------------------------
+
+    def start(self) -> BoundAddresses:
+        """Bind the command (and events) socket, connect to the router, start the I/O thread."""
+        if self._thread is not None:
+            raise RuntimeError("WorkerChannels can be started once")
+        self._ctx = zmq.Context()
+        self._waker = Waker()
+        self._commands = self._socket(zmq.PULL)
+        self._commands.setsockopt(zmq.MAXMSGSIZE, MAX_COMMAND_BYTES)
+        self._commands.bind(tcp_endpoint(self.host))
+        self._router = self._socket(zmq.PUSH)
+        self._router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
+        self._router.connect(self.router_addr)
+        self._events = None
+        if self.with_events:
+            self._events = self._socket(zmq.PUB)
+            self._events.bind(tcp_endpoint(self.host))
+        bound = BoundAddresses(_last_endpoint(self._commands), self._events and _last_endpoint(self._events))
+        # Sockets made here move to the I/O thread; Thread.start() is the memory barrier ZMQ asks for.
+        self._thread = threading.Thread(target=self._run, name=f"{self.worker_id}-io", daemon=True)
+        self._thread.start()
+        return bound
+
+    def register(self, registration: WorkerRegister) -> None:
+        """Send `registration` now and re-send it periodically from then on."""
+        self._registration = registration
+        self._waker.wake()
+
+    def to_router(self, msg: Message) -> None:
+        self._put(ROUTER, msg)
+
+    def to_peer(self, command_addr: str, msg: Message) -> None:
+        self._put(command_addr, msg)
+
+    def publish(self, msg: Message) -> None:
+        self._put(EVENTS, msg)
+
+    def close(self) -> None:
+        """Stop the thread, drop unsent messages and close every socket at once (linger 0)."""
+        if self._thread is None or self._stop.is_set():
+            return
+        self._stop.set()
+        self._waker.wake()
+        self._thread.join(timeout=5.0)
+        for sock in [self._commands, self._router, self._events, *self._peers.values()]:
+            if sock is not None:
+                sock.close(linger=0)
+        self._ctx.term()
+        self._waker.close()
+
+    def _put(self, destination: str, msg: Message) -> None:
+        self._outbox.put((destination, msg))
+        self._waker.wake()
+
+    # ---- I/O thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._commands, zmq.POLLIN)
+        poller.register(self._waker.fd, zmq.POLLIN)
+        timers = _Timers(self.heartbeat_interval_s, self.register_interval_s)
+        while not self._stop.is_set():
+            try:
+                ready = dict(poller.poll(timers.wait_ms() if self._registration else 1000))
+                if self._commands in ready:
+                    self._receive_commands()
+                if self._waker.fd in ready:
+                    self._waker.drain()
+                self._flush_outbox()
+                self._send_periodic(timers)
+            except Exception:  # the I/O thread must outlive any one bad message or send
+                log.exception("worker I/O loop error")
+                time.sleep(0.05)
+
+    def _receive_commands(self) -> None:
+        while True:
+            try:
+                data = self._commands.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self.inbox.put(decode(data))
+            except MessageError as e:
+                log.warning("dropping malformed command (%d bytes): %s", len(data), e)
+
+    def _flush_outbox(self) -> None:
+        while True:
+            try:
+                destination, msg = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            self._send(destination, msg)
+
+    def _send_periodic(self, timers: _Timers) -> None:
+        reg = self._registration
+        if reg is None:
+            return  # heartbeats only make sense once the router knows this worker
+        now = time.monotonic()
+        if timers.register_due(now):
+            self._send(ROUTER, reg)
+        if timers.heartbeat_due(now):
+            self._send(ROUTER, self._heartbeat())
+
+    def _heartbeat(self) -> WorkerHeartbeat:
+        load = self.load
+        return WorkerHeartbeat(
+            self.worker_id,
+            load.num_free_blocks,
+            load.num_total_blocks,
+            load.num_waiting,
+            load.num_running,
+            load.queued_prefill_tokens,
+            time.time(),
+        )
+
+    def _send(self, destination: str, msg: Message) -> None:
+        sock = self._socket_for(destination)
+        if sock is None:
+            log.warning("no events socket: dropping %s", msg.TYPE)
+            return
+        try:
+            sock.send(encode(msg), zmq.NOBLOCK)
+        except zmq.Again:  # the peer is gone or not reading: dropping beats blocking the worker
+            log.warning("send queue to %s is full: dropping %s", destination.lstrip("\0"), msg.TYPE)
+        except (zmq.ZMQError, MessageError) as e:
+            log.warning("cannot send %s to %s: %s", msg.TYPE, destination.lstrip("\0"), e)
+
+    def _socket_for(self, destination: str) -> zmq.Socket | None:
+        if destination == ROUTER:
+            return self._router
+        if destination == EVENTS:
+            return self._events
+        sock = self._peers.get(destination)
+        if sock is None:
+            sock = self._socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
+            sock.connect(destination)
+            self._peers[destination] = sock
+        return sock
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        return sock
+
+
+class _Timers:
+    """When the next registration refresh and heartbeat are due (the first of each: at once)."""
+
+    def __init__(self, heartbeat_s: float, register_s: float) -> None:
+        self.heartbeat_s, self.register_s = heartbeat_s, register_s
+        self.next_heartbeat = self.next_register = 0.0
+
+    def register_due(self, now: float) -> bool:
+        if now < self.next_register:
+            return False
+        self.next_register = now + self.register_s
+        return True
+
+    def heartbeat_due(self, now: float) -> bool:
+        if now < self.next_heartbeat:
+            return False
+        self.next_heartbeat = now + self.heartbeat_s
+        return True
+
+    def wait_ms(self) -> int:
+        wait = min(self.next_heartbeat, self.next_register) - time.monotonic()
+        return max(1, min(int(wait * 1000) + 1, 1000))
+
+
+def _last_endpoint(sock: zmq.Socket) -> str:
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)

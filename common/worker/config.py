@@ -1,0 +1,110 @@
+"""Worker configuration (a validated frozen dataclass, no I/O) and the shared worker command line.
+
+python -m {prefill,decode}_worker --router-addr tcp://H:P [--model PATH] [--host H|auto]
+    [--worker-id ID] [--kv-transport auto|tcp|ipc|nccl] [--kv-lease-s S] [engine flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.config import EngineConfig
+from common.engine_args import add_engine_args, engine_config_from_args
+
+KV_TRANSPORTS = ("auto", "tcp", "ipc", "nccl")
+WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything one worker process needs besides its role's code.
+
+    `host` is the interface the worker binds and advertises (its ports are always ephemeral); "auto"
+    means the local address this machine uses to reach the router. `kv_lease_s` bounds how long a
+    prefill worker keeps handed-off blocks pinned without an acknowledgement; `kv_fetch_timeout_s`
+    bounds one transfer on the decode side (after it, the decode worker recomputes the prompt).
+    """
+
+    worker_id: str
+    router_addr: str
+    engine: EngineConfig
+    host: str = "auto"
+    kv_transport: str = "auto"
+    kv_lease_s: float = 60.0
+    kv_fetch_timeout_s: float = 30.0
+    heartbeat_interval_s: float = 0.5
+    register_interval_s: float = 2.0
+    model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.worker_id, str) or not self.worker_id:
+            raise ValueError("worker_id must be a non-empty string")
+        if not isinstance(self.router_addr, str) or not self.router_addr.startswith("tcp://"):
+            raise ValueError(f"router_addr must look like tcp://host:port, got {self.router_addr!r}")
+        if self.host in WILDCARD_HOSTS:
+            raise ValueError(f"host must be an address peers can dial (or 'auto'), got {self.host!r}")
+        if self.kv_transport not in KV_TRANSPORTS:
+            raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        if self.engine.role not in ("prefill", "decode"):
+            raise ValueError(f"engine.role must be 'prefill' or 'decode', got {self.engine.role!r}")
+        for name in ("kv_lease_s", "kv_fetch_timeout_s", "heartbeat_interval_s", "register_interval_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+
+    @property
+    def role(self) -> str:
+        return self.engine.role
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model_name or os.path.basename(os.path.normpath(self.engine.model))
+
+
+def build_worker_parser(role: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m {role}_worker", description=f"pdserve {role} worker")
+    p.add_argument("--model", default=None, help="HF model directory (default: the default model)")
+    p.add_argument("--router-addr", required=True, help="the router's inbox, tcp://host:port")
+    p.add_argument(
+        "--host", default="auto", help="address to bind and advertise ('auto': the route to the router)"
+    )
+    p.add_argument("--worker-id", default=None, help="unique id (default: ROLE-HOSTNAME-PID)")
+    p.add_argument("--kv-transport", choices=KV_TRANSPORTS, default="auto", help="how KV blocks move")
+    p.add_argument("--kv-lease-s", type=float, default=60.0, help="prefill: pin handed-off blocks this long")
+    p.add_argument("--kv-fetch-timeout-s", type=float, default=30.0, help="decode: give up a transfer after")
+    p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between heartbeats")
+    p.add_argument("--served-model-name", default=None, help="model name reported at registration")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_engine_args(p)
+    return p
+
+
+def parse_worker_args(argv: Sequence[str] | None, role: str) -> tuple[WorkerConfig, str]:
+    """(WorkerConfig, log level) from the command line; exits with status 2 on a bad value."""
+    from common.default_model import resolve_model
+
+    parser = build_worker_parser(role)
+    args = parser.parse_args(argv)
+    try:
+        args.model = resolve_model(args.model)
+        config = WorkerConfig(
+            worker_id=args.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}",
+            router_addr=args.router_addr,
+            engine=engine_config_from_args(args, role),
+            host=args.host,
+            kv_transport=args.kv_transport,
+            kv_lease_s=args.kv_lease_s,
+            kv_fetch_timeout_s=args.kv_fetch_timeout_s,
+            heartbeat_interval_s=args.heartbeat_interval,
+            model_name=args.served_model_name,
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    return config, args.log_level

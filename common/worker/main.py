@@ -1,0 +1,51 @@
+"""The entry point both worker CLIs share: parse, start, serve until SIGTERM / SIGINT / Shutdown."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Sequence
+
+from common.worker.config import parse_worker_args
+from common.worker.role import WorkerRole
+from common.worker.service import WorkerService
+
+log = logging.getLogger(__name__)
+
+
+def run_worker(make_role: Callable[[], WorkerRole], argv: Sequence[str] | None = None) -> int:
+    """Run one worker in this process; returns the exit status (0 after a clean shutdown)."""
+    role = make_role()
+    config, log_level = parse_worker_args(argv, role.name)
+    logging.basicConfig(
+        level=log_level.upper(), format=f"%(asctime)s %(levelname)s {config.worker_id} %(name)s: %(message)s"
+    )
+    service = WorkerService(config, role)
+    _install_signal_handlers(service)
+    try:
+        service.start()
+    except ValueError as e:  # a configuration the engine or transport cannot run
+        log.error("cannot start: %s", e)
+        service.close()
+        return 2
+    if service.stopping:  # a signal arrived while the model was loading
+        service.close()
+        return 0
+    service.run()
+    log.info("worker %s stopped", config.worker_id)
+    return 0
+
+
+def _install_signal_handlers(service: WorkerService) -> None:
+    """SIGTERM/SIGINT end the loop cleanly. Only the main thread may install handlers; inside a Ray
+    actor (another thread) the actor's own lifecycle stops the worker instead."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_signal(signum: int, _frame) -> None:
+        log.info("received %s: shutting down", signal.Signals(signum).name)
+        service.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)

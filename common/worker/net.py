@@ -1,0 +1,38 @@
+"""Address helpers: which local address to advertise, and the host part of a tcp:// endpoint."""
+
+from __future__ import annotations
+
+import socket
+
+
+def split_tcp_address(address: str) -> tuple[str, int]:
+    """("host", port) of "tcp://host:port" (IPv6 hosts in brackets); ValueError naming the address."""
+    if not isinstance(address, str) or not address.startswith("tcp://"):
+        raise ValueError(f"address must look like tcp://host:port, got {address!r}")
+    host, sep, port = address[len("tcp://") :].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"address must look like tcp://host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def resolve_host(host: str, router_addr: str) -> str:
+    """`host`, or for "auto" the local address this machine uses to reach the router.
+
+    A UDP socket's connect() only picks a route (no packet is sent), so this works offline too.
+    """
+    if host != "auto":
+        return host
+    router_host, router_port = split_tcp_address(router_addr)
+    family = socket.AF_INET6 if ":" in router_host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((router_host, router_port))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1" if family == socket.AF_INET else "::1"
+
+
+def tcp_endpoint(host: str, port: int | str = "*") -> str:
+    """A ZMQ tcp endpoint; IPv6 literals need brackets."""
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"tcp://{shown}:{port}"

@@ -1,0 +1,173 @@
+"""One worker process: engine + role + channels, and the engine loop.
+
+The loop (in the caller's thread) only touches queues and the engine:
+    take commands (blocking briefly only when idle) -> role.poll() -> deadlines -> engine.step()
+    -> role.on_step() -> role.after_iteration() -> post the load figures for heartbeats.
+Nothing a peer sends can stop it: malformed frames are dropped by the I/O thread, a bad command is
+logged, and an engine error fails the requests in flight rather than the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+
+from common.hashing import probe_hash
+from common.messages import Abort, Message, Shutdown, SnapshotRequest, WorkerRegister
+from common.worker.aborts import AbortBook
+from common.worker.channels import BoundAddresses, WorkerChannels
+from common.worker.config import WorkerConfig
+from common.worker.engine_factory import build_engine
+from common.worker.net import resolve_host
+from common.worker.role import WorkerContext, WorkerRole
+
+log = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.05  # longest blocking wait for a command: bounds how late stop and deadlines are seen
+DEADLINE_CHECK_S = 0.1
+
+
+class WorkerService:
+    def __init__(self, config: WorkerConfig, role: WorkerRole) -> None:
+        if role.name != config.role:
+            raise ValueError(f"role {role.name!r} does not match engine.role {config.role!r}")
+        self.config = config
+        self.role = role
+        self.aborts = AbortBook()
+        self.engine = None
+        self.channels: WorkerChannels | None = None
+        self._stop = threading.Event()
+        self._next_deadline_check = 0.0
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the engine, bind the sockets, start the role's KV side, then register."""
+        cfg = self.config
+        self.engine = build_engine(cfg.engine)
+        host = resolve_host(cfg.host, cfg.router_addr)
+        self.channels = WorkerChannels(
+            cfg.worker_id,
+            cfg.router_addr,
+            host,
+            self.role.publishes_events,
+            cfg.heartbeat_interval_s,
+            cfg.register_interval_s,
+        )
+        addresses = self.channels.start()
+        kv_endpoint = self.role.start(WorkerContext(cfg, self.engine, self.channels, host))
+        self._post_load()
+        self.channels.register(self._registration(host, addresses, kv_endpoint))
+        log.info("%s worker %s ready: commands on %s", cfg.role, cfg.worker_id, addresses.command_addr)
+
+    def stop(self) -> None:
+        """Ask the loop to end (thread- and signal-handler-safe)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def close(self) -> None:
+        self.role.close()
+        if self.channels is not None:
+            self.channels.close()
+
+    def run(self) -> None:
+        """The engine loop, until `stop()` or a Shutdown message; closes everything on the way out."""
+        try:
+            while not self._stop.is_set():
+                self.run_once()
+        finally:
+            self.close()
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run_once(self) -> None:
+        self._take_commands(self._wait_s())
+        self.role.poll()
+        now = time.time()
+        if now >= self._next_deadline_check:
+            self._next_deadline_check = now + DEADLINE_CHECK_S
+            self.role.expire(now)
+            self.aborts.expire(now)
+        if self.engine.has_unfinished:
+            self._step()
+        self.role.after_iteration()
+        self._post_load()
+
+    def _wait_s(self) -> float:
+        if self.engine.has_unfinished:
+            return 0.0
+        interval = self.role.poll_interval()
+        return IDLE_WAIT_S if interval is None else min(interval, IDLE_WAIT_S)
+
+    def _take_commands(self, wait_s: float) -> None:
+        inbox = self.channels.inbox
+        try:
+            msg = inbox.get(timeout=wait_s) if wait_s > 0 else inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle_safely(msg)
+            try:
+                msg = inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle_safely(self, msg: Message) -> None:
+        try:
+            self.handle(msg)
+        except Exception:  # one bad command must not take the worker down
+            log.exception("error handling %s", msg.TYPE)
+
+    def handle(self, msg: Message) -> None:
+        if isinstance(msg, Abort):
+            self.aborts.remember(msg.request_id, time.time())
+            self.role.abort(msg.request_id)
+        elif isinstance(msg, self.role.request_type):
+            if self.aborts.was_aborted(msg.request_id, time.time()):
+                log.info("dropping %s: already aborted", msg.request_id)
+            else:
+                self.role.submit(msg)
+        elif isinstance(msg, SnapshotRequest):
+            self.role.snapshot(msg)
+        elif isinstance(msg, Shutdown):
+            log.info("shutdown requested: %s", msg.reason or "no reason given")
+            self.stop()
+        else:
+            log.warning("ignoring unexpected %s on the command socket", msg.TYPE)
+
+    def _step(self) -> None:
+        try:
+            result = self.engine.step()
+        except Exception as e:
+            log.exception("engine step failed; failing the requests in flight")
+            self.role.fail_all(f"engine error: {type(e).__name__}: {e}")
+            return
+        self.role.on_step(result)
+
+    def _post_load(self) -> None:
+        self.channels.load = self.role.load()
+
+    def _registration(self, host: str, addresses: BoundAddresses, kv_endpoint: dict) -> WorkerRegister:
+        cfg, engine = self.config, self.engine
+        block_size = cfg.engine.kvcache_block_size
+        return WorkerRegister(
+            worker_id=cfg.worker_id,
+            role=cfg.role,
+            host=host,
+            pid=os.getpid(),
+            command_addr=addresses.command_addr,
+            events_addr=addresses.events_addr,
+            kv_endpoint=kv_endpoint,
+            block_size=block_size,
+            probe_hash=probe_hash(block_size),
+            num_kv_blocks=engine.block_manager.num_blocks,
+            max_model_len=engine.max_model_len,
+            max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
+            model_name=cfg.served_model_name,
+        )
