@@ -11,7 +11,7 @@ PY=python3
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$LOG/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee "$LOG/commit.txt"
 
-$PY -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -m gpu tests/unit/common 2>&1 | tail -25 | tee "$LOG/tests.txt"
+$PY -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -m gpu ${GPU_TESTS:-tests/unit/common} 2>&1 | tail -25 | tee "$LOG/tests.txt"
 
 MODEL=/tmp/qwen3-0.6b
 $PY -m common.random_model --preset qwen3-0.6b --out "$MODEL" >/dev/null
