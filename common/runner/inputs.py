@@ -20,7 +20,12 @@ class StepInputs:
     sample_seq_index: list[int]  # index into the batch of each sampled row
 
 
-def prepare_step(seqs: list[Sequence], block_size: int, device: torch.device, is_decode: bool) -> StepInputs:
+def prepare_step(
+    seqs: list[Sequence], block_size: int, device: torch.device, is_decode: bool, decode_len_bound: int = 0
+) -> StepInputs:
+    """Flat inputs for one step. For decode steps `max_seq_len` is `decode_len_bound` when given, so the
+    attention kernels split the context exactly as the CUDA graphs (captured with that bound) do and
+    eager and graph decode compute bit-identical results."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -45,7 +50,7 @@ def prepare_step(seqs: list[Sequence], block_size: int, device: torch.device, is
         seq_lens=_to(seq_lens, torch.int32, device, pin),
         block_tables=_to(tables, torch.int32, device, pin),
         max_query_len=max(b - a for a, b in zip(starts, starts[1:], strict=False)),
-        max_seq_len=max(seq_lens),
+        max_seq_len=max(decode_len_bound, max(seq_lens)) if is_decode else max(seq_lens),
         query_start_loc_host=starts,
         seq_lens_host=seq_lens,
     )

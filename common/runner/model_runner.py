@@ -183,7 +183,7 @@ class ModelRunner:
         return RunnerOutput(tokens, logprobs)
 
     def _run_eager(self, seqs: list[Sequence], is_decode: bool) -> tuple[torch.Tensor | None, list[int]]:
-        inputs = prepare_step(seqs, self.block_size, self.device, is_decode)
+        inputs = prepare_step(seqs, self.block_size, self.device, is_decode, self.max_model_len)
         set_forward_context(ForwardContext(self.backend, inputs.meta))
         try:
             hidden = self.model(inputs.input_ids, inputs.positions)

@@ -146,7 +146,10 @@ class WorkerService:
             result = self.engine.step()
         except Exception as e:
             log.exception("engine step failed; failing the requests in flight")
-            self.role.fail_all(f"engine error: {type(e).__name__}: {e}")
+            try:
+                self.role.fail_all(f"engine error: {type(e).__name__}: {e}")
+            except Exception:  # the engine's state may be what broke; keep serving new requests
+                log.exception("could not clean up after the failed step")
             return
         self.role.on_step(result)
 
