@@ -55,7 +55,7 @@ def main() -> None:
     steps = max(t.decode_steps, 1)
     print(
         f"decode steps {t.decode_steps}: {1e3 * t.decode_forward / steps:.2f} ms forward+sample, "
-        f"{1e3 * t.schedule / steps:.2f} ms schedule, {1e3 * t.postprocess / steps:.2f} ms postprocess (per step)"
+        f"{1e3 * t.schedule / steps:.2f} ms schedule, {1e3 * t.postprocess / steps:.2f} ms postprocess"
     )
     print("graph replay GPU ms:", graph_gpu_ms(llm, [1, 16, 64, 128, 256]))
     buf = io.StringIO()
