@@ -20,6 +20,7 @@ class WorkerSpec:
     argv: list[str]  # arguments after `python -m {role}_worker`
     num_gpus: float = 0.0  # GPU share (several workers may share one GPU)
     env: dict[str, str] = field(default_factory=dict)
+    module_override: str | None = None  # run this module instead (tests use a stand-in worker)
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
@@ -29,7 +30,7 @@ class WorkerSpec:
 
     @property
     def module(self) -> str:
-        return f"{self.role}_worker"
+        return self.module_override or f"{self.role}_worker"
 
 
 class WorkerHandle(ABC):

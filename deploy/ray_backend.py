@@ -1,0 +1,281 @@
+"""Ray worker backend: each pdserve worker is a Ray actor that supervises the worker as a child process.
+
+Design choice: the actor (`_Supervisor`) does not call the worker's `main(argv)` in its own process; it
+launches `python -m {spec.module} {argv}` as a child and supervises it. Why:
+- `main` blocks until shutdown and installs a SIGTERM handler. A blocking actor method leaves the actor
+  deaf to `stop` unless the actor is threaded, and in a threaded actor methods run off the main thread,
+  where `signal.signal` is refused (and Ray's own signal handling would compete with the worker's).
+- stopping means exactly what the local backend does: SIGTERM, a grace period, then SIGKILL of the
+  process group (tensor-parallel ranks included). A fresh process per (re)start also means a fresh
+  CUDA context, and GPU memory is returned when it exits, not when Ray recycles its worker process.
+- the child inherits the actor's stdout/stderr, so Ray streams the worker's log to the driver.
+The actor reserves the worker's GPU share (`num_gpus`, fractional so several workers share a GPU); the
+child sees the GPU(s) Ray assigned through CUDA_VISIBLE_DEVICES.
+
+Restarts: a child that exits non-zero or by a signal, while not being stopped, is spawned again up to
+`max_restarts` times in all (backoff 0.5 s doubling to 10 s). It then registers with the router again
+(same worker_id, new pid: the router treats that as a restart and fails its old requests retryably).
+Exit status 0 is a deliberate shutdown (e.g. the router's Shutdown message) and is not restarted. The
+actor itself has max_restarts=0: if its node dies, the worker stays down and the router routes around it.
+
+No orphans: the child gets PR_SET_PDEATHSIG=SIGKILL, so when the actor process dies (ray.kill, a
+crashed raylet) the kernel kills the child. The signal fires when the *thread* that forked the child
+exits, so every spawn happens on the thread that runs `_Supervisor.run`, which outlives its children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayError
+
+from deploy.base import WorkerBackend, WorkerHandle, WorkerSpec
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_FIRST_BACKOFF_S = 0.5
+_MAX_BACKOFF_S = 10.0
+_RPC_MARGIN_S = 5.0  # time for a stop() call to reach the actor and come back, beyond the grace period
+# The directory that holds the `deploy` package: the child must import the same pdserve tree as the
+# actor did, whether pdserve is pip-installed or run from a source checkout.
+_SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    worker_id: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # applied last: overrides what Ray set
+    num_gpus: float = 0.0
+    max_restarts: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("command must not be empty")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+
+
+def _set_pdeathsig(parent_pid: int, libc: ctypes.CDLL) -> None:
+    """Runs in the forked child before exec: die with the parent, even if it is already gone."""
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died between fork and prctl: the signal will not come
+        os._exit(1)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # nothing left in the group
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class _Supervisor:
+    """Actor body: runs one worker process, restarts it after a crash, stops it on request."""
+
+    def __init__(self, config: SupervisorConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._proc: subprocess.Popen | None = None
+        self._restarts = 0
+
+    def __repr__(self) -> str:  # Ray prefixes the actor's log lines (the worker's output) with this
+        return f"worker {self._config.worker_id}"
+
+    def run(self) -> dict:
+        """Spawn the worker, re-spawn it after crashes; return when it has exited for good."""
+        env = self._child_env()
+        delay = _FIRST_BACKOFF_S
+        returncode = None
+        while (proc := self._spawn(env)) is not None:
+            returncode = proc.wait()
+            _kill_group(proc.pid)  # a worker's own children must not outlive it
+            if self._stopping.is_set() or returncode == 0 or self._restarts >= self._config.max_restarts:
+                break
+            log.warning("worker %s exited with %s; restarting", self._config.worker_id, returncode)
+            if self._stopping.wait(delay):
+                break
+            delay = min(2 * delay, _MAX_BACKOFF_S)
+            self._restarts += 1
+        return {"returncode": returncode, "restarts": self._restarts, "stopped": self._stopping.is_set()}
+
+    def stop(self, grace_s: float) -> int | None:
+        """SIGTERM the worker, SIGKILL its process group after `grace_s`; no restart afterwards."""
+        with self._lock:
+            self._stopping.set()
+            proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            return proc.wait()
+
+    def pid(self) -> int | None:
+        """The pid of the current worker process (None before the first spawn or once it has exited)."""
+        proc = self._proc
+        return None if proc is None or proc.poll() is not None else proc.pid
+
+    def restarts(self) -> int:
+        return self._restarts
+
+    def _spawn(self, env: dict[str, str]) -> subprocess.Popen | None:
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: the child only calls into it
+        parent = os.getpid()
+        with self._lock:  # under the lock so that a concurrent stop() never misses a fresh child
+            if self._stopping.is_set():
+                return None
+            self._proc = subprocess.Popen(
+                self._config.command,
+                env=env,
+                start_new_session=True,  # own process group: stop can kill the worker's children too
+                preexec_fn=lambda: _set_pdeathsig(parent, libc),
+            )
+            return self._proc
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self._config.num_gpus > 0:
+            gpu_ids = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+        else:
+            # Ray leaves the variable alone for actors without GPUs; a worker that reserved no GPU
+            # share must not take one that another worker reserved.
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        # Ray forces OMP_NUM_THREADS=1 on actors reserving < 1 CPU; the worker sizes its own threads.
+        env.pop("OMP_NUM_THREADS", None)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH")) if p)
+        env.update(self._config.env)
+        return env
+
+
+_SupervisorActor = ray.remote(max_restarts=0, max_concurrency=4)(_Supervisor)
+
+
+class RayWorkerHandle(WorkerHandle):
+    """One worker actor. `alive()` is True until the supervisor's `run` has returned or the actor died."""
+
+    def __init__(self, spec: WorkerSpec, actor, run_ref) -> None:
+        self.spec = spec
+        self._actor = actor
+        self._run_ref = run_ref
+        self._stopped = False
+
+    def alive(self) -> bool:
+        if self._stopped:
+            return False
+        ready, _ = ray.wait([self._run_ref], timeout=0)  # timeout=0: a local check, never blocks
+        return not ready
+
+    def pid(self, timeout_s: float = 30.0) -> int | None:
+        return ray.get(self._actor.pid.remote(), timeout=timeout_s)
+
+    def restarts(self, timeout_s: float = 30.0) -> int:
+        return ray.get(self._actor.restarts.remote(), timeout=timeout_s)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        _stop_all([self], grace_s)
+
+
+def _stop_all(handles: list[RayWorkerHandle], grace_s: float) -> None:
+    """Stop several workers at once, so that shutdown takes one grace period, not one per worker."""
+    todo = [h for h in handles if not h._stopped]
+    for h in todo:
+        h._stopped = True
+    refs = [h._actor.stop.remote(grace_s) for h in todo]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=grace_s + _RPC_MARGIN_S)
+    for h, ref in zip(todo, refs, strict=True):
+        try:
+            ray.get(ref, timeout=0)
+        except RayError as e:  # dead already, or hung: ray.kill below, and the deathsig takes the child
+            log.warning("worker %s did not stop cleanly: %s", h.spec.worker_id, type(e).__name__)
+        ray.kill(h._actor, no_restart=True)
+
+
+class RayBackend(WorkerBackend):
+    """Places each worker as a Ray actor with its GPU share, on a Ray cluster or a local Ray instance.
+
+    Joins `address` (or $RAY_ADDRESS, e.g. "auto" on a cluster's head node) when given, reuses a Ray
+    session the caller already opened, and otherwise starts a local Ray instance that `shutdown` ends
+    (`local_num_cpus` / `local_num_gpus` size it; by default Ray counts the machine's own).
+    `worker_num_cpus` is the CPU each worker reserves: 0 by default because GPU shares place the
+    workers, and on a small CPU-only host a whole CPU each would leave workers unscheduled.
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        local_num_cpus: int | None = None,
+        local_num_gpus: int | None = None,
+        worker_num_cpus: float = 0.0,
+        max_restarts: int = 3,
+    ) -> None:
+        if local_num_cpus is not None and local_num_cpus < 1:
+            raise ValueError(f"local_num_cpus must be >= 1, got {local_num_cpus}")
+        if local_num_gpus is not None and local_num_gpus < 0:
+            raise ValueError(f"local_num_gpus must be >= 0, got {local_num_gpus}")
+        if worker_num_cpus < 0:
+            raise ValueError(f"worker_num_cpus must be >= 0, got {worker_num_cpus}")
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        self.address = address
+        self.local_num_cpus = local_num_cpus
+        self.local_num_gpus = local_num_gpus
+        self.worker_num_cpus = worker_num_cpus
+        self.max_restarts = max_restarts
+        self.owns_ray = False
+        self._handles: list[RayWorkerHandle] = []
+
+    def start(self, spec: WorkerSpec) -> RayWorkerHandle:
+        self._connect()
+        config = SupervisorConfig(
+            worker_id=spec.worker_id,
+            command=[sys.executable, "-m", spec.module, *spec.argv],
+            env=dict(spec.env),
+            num_gpus=spec.num_gpus,
+            max_restarts=self.max_restarts,
+        )
+        actor = _SupervisorActor.options(num_cpus=self.worker_num_cpus, num_gpus=spec.num_gpus).remote(config)
+        handle = RayWorkerHandle(spec, actor, actor.run.remote())
+        self._handles.append(handle)
+        return handle
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        if ray.is_initialized():
+            _stop_all(self._handles, grace_s)
+        self._handles.clear()
+        if self.owns_ray:
+            ray.shutdown()
+            self.owns_ray = False
+
+    def _connect(self) -> None:
+        if ray.is_initialized():
+            return  # the caller's session (or ours from an earlier start): use it, do not own it
+        address = self.address or os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address)
+            return
+        # "local": a private instance, even if another `ray start` cluster runs on this host.
+        ray.init(
+            address="local",
+            num_cpus=self.local_num_cpus,
+            num_gpus=self.local_num_gpus,
+            include_dashboard=False,
+        )
+        self.owns_ray = True
