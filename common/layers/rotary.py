@@ -36,7 +36,7 @@ class RotaryEmbedding(nn.Module):
         k_norm: nn.Module | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Optional per-head RMSNorm of q and k (Qwen3), then rotation; one kernel each on CUDA."""
-        if use_fused(q):
+        if use_fused(q) and self.head_dim & (self.head_dim - 1) == 0:
             fused = ops()
             qw, kw = (q_norm.weight, k_norm.weight) if q_norm is not None else (None, None)
             eps = q_norm.eps if q_norm is not None else 0.0

@@ -12,6 +12,7 @@ from torch import nn
 from common.layers.activation import SiluAndMul
 from common.layers.attention import Attention
 from common.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from common.layers.fused import use_fused
 from common.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from common.layers.norm import RMSNorm
 from common.layers.rotary import RotaryEmbedding
@@ -35,6 +36,9 @@ class DecoderAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
+        if use_fused(qkv) and self.head_dim & (self.head_dim - 1) == 0:  # kernels tile a power-of-2 half
+            out = self.attn.forward_qkv_fused(qkv, positions, self.rotary_emb, self.q_norm, self.k_norm)
+            return self.o_proj(out.reshape(-1, self.q_size))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)

@@ -87,27 +87,35 @@ def prepare_sampling(
 ) -> SamplingBatch:
     """Sampling inputs for the sequences that sample this step (in row order)."""
     params = [s.sampling_params for s in seqs]
-    pin = device.type == "cuda"
-    temps = _to([p.temperature for p in params], torch.float32, device, pin)
+    temps = [p.temperature for p in params]
     batch = SamplingBatch(
-        temperatures=temps,
-        top_k=_to([p.top_k for p in params], torch.int64, device, pin)
-        if any(p.top_k > 0 for p in params)
-        else None,
-        top_p=_to([p.top_p for p in params], torch.float32, device, pin)
-        if any(p.top_p < 1 for p in params)
-        else None,
-        min_p=_to([p.min_p for p in params], torch.float32, device, pin)
-        if any(p.min_p > 0 for p in params)
-        else None,
-        all_greedy=all(p.temperature == 0 for p in params),
-        generators=[_generator(s, device) for s in seqs],
+        temperatures=_column(temps, torch.float32, device),
+        top_k=_optional_column([max(p.top_k, 0) for p in params], 0, torch.int64, device),
+        top_p=_optional_column([p.top_p for p in params], 1.0, torch.float32, device),
+        min_p=_optional_column([p.min_p for p in params], 0.0, torch.float32, device),
+        all_greedy=all(t == 0 for t in temps),
+        generators=[_generator(s, device) for s in seqs] if any(p.seed is not None for p in params) else [],
         num_logprobs=[p.logprobs for p in params] if any(p.logprobs is not None for p in params) else None,
     )
     _add_penalties(batch, seqs, vocab_size, device)
     banned = [_banned(s, eos_token_ids) for s in seqs]
     batch.banned = banned if any(banned) else None
     return batch
+
+
+def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A per-row parameter; the common all-equal case is a device fill, with no host copy."""
+    first = values[0]
+    if all(v == first for v in values):
+        return torch.full((len(values),), first, dtype=dtype, device=device)
+    return _to(values, dtype, device, device.type == "cuda")
+
+
+def _optional_column(values: list, neutral, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """None when no row uses the filter (the sampler then skips it)."""
+    if all(v == neutral for v in values):
+        return None
+    return _column(values, dtype, device)
 
 
 def _generator(seq: Sequence, device: torch.device) -> torch.Generator | None:

@@ -22,7 +22,7 @@ class SamplingBatch:
     top_p: torch.Tensor | None  # [B] fp32
     min_p: torch.Tensor | None  # [B] fp32
     all_greedy: bool
-    generators: list[torch.Generator | None]  # per row; None = the shared default generator
+    generators: list[torch.Generator | None]  # per row (None = shared default); [] when no row is seeded
     # Penalties (None when no row uses them).
     repetition: torch.Tensor | None = None  # [B]
     presence: torch.Tensor | None = None  # [B]

@@ -88,3 +88,45 @@ def test_norm_rope_on_strided_views(with_norm, head_dim):
     got_k = triton_ops.norm_rope(k, positions, rope.cos, rope.sin, kn.weight if kn else None, 1e-6)
     torch.testing.assert_close(got_q, ref_q, **TOL)
     torch.testing.assert_close(got_k, ref_k, **TOL)
+
+
+@pytest.mark.parametrize("with_norm", [False, True])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_qkv_rope_store_matches_separate_steps(with_norm, block_size):
+    from common.attention.torch_backend import TorchAttentionBackend
+
+    torch.manual_seed(block_size)
+    tokens, heads, kv_heads, head_dim, blocks = 9, 4, 2, 64, 6
+    rope = RotaryEmbedding(head_dim, 512, 10000.0).to(DEVICE)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device=DEVICE, dtype=DTYPE)
+    positions = torch.randint(0, 512, (tokens,), device=DEVICE)
+    slots = torch.randperm(blocks * block_size, device=DEVICE)[:tokens]
+    slots[3] = -1  # padding row: must not be written
+    qn = kn = None
+    if with_norm:
+        qn, kn = RMSNorm(head_dim).to(DEVICE, DTYPE), RMSNorm(head_dim).to(DEVICE, DTYPE)
+        qn.weight.data.normal_(1.0, 0.1)
+        kn.weight.data.normal_(1.0, 0.1)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = (t.reshape(tokens, -1, head_dim) for t in (q, k, v))
+    ref_q, ref_k = _eager(lambda: rope.forward_with_norm(positions, q, k, qn, kn))
+    shape = (2, blocks, block_size, kv_heads, head_dim)
+    ref_cache = torch.full(shape, float("nan"), device=DEVICE, dtype=DTYPE)
+    TorchAttentionBackend().store_kv(ref_k, v, ref_cache[0], ref_cache[1], slots)
+    cache = torch.full(shape, float("nan"), device=DEVICE, dtype=DTYPE)
+    got_q = triton_ops.qkv_rope_store(
+        qkv,
+        positions,
+        rope.cos,
+        rope.sin,
+        qn.weight if qn else None,
+        kn.weight if kn else None,
+        1e-6,
+        heads,
+        kv_heads,
+        cache[0],
+        cache[1],
+        slots,
+    )
+    torch.testing.assert_close(got_q, ref_q, **TOL)
+    torch.testing.assert_close(cache, ref_cache, equal_nan=True, **TOL)
