@@ -29,20 +29,18 @@ class TorchAttentionBackend(AttentionBackend):
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """All sequences in one SDPA call over their padded, gathered contexts."""
         tables = meta.block_tables.long()
-        batch, width = tables.shape
-        k = k_cache[tables].flatten(1, 2)  # [B, width * block_size, Hkv, D]
-        v = v_cache[tables].flatten(1, 2)
-        valid = torch.arange(k.shape[1], device=q.device).unsqueeze(0) < meta.seq_lens.unsqueeze(1)
-        group = q.shape[1] // k.shape[2]
-        if group > 1:
-            k = k.repeat_interleave(group, dim=2)
-            v = v.repeat_interleave(group, dim=2)
+        if meta.seq_lens_host:  # gather only the blocks some sequence uses (no device sync needed)
+            tables = tables[:, : -(-max(meta.seq_lens_host) // k_cache.shape[1])]
+        k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
+        v = v_cache[tables].flatten(1, 2).transpose(1, 2)
+        valid = torch.arange(k.shape[2], device=q.device).unsqueeze(0) < meta.seq_lens.unsqueeze(1)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, H, 1, D]
-            k.transpose(1, 2).to(q.dtype),
-            v.transpose(1, 2).to(q.dtype),
+            k.to(q.dtype),
+            v.to(q.dtype),
             attn_mask=valid[:, None, None, :],
             scale=scale,
+            enable_gqa=k.shape[1] != q.shape[1],
         )
         return out.squeeze(2)
 

@@ -101,11 +101,19 @@ def _filter(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def _exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    noise = torch.empty_like(probs).exponential_()
+    noise = _exponential(torch.empty_like(probs), None)
     for row, gen in enumerate(generators):
         if gen is not None:
-            noise[row].exponential_(generator=gen)
+            _exponential(noise[row], gen)
     return noise
+
+
+def _exponential(out: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+    """Exp(1) samples in place. On the CPU `exponential_` is scalar code (~11 ms for 16 x 49k); -log(U)
+    with a vectorised uniform draw gives the same distribution an order of magnitude faster."""
+    if out.is_cuda:
+        return out.exponential_(generator=gen)
+    return out.uniform_(generator=gen).clamp_(min=1e-30).log_().neg_()
 
 
 def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, wanted: list[int | None] | None) -> list[dict] | None:

@@ -2,9 +2,11 @@
 
 `ModelRunner.num_blocks_for_memory` sizes the KV cache as `util * total - used`, where `used` counts
 every process on the device. That is right for one engine per GPU but wrong for workers sharing one:
-the second worker to start would see the first one's cache as "used" and get nothing. So the factory
-adds the memory other processes hold to the share before the runner sizes its cache. If another
-worker allocates in between, `used` only grows and this worker takes less, never more.
+whichever worker sizes its cache second sees the first one's cache as "used" and gets nothing (or, when
+they start together, whatever the race leaves). A worker's runner therefore budgets only against the
+memory its own process holds (weights, workspaces): `share * total - own - activation reserve`, which
+does not depend on what the other workers are doing at that moment. The launcher keeps the shares of
+one GPU summing to at most `--gpu-memory-utilization`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import torch
 
 from common.config import EngineConfig
-from common.device import DevicePlatform, resolve_platform
+from common.device import resolve_platform
 from common.llm_engine import LLMEngine, resolve_max_model_len
 from common.model_config import ModelConfig
 from common.runner.model_runner import ModelRunner
@@ -29,21 +31,40 @@ def build_engine(config: EngineConfig) -> LLMEngine:
     if not platform.is_cuda or config.num_kvcache_blocks is not None:
         return LLMEngine.from_config(config)
     model_config = ModelConfig.from_dir(config.model)
-    runner = ModelRunner(config, model_config, platform, resolve_max_model_len(config, model_config))
-    runner.load_model()
-    device_wide = device_wide_utilization(config.gpu_memory_utilization, platform)
-    runner.config = config.with_overrides(gpu_memory_utilization=device_wide)
-    runner.allocate_kv_cache()
-    if not config.enforce_eager:
-        runner.capture_graphs()
+    max_model_len = resolve_max_model_len(config, model_config)
+    runner = SharedGpuRunner.load(config, model_config, platform, max_model_len)
     return LLMEngine(config, model_config, runner)
 
 
-def device_wide_utilization(share: float, platform: DevicePlatform) -> float:
-    """The device-wide fraction that leaves this process `share` of the GPU beside other processes."""
-    platform.synchronize()
-    total = platform.total_memory_bytes()
-    others = total - platform.free_memory_bytes() - torch.cuda.memory_reserved(platform.torch_device)
-    fraction = min(1.0, share + max(others, 0) / total)
-    log.info("GPU share %.3f + %.3f held by others -> utilization %.3f", share, others / total, fraction)
-    return fraction
+class SharedGpuRunner(ModelRunner):
+    """A ModelRunner whose KV cache is sized from this process's own share of the GPU."""
+
+    def num_blocks_for_memory(self) -> int:
+        if self.config.num_kvcache_blocks is not None or not self.platform.is_cuda:
+            return super().num_blocks_for_memory()
+        self.platform.synchronize()
+        total = self.platform.total_memory_bytes()
+        own = torch.cuda.memory_reserved(self.device)
+        reserve = self._activation_reserve()
+        blocks = blocks_for_share(
+            total, self.config.gpu_memory_utilization, own, reserve, self.kv_bytes_per_block
+        )
+        log.info(
+            "GPU share %.3f of %.1f GiB, %.1f GiB held: %d KV blocks",
+            self.config.gpu_memory_utilization,
+            total / 2**30,
+            own / 2**30,
+            blocks,
+        )
+        return blocks
+
+
+def blocks_for_share(total: int, share: float, own: int, reserve: int, bytes_per_block: int) -> int:
+    """KV blocks that fit in `share` of `total` bytes beside `own` bytes held and `reserve` kept free."""
+    blocks = (int(total * share) - own - reserve) // bytes_per_block
+    if blocks <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization: a share of {share} leaves no room for KV blocks "
+            f"({own / 2**30:.2f} GiB already held); give this worker a larger share"
+        )
+    return blocks
