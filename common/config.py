@@ -37,6 +37,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     role: Role = "mixed"
     seed: int = 0
+    async_scheduling: bool | None = None  # run-ahead decode steps; None = on for CUDA, off on the CPU
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -59,6 +60,8 @@ class EngineConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("role", self.role, ROLES)
+        if self.async_scheduling not in (None, True, False):
+            raise ValueError(f"async_scheduling must be a bool or None, got {self.async_scheduling!r}")
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
 

@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from common import run_ahead
 from common.block_manager import BlockManager
 from common.config import EngineConfig
 from common.device import resolve_platform
@@ -59,6 +60,11 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(sched_cfg, self.block_manager)
         self.timings = StepTimings()
+        self.async_scheduling = (
+            runner.platform.is_cuda if config.async_scheduling is None else config.async_scheduling
+        )
+        self._in_flight: run_ahead.InFlightStep | None = None
+        self._pending_free: list[Sequence] = []
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -100,26 +106,59 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._in_flight is not None
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> StepResult:
         t0 = time.perf_counter()
+        updates: list[SeqUpdate] = []
+        if self._in_flight is not None and not run_ahead.can_run_ahead(self._in_flight, self.scheduler):
+            updates += self._resolve(set())
         batch = self.scheduler.schedule()
         result = StepResult(num_preempted=len(batch.preempted))
         if not batch.seqs:
+            result.updates = updates + self._resolve(set())
             return result
         t1 = time.perf_counter()
-        out = self.runner.run(batch.seqs, batch.is_decode)
+        rows = run_ahead.src_rows(self._in_flight, batch.seqs) if self._in_flight is not None else None
+        handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
+        updates += self._resolve({s.seq_id for s in batch.seqs})
         t2 = time.perf_counter()
-        for seq, lp in zip(batch.seqs, out.logprobs, strict=True):
-            if lp is not None:
-                seq.logprobs.append(lp)
-        result.updates = self.scheduler.postprocess(batch, out.token_ids)
+        if (
+            self.async_scheduling
+            and batch.is_decode
+            and not any(map(run_ahead.needs_host_tokens, batch.seqs))
+        ):
+            self._in_flight = run_ahead.start(batch.seqs, handle)
+            self._pending_free, self._in_flight.free_after = [], self._pending_free
+        else:
+            out = handle.result()
+            for seq, lp in zip(batch.seqs, out.logprobs, strict=True):
+                if lp is not None:
+                    seq.logprobs.append(lp)
+            updates += self.scheduler.postprocess(batch, out.token_ids)
+            self._free_pending()
+        result.updates = updates
         self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
         result.num_prefill_tokens = batch.num_prefill_tokens
         result.num_decode_tokens = batch.num_decode_tokens
         return result
+
+    def _resolve(self, launched: set[int]) -> list[SeqUpdate]:
+        if self._in_flight is None:
+            return []
+        step, self._in_flight = self._in_flight, None
+        updates = run_ahead.resolve(step, self.scheduler, launched)
+        self._pending_free += step.free_after
+        if not launched:
+            self._free_pending()
+        return updates
+
+    def _free_pending(self) -> None:
+        """Blocks of sequences finished while a later step was in flight; that step is done now."""
+        for seq in self._pending_free:
+            self.block_manager.free(seq)
+        self._pending_free = []
 
     def _account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
         tm = self.timings

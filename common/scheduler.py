@@ -165,10 +165,12 @@ class Scheduler:
         """Advance cache counters and append sampled tokens (None: mid-prompt chunk, no sample)."""
         updates = []
         for seq, token in zip(batch.seqs, sampled, strict=True):
+            if seq.status != SequenceStatus.RUNNING:  # finished while the step ran
+                continue
             seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
             self.block_manager.commit(seq)
-            if token is None or seq.status != SequenceStatus.RUNNING:
+            if token is None:
                 continue
             seq.append_token(token)
             updates.append(self._after_token(seq, token))
@@ -186,23 +188,34 @@ class Scheduler:
             return SeqUpdate(seq, token, finished=False, handed_off=True)
         return SeqUpdate(seq, token, finished=False)
 
-    def stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+    def stop_reason(self, seq: Sequence, token: int, length: int | None = None) -> FinishReason | None:
+        """Why `token`, ending the first `length` tokens of `seq` (default: all), finishes it."""
         params = seq.sampling_params
-        if token in params.stop_token_ids and seq.num_completion_tokens >= params.min_tokens:
+        length = len(seq) if length is None else length
+        completion = length - seq.num_prompt_tokens
+        if token in params.stop_token_ids and completion >= params.min_tokens:
             return FinishReason.STOP
         eos = not params.ignore_eos and token in self.config.eos_token_ids
-        if eos and seq.num_completion_tokens >= params.min_tokens:
+        if eos and completion >= params.min_tokens:
             return FinishReason.STOP
-        if seq.num_completion_tokens >= params.max_tokens or len(seq) >= self.config.max_model_len:
+        if completion >= params.max_tokens or length >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def finish(self, seq: Sequence, reason: FinishReason, free_blocks: bool = True) -> None:
+        """Finish a sequence wherever it is. `free_blocks=False` leaves the blocks to the caller,
+        for a sequence the device is still writing KV for (a run-ahead step in flight)."""
         if seq in self.running:
             self.running.remove(seq)
-        self.block_manager.free(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if free_blocks:
+            self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.finish(seq, reason)
 
     # ---- aborts and hand-offs ------------------------------------------------------------------
     def abort(self, request_ids: Iterable[str]) -> list[Sequence]:

@@ -58,6 +58,7 @@ class Sequence:
         self.block_hashes: list[int] = []
         self.admit_order = -1
         self.num_preemptions = 0
+        self.num_pending_tokens = 0  # trailing placeholders whose values are still on the device
         self.logprobs: list[dict] = []
 
     def __len__(self) -> int:
@@ -75,7 +76,8 @@ class Sequence:
 
     @property
     def completion_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+        """Generated tokens known on the host (a run-ahead step's placeholder is excluded)."""
+        return self.token_ids[self.num_prompt_tokens : len(self.token_ids) - self.num_pending_tokens]
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -51,6 +51,10 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
+        self._prev_tokens: torch.Tensor | None = None
+        self._token_buffers: list[torch.Tensor] | None = None
+        self._token_events: list[torch.cuda.Event] = []
+        self._token_turn = 0
 
     @classmethod
     def load(
@@ -161,34 +165,87 @@ class ModelRunner:
         return self.kv_cache.shape[2]
 
     # ---- one step ------------------------------------------------------------------------------
-    @torch.inference_mode()
     def run(self, seqs: list[Sequence], is_decode: bool) -> RunnerOutput:
+        """Forward + sample, waiting for the tokens."""
+        return self.launch(seqs, is_decode).result()
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None = None) -> StepHandle:
+        """Queue forward + sampling and return at once (on CUDA the device works on while the host goes on).
+
+        `src_rows` (decode steps only): for sequence i, the row of the previous launch's sampled
+        tokens that is its input token (its host-side last token is still a placeholder), or -1.
+        """
         if is_decode and self.graphs is not None and self.graphs.can_run(len(seqs)):
-            logits, sample_index = self.graphs.run(seqs), list(range(len(seqs)))
+            logits, sample_index = self.graphs.run(seqs, src_rows), list(range(len(seqs)))
         else:
-            logits, sample_index = self._run_eager(seqs, is_decode)
-        tokens: list[int | None] = [None] * len(seqs)
-        logprobs: list[dict | None] = [None] * len(seqs)
+            logits, sample_index = self._run_eager(seqs, is_decode, src_rows)
         if not sample_index:
-            return RunnerOutput(tokens, logprobs)
+            return StepHandle(len(seqs), [], None, None)
         sampling_seqs = [seqs[i] for i in sample_index]
         batch = prepare_sampling(
             sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids
         )
         out = self.sampler(logits, batch)
-        for row, (i, tok) in enumerate(zip(sample_index, out.token_ids.tolist(), strict=True)):
-            tokens[i] = tok
-            if out.logprobs is not None:
-                logprobs[i] = out.logprobs[row]
-        return RunnerOutput(tokens, logprobs)
+        self._prev_tokens = out.token_ids
+        if self.graphs is not None:
+            self.graphs.set_prev_tokens(out.token_ids)
+        return StepHandle(len(seqs), sample_index, self._stage_to_host(out.token_ids), out.logprobs)
 
-    def _run_eager(self, seqs: list[Sequence], is_decode: bool) -> tuple[torch.Tensor | None, list[int]]:
+    def _stage_to_host(self, tokens: torch.Tensor) -> _HostTokens:
+        if not self.platform.is_cuda:
+            return _HostTokens(tokens, None)
+        if self._token_buffers is None:
+            size = max(self.config.max_num_seqs, self.config.max_num_batched_tokens)
+            self._token_buffers = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+            self._token_events = [torch.cuda.Event() for _ in range(2)]
+        turn = self._token_turn
+        self._token_turn ^= 1
+        self._token_events[turn].synchronize()  # its previous reader (two launches ago) is done
+        host = self._token_buffers[turn][: tokens.shape[0]]
+        host.copy_(tokens, non_blocking=True)
+        self._token_events[turn].record()
+        return _HostTokens(host, self._token_events[turn])
+
+    def _run_eager(
+        self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None
+    ) -> tuple[torch.Tensor | None, list[int]]:
         inputs = prepare_step(seqs, self.block_size, self.device, is_decode, self.max_model_len)
+        input_ids = inputs.input_ids
+        if src_rows is not None:  # run-ahead decode: one token per sequence, row i is sequence i
+            src = torch.tensor(src_rows, dtype=torch.int64, device=self.device)
+            input_ids = torch.where(src >= 0, self._prev_tokens[src.clamp(min=0)], input_ids)
         set_forward_context(ForwardContext(self.backend, inputs.meta))
         try:
-            hidden = self.model(inputs.input_ids, inputs.positions)
+            hidden = self.model(input_ids, inputs.positions)
         finally:
             set_forward_context(None)
         if not inputs.sample_seq_index:
             return None, []
         return self.model.compute_logits(hidden[inputs.sample_rows]), inputs.sample_seq_index
+
+
+@dataclass
+class _HostTokens:
+    tokens: torch.Tensor  # host tensor (pinned on CUDA) being filled by an async copy
+    ready: torch.cuda.Event | None
+
+
+class StepHandle:
+    """A launched step; `result()` waits for its sampled tokens (the step's one host sync)."""
+
+    def __init__(self, num_seqs: int, sample_index: list[int], host: _HostTokens | None, logprobs) -> None:
+        self.num_seqs, self.sample_index, self.host, self.logprobs = num_seqs, sample_index, host, logprobs
+
+    def result(self) -> RunnerOutput:
+        tokens: list[int | None] = [None] * self.num_seqs
+        logprobs: list[dict | None] = [None] * self.num_seqs
+        if self.host is None:
+            return RunnerOutput(tokens, logprobs)
+        if self.host.ready is not None:
+            self.host.ready.synchronize()
+        for row, (i, tok) in enumerate(zip(self.sample_index, self.host.tokens.tolist(), strict=True)):
+            tokens[i] = tok
+            if self.logprobs is not None:
+                logprobs[i] = self.logprobs[row]
+        return RunnerOutput(tokens, logprobs)
