@@ -1,0 +1,5 @@
+import sys
+
+from decode_worker import main
+
+sys.exit(main())

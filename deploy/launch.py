@@ -1,0 +1,287 @@
+"""`python -m deploy.launch`: start a router and N prefill + M decode workers, serve until Ctrl-C.
+
+    python -m deploy.launch [--model PATH] --prefill N --decode M [--host H] [--port P]
+        [--backend ray|local] [--kv-transport auto|ipc|nccl|tcp] [--routing prefix|round_robin]
+        [--gpus-per-worker F] [--log-dir DIR] [engine flags]
+
+Order: resolve the model (the default model when --model is absent) -> router subprocess (waits for
+its ready file, which names the inbox) -> workers through the backend -> wait until /health is 200
+and lists every worker live -> print "pdserve ready: URL/v1" once -> serve until SIGINT/SIGTERM (or
+the router dies) -> stop the workers and the router (no process is left behind, see local_backend).
+GPU sharing: with CUDA, N+M workers on G GPUs each get a 1/ceil((N+M)/G) share (or
+--gpus-per-worker) and `--gpu-memory-utilization` scaled by it (each worker sizes its KV cache from its
+own share: common/worker/engine_factory.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.engine_args import add_engine_args, engine_argv, engine_overrides
+from deploy.base import WorkerBackend, WorkerHandle, WorkerSpec
+from deploy.local_backend import signal_group, spawn, stop_processes
+
+log = logging.getLogger("deploy.launch")
+BACKENDS = ("ray", "local")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    model: str
+    num_prefill: int = 1
+    num_decode: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: str = "ray"
+    kv_transport: str = "auto"
+    routing: str = "prefix"
+    gpus_per_worker: float | None = None
+    engine: dict = field(default_factory=dict)  # explicit engine flags, forwarded to every worker
+    advertise_host: str | None = None  # where workers reach the router (default: host, or loopback)
+    ray_address: str | None = None
+    log_dir: str | None = None
+    log_level: str = "info"
+    startup_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_prefill", "num_decode"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.gpus_per_worker is not None and not 0 < self.gpus_per_worker <= 1:
+            raise ValueError(f"gpus_per_worker must be in (0, 1], got {self.gpus_per_worker}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+
+    @property
+    def inbox_host(self) -> str:
+        if self.advertise_host:
+            return self.advertise_host
+        return "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
+
+
+def gpu_layout(num_workers: int, num_gpus: int, per_worker: float | None) -> list[tuple[float, int | None]]:
+    """(GPU share, GPU index for local placement) per worker; no GPUs -> (0.0, None) each."""
+    if num_gpus == 0:
+        return [(0.0, None)] * num_workers
+    share = per_worker if per_worker is not None else 1.0 / math.ceil(num_workers / num_gpus)
+    return [(share, i % num_gpus) for i in range(num_workers)]
+
+
+def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec]:
+    roles = ["prefill"] * plan.num_prefill + ["decode"] * plan.num_decode
+    counts = {"prefill": 0, "decode": 0}
+    base_util = plan.engine.get("gpu_memory_utilization", 0.9)
+    # Ray picks the node and GPU itself, so there workers find their own address ("auto").
+    host = "auto" if plan.backend == "ray" else plan.inbox_host
+    specs = []
+    for role, (share, gpu) in zip(roles, gpu_layout(len(roles), num_gpus, plan.gpus_per_worker), strict=True):
+        worker_id = f"{role}-{counts[role]}"
+        counts[role] += 1
+        engine = dict(plan.engine)
+        if share:
+            engine["gpu_memory_utilization"] = round(base_util * share, 4)
+        argv = ["--model", plan.model, "--router-addr", inbox, "--host", host, "--worker-id", worker_id]
+        argv += ["--kv-transport", plan.kv_transport, "--log-level", plan.log_level, *engine_argv(engine)]
+        env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if plan.backend == "local" and gpu is not None else {}
+        specs.append(WorkerSpec(role, worker_id, argv, num_gpus=share, env=env))
+    return specs
+
+
+def make_backend(plan: LaunchPlan) -> WorkerBackend:
+    if plan.backend == "local":
+        from deploy.local_backend import LocalBackend
+
+        return LocalBackend(plan.log_dir)
+    try:
+        from deploy.ray_backend import RayBackend
+    except ImportError as e:
+        raise RuntimeError(f"the Ray backend is not available ({e}); use --backend local") from e
+    return RayBackend(plan.ray_address)
+
+
+def count_gpus(plan: LaunchPlan) -> int:
+    if plan.engine.get("device") == "cpu":
+        return 0
+    import torch  # late: only the GPU plan needs it
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+class Interrupted(Exception):
+    """`stop` was set while the cluster was starting."""
+
+
+class Cluster:
+    """The router process plus the backend's workers. `start()` returns the base URL once healthy;
+    setting `stop` (e.g. from a signal handler) interrupts the start-up and ends `serve`."""
+
+    def __init__(self, plan: LaunchPlan, backend: WorkerBackend, stop: threading.Event | None = None) -> None:
+        self.plan = plan
+        self.backend = backend
+        self.stop = stop or threading.Event()
+        self.router = None
+        self.workers: list[WorkerHandle] = []
+        self.url: str | None = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="pdserve-launch-")
+
+    def start(self) -> str:
+        deadline = time.monotonic() + self.plan.startup_timeout_s
+        ready = self._start_router(deadline)
+        self.url = ready["http"]
+        for spec in worker_specs(self.plan, ready["inbox"], count_gpus(self.plan)):
+            self.workers.append(self.backend.start(spec))
+        self._wait_healthy(deadline)
+        return self.url
+
+    def _start_router(self, deadline: float) -> dict:
+        p = self.plan
+        ready_file = Path(self._tmp.name) / "router-ready.json"
+        argv = [sys.executable, "-m", "router", "--model", p.model, "--host", p.host, "--port", str(p.port)]
+        argv += ["--inbox-host", p.inbox_host, "--routing", p.routing, "--ready-file", str(ready_file)]
+        argv += ["--log-level", p.log_level]
+        if "kvcache_block_size" in p.engine:
+            argv += ["--block-size", str(p.engine["kvcache_block_size"])]
+        log_path = str(Path(p.log_dir) / "router.log") if p.log_dir else None
+        if p.log_dir:
+            Path(p.log_dir).mkdir(parents=True, exist_ok=True)
+        self.router = spawn(argv, log_path=log_path)
+        while not ready_file.exists():
+            self._check_alive(deadline, "router ready file")
+            time.sleep(0.05)
+        return json.loads(ready_file.read_text())
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while not self.healthy():
+            self._check_alive(deadline, "/health == 200 with every worker live")
+            time.sleep(0.25)
+
+    def healthy(self) -> bool:
+        """/health is 200 and lists every worker started as live (200 alone means one of each role)."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                report = json.loads(resp.read())
+        except (OSError, ValueError):  # URLError / HTTPError (503 while workers join) / refused / garbage
+            return False
+        live = {w.get("worker_id") for w in report.get("workers", []) if w.get("state") == "live"}
+        return {w.spec.worker_id for w in self.workers} <= live
+
+    def _check_alive(self, deadline: float, waiting_for: str) -> None:
+        if self.stop.is_set():
+            raise Interrupted(waiting_for)
+        if self.router is not None and self.router.poll() is not None:
+            raise RuntimeError(f"the router exited with status {self.router.returncode}")
+        dead = [w.spec.worker_id for w in self.workers if not w.alive()]
+        if dead:
+            raise RuntimeError(f"worker(s) exited during start-up: {', '.join(dead)}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"timed out after {self.plan.startup_timeout_s:.0f}s waiting for {waiting_for}"
+            )
+
+    def serve(self) -> int:
+        """Block until `stop` is set (0) or the router dies (1)."""
+        while not self.stop.wait(0.5):
+            if self.router.poll() is not None:
+                log.error("the router exited with status %s", self.router.returncode)
+                return 1
+        return 0
+
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        """Stop the workers and the router together (neither needs the other to exit cleanly)."""
+        if self.router is not None:
+            signal_group(self.router, signal.SIGTERM)  # the router's own shutdown overlaps the workers'
+        try:
+            self.backend.shutdown()
+        finally:
+            if self.router is not None:
+                stop_processes([self.router], grace_s)
+            self._tmp.cleanup()
+
+
+def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
+    p = argparse.ArgumentParser(prog="python -m deploy.launch", description="start a pdserve cluster")
+    p.add_argument("--model", default=None, help="HF model directory (default: the default model)")
+    p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
+    p.add_argument("--decode", type=int, default=1, help="number of decode workers")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
+    p.add_argument("--advertise-host", default=None, help="address workers use to reach the router")
+    p.add_argument("--backend", choices=BACKENDS, default="ray", help="Ray actors or local subprocesses")
+    p.add_argument("--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or local)")
+    p.add_argument("--kv-transport", choices=("auto", "ipc", "nccl", "tcp"), default="auto")
+    p.add_argument("--routing", choices=("prefix", "round_robin"), default="prefix")
+    p.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per worker (default: even)")
+    p.add_argument("--log-dir", default=None, help="write router and worker logs here (default: stdout)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    add_engine_args(p)
+    args = p.parse_args(argv)
+    from common.default_model import resolve_model
+
+    try:
+        return LaunchPlan(
+            model=resolve_model(args.model),
+            num_prefill=args.prefill,
+            num_decode=args.decode,
+            host=args.host,
+            port=args.port,
+            backend=args.backend,
+            kv_transport=args.kv_transport,
+            routing=args.routing,
+            gpus_per_worker=args.gpus_per_worker,
+            engine=engine_overrides(args),
+            advertise_host=args.advertise_host,
+            ray_address=args.ray_address,
+            log_dir=args.log_dir,
+            log_level=args.log_level,
+            startup_timeout_s=args.startup_timeout,
+        )
+    except ValueError as e:
+        p.error(str(e))
+
+
+def _catch_stop_signals(stop: threading.Event) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    plan = parse_args(argv)
+    logging.basicConfig(level=plan.log_level.upper(), format="%(asctime)s %(levelname)s launch: %(message)s")
+    stop = threading.Event()
+    _catch_stop_signals(stop)
+    cluster = Cluster(plan, make_backend(plan), stop)
+    try:
+        url = cluster.start()
+        _catch_stop_signals(stop)  # again: ray.init installs its own SIGTERM handler
+        print(f"pdserve ready: {url}/v1", flush=True)
+        return cluster.serve()
+    except Interrupted:
+        log.info("interrupted during start-up")
+        return 0
+    except RuntimeError as e:
+        log.error("%s", e)
+        return 1
+    finally:
+        with contextlib.suppress(KeyboardInterrupt):
+            cluster.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from prefill_worker import main
+
+sys.exit(main())

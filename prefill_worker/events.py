@@ -1,0 +1,28 @@
+"""Prefix-cache events to the router: numbered batches (1, 2, ...) and snapshots that name the last
+batch they reflect, as the protocol in router/__init__.py asks."""
+
+from __future__ import annotations
+
+from common.kv_events import KVEvent
+from common.messages import KVEventBatch, Snapshot
+from common.worker.channels import WorkerChannels
+
+
+class EventPublisher:
+    def __init__(self, worker_id: str, channels: WorkerChannels) -> None:
+        self.worker_id = worker_id
+        self.channels = channels
+        self.seq = 0  # the last batch published
+
+    def flush(self, events: list[KVEvent]) -> None:
+        """Publish `events` (drained from the engine) as the next batch; nothing when empty."""
+        if not events:
+            return
+        self.seq += 1
+        self.channels.publish(KVEventBatch(self.worker_id, self.seq, [e.to_dict() for e in events]))
+
+    def snapshot(self, pending: list[KVEvent], hashes: list[int]) -> None:
+        """Answer a SnapshotRequest. Events not yet published are published first, so `hashes` (the
+        cache as it is now) reflects exactly the batches up to `seq`."""
+        self.flush(pending)
+        self.channels.to_router(Snapshot(self.worker_id, self.seq, hashes))

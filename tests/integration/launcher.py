@@ -1,0 +1,115 @@
+"""Run `python -m deploy.launch --backend local` as a subprocess and talk to the cluster it serves."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY = re.compile(r"pdserve ready: (http://\S+)/v1")
+
+
+@dataclass
+class LaunchedCluster:
+    proc: subprocess.Popen
+    url: str  # base URL, without /v1
+    log_dir: Path
+    output: list[str] = field(default_factory=list)
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.url}/health", timeout=10).json()
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+    def debug_index(self) -> dict:
+        return httpx.get(f"{self.url}/debug/index", timeout=10).json()
+
+    def worker_pids(self) -> list[int]:
+        return [w["pid"] for w in self.health()["workers"]]
+
+    def logs(self) -> str:
+        parts = [f"--- launcher ---\n{''.join(self.output)}"]
+        for path in sorted(self.log_dir.glob("*.log")):
+            parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-4000:]}")
+        return "\n".join(parts)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM the launcher and wait for it; returns its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise
+
+
+def launch(model: str, log_dir: Path, *extra: str, timeout: float = 180.0) -> LaunchedCluster:
+    """Start a cluster; returns once the launcher printed its ready line (or raises with the logs)."""
+    cmd = [sys.executable, "-m", "deploy.launch", "--model", model, "--backend", "local", "--port", "0"]
+    cmd += ["--log-dir", str(log_dir), "--log-level", "warning", "--startup-timeout", str(timeout), *extra]
+    # One compute thread per worker: several processes share this machine's few cores.
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # so a failed test can kill the launcher's whole group
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    output: list[str] = []
+    threading.Thread(target=_pump, args=(proc, lines, output), daemon=True).start()
+    deadline = time.monotonic() + timeout + 30
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        match = READY.search(line)
+        if match:
+            return LaunchedCluster(proc, match.group(1), log_dir, output)
+    cluster = LaunchedCluster(proc, "", log_dir, output)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    raise RuntimeError(f"cluster did not become ready:\n{cluster.logs()}")
+
+
+def _pump(proc: subprocess.Popen, lines: queue.Queue, output: list[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        output.append(line)
+        lines.put(line)
+    lines.put(None)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting for a reaper counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (not Linux): trust kill(0)
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

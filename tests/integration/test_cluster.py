@@ -1,0 +1,182 @@
+"""A real cluster (`deploy.launch --backend local`: router + 2 prefill + 2 decode workers over tcp) on
+the default model, on the CPU: parity with the offline engine, streaming, concurrency, the official
+OpenAI client, and prefix-aware routing."""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from common.sampling_params import SamplingParams
+from tests.integration.launcher import LaunchedCluster, launch
+
+pytestmark = pytest.mark.timeout(300)
+
+TEXTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village nestled between rolling hills and a sparkling river, there lived",
+    "1, 2, 3, 4, 5,",
+    "Translate to French: good morning, my friend. How are you today?",
+    "The quick brown fox",
+    "Explain photosynthesis in one sentence:",
+]
+MAX_TOKENS = 12
+LONG_PREFIX = (
+    "You are a meticulous assistant for a small bakery. The bakery opens at seven in the morning, "
+    "sells sourdough, rye and spelt loaves, croissants on weekends only, and closes at three in the "
+    "afternoon. Orders above twenty loaves need one day of notice. Answer the customer briefly."
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir, tmp_path_factory) -> LaunchedCluster:
+    log_dir = tmp_path_factory.mktemp("cluster-logs")
+    extra = ["--prefill", "2", "--decode", "2", "--kv-transport", "tcp", "--num-kvcache-blocks", "256"]
+    launched = launch(model_dir, log_dir, *extra)
+    try:
+        yield launched
+    finally:
+        status = launched.stop()
+        assert status == 0, launched.logs()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    import openai
+
+    return openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_name(client) -> str:
+    return client.models.list().data[0].id
+
+
+def complete(cluster: LaunchedCluster, prompt, max_tokens: int = MAX_TOKENS, **extra) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    r = httpx.post(f"{cluster.url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def expected(offline, tokenizer, prompts: list[list[int]], max_tokens: int = MAX_TOKENS) -> list[dict]:
+    outs = offline.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
+    return [{**o, "text": tokenizer.decode(o["token_ids"])} for o in outs]
+
+
+def test_greedy_outputs_equal_offline_engine(cluster, offline, tokenizer) -> None:
+    prompts = [tokenizer.encode(t) for t in TEXTS]
+    with ThreadPoolExecutor(len(prompts)) as pool:  # concurrent, so the workers batch them
+        got = list(pool.map(lambda p: complete(cluster, p), prompts))
+    for want, resp in zip(expected(offline, tokenizer, prompts), got, strict=True):
+        choice = resp["choices"][0]
+        assert choice["text"] == want["text"]
+        assert resp["usage"]["completion_tokens"] == len(want["token_ids"])
+        assert choice["finish_reason"] == want["finish_reason"]
+
+
+def test_chat_through_openai_client_equals_offline(client, model_name, offline, tokenizer) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    resp = client.chat.completions.create(
+        model=model_name, messages=messages, temperature=0, max_tokens=MAX_TOKENS
+    )
+    ids = tokenizer.encode_chat(messages)
+    want = expected(offline, tokenizer, [ids])[0]
+    assert resp.choices[0].message.content == want["text"]
+    assert resp.usage.prompt_tokens == len(ids)
+    assert resp.choices[0].finish_reason == want["finish_reason"]
+
+
+def test_streaming_gives_the_same_text(client, model_name) -> None:
+    for text in TEXTS[:3]:
+        plain = client.completions.create(model=model_name, prompt=text, temperature=0, max_tokens=MAX_TOKENS)
+        stream = client.completions.create(
+            model=model_name, prompt=text, temperature=0, max_tokens=MAX_TOKENS, stream=True
+        )
+        chunks = list(stream)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == plain.choices[0].text
+        assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    messages = [{"role": "user", "content": "Name three colors."}]
+    plain_chat = client.chat.completions.create(
+        model=model_name, messages=messages, temperature=0, max_tokens=8
+    )
+    deltas = client.chat.completions.create(
+        model=model_name, messages=messages, temperature=0, max_tokens=8, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in deltas if c.choices)
+    assert text == plain_chat.choices[0].message.content
+
+
+def test_32_concurrent_requests_all_complete(cluster) -> None:
+    prompts = [f"Request number {i}: tell me a fact about the number {i}." for i in range(32)]
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda p: complete(cluster, p, max_tokens=6), prompts))
+    for resp in results:
+        assert resp["choices"][0]["finish_reason"] in ("stop", "length")
+        assert 1 <= resp["usage"]["completion_tokens"] <= 6
+
+
+def test_shared_prefix_goes_to_the_worker_holding_it(cluster, tokenizer) -> None:
+    prefix = tokenizer.encode(LONG_PREFIX)
+    assert len(prefix) >= 48  # at least three full blocks to reuse
+    complete(cluster, prefix + tokenizer.encode(" Question: when do you open?", False), max_tokens=2)
+    holder = _wait_for_holder(cluster, min_blocks=len(prefix) // 16)
+    before = _prefill_counts(cluster)
+    hits_before = _metric(cluster.metrics(), "pdserve_prefix_cache_hit_tokens_total")
+    for q in ("Do you sell rye?", "Can I order thirty loaves today?", "Croissants on Monday?"):
+        resp = complete(cluster, prefix + tokenizer.encode(f" Question: {q}", False), max_tokens=2)
+        assert resp["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48
+    after = _prefill_counts(cluster)
+    assert after[holder] - before.get(holder, 0) == 3
+    assert sum(after.values()) - sum(before.values()) == 3
+    assert _metric(cluster.metrics(), "pdserve_prefix_cache_hit_tokens_total") - hits_before >= 3 * 48
+    # Unrelated prompts arriving together spread over both prefill workers.
+    unrelated = [f"Topic {i}: " + " ".join(f"word{i}x{j}" for j in range(20)) for i in range(8)]
+    with ThreadPoolExecutor(len(unrelated)) as pool:
+        list(pool.map(lambda p: complete(cluster, p, max_tokens=2), unrelated))
+    spread = _prefill_counts(cluster)
+    assert all(spread[w] > after.get(w, 0) for w in ("prefill-0", "prefill-1")), spread
+
+
+def _wait_for_holder(cluster: LaunchedCluster, min_blocks: int, timeout: float = 15.0) -> str:
+    """The prefill worker whose cache (as the router's index sees it) holds the prefix."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for w in cluster.debug_index()["workers"]:
+            if w["role"] == "prefill" and w.get("cached_blocks", 0) >= min_blocks:
+                return w["worker_id"]
+        time.sleep(0.1)
+    raise AssertionError(f"no prefill worker reported the prefix: {cluster.debug_index()}")
+
+
+def _prefill_counts(cluster: LaunchedCluster) -> dict[str, float]:
+    pattern = r'pdserve_prefill_requests_total\{worker="([^"]+)"\} (\S+)'
+    return {w: float(v) for w, v in re.findall(pattern, cluster.metrics())}
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_disconnects_and_stop_strings_free_every_block(cluster) -> None:
+    body = {"prompt": TEXTS[3], "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{cluster.url}/v1/completions", json=body, timeout=60) as r:
+        data = (line for line in r.iter_lines() if line.startswith("data:"))
+        for _ in range(5):  # decoding is under way on a decode worker when the client leaves
+            next(data)
+    resp = complete(cluster, TEXTS[0], max_tokens=50, stop=[" "], ignore_eos=True)
+    assert resp["choices"][0]["finish_reason"] == "stop"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        kv = {w["worker_id"]: w["kv_cache_usage"] for w in cluster.debug_index()["workers"]}
+        if not any(kv.values()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"blocks still in use after the requests ended: {kv}")

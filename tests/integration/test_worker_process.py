@@ -1,0 +1,98 @@
+"""One worker process (`python -m {prefill,decode}_worker`, tiny random model) against a stand-in router
+inbox: registration and its parity fields, heartbeats, snapshots, garbage on the command socket, and a
+clean exit (status 0) on Shutdown and on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+from common.hashing import probe_hash
+from common.messages import (
+    Abort,
+    Shutdown,
+    Snapshot,
+    SnapshotRequest,
+    WorkerHeartbeat,
+    WorkerRegister,
+    decode,
+    encode,
+)
+from tests.integration.launcher import REPO_ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def inbox():
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.bind("tcp://127.0.0.1:*")
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    yield pull, push
+    pull.close(linger=0)
+    push.close(linger=0)
+    ctx.term()
+
+
+def start_worker(role: str, model: str, router_addr: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", f"{role}_worker", "--model", model, "--router-addr", router_addr]
+    cmd += ["--worker-id", f"{role}-x", "--num-kvcache-blocks", "16", "--log-level", "warning"]
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def receive(sock: zmq.Socket, kind: type, proc: subprocess.Popen, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        if sock.poll(100):
+            msg = decode(sock.recv())
+            if isinstance(msg, kind):
+                return msg
+    raise AssertionError(f"no {kind.__name__} from the worker")
+
+
+def test_decode_worker_registers_and_exits_on_shutdown(tiny_model_dirs, inbox) -> None:
+    pull, push = inbox
+    proc = start_worker("decode", tiny_model_dirs["qwen2"], pull.getsockopt_string(zmq.LAST_ENDPOINT))
+    try:
+        reg = receive(pull, WorkerRegister, proc)
+        assert (reg.worker_id, reg.role, reg.pid, reg.events_addr) == ("decode-x", "decode", proc.pid, None)
+        assert reg.block_size == 16 and reg.probe_hash == probe_hash(16) and reg.num_kv_blocks == 16
+        assert reg.kv_endpoint == {"transports": ["tcp"]}
+        assert receive(pull, WorkerHeartbeat, proc).num_total_blocks == 16
+        assert (
+            receive(pull, WorkerRegister, proc, timeout=5) == reg
+        )  # re-sent: a restarted router re-learns it
+        push.connect(reg.command_addr)
+        push.send(b"\x00garbage")
+        push.send(encode(Abort("never-seen")))
+        push.send(encode(Shutdown("test over")))
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_prefill_worker_answers_snapshots_and_exits_on_sigterm(tiny_model_dirs, inbox) -> None:
+    pull, push = inbox
+    proc = start_worker("prefill", tiny_model_dirs["qwen2"], pull.getsockopt_string(zmq.LAST_ENDPOINT))
+    try:
+        reg = receive(pull, WorkerRegister, proc)
+        assert reg.role == "prefill" and reg.events_addr.startswith("tcp://127.0.0.1:")
+        push.connect(reg.command_addr)
+        push.send(encode(SnapshotRequest("prefill-x")))
+        snap = receive(pull, Snapshot, proc)
+        assert (snap.worker_id, snap.seq, snap.hashes) == ("prefill-x", 0, [])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()

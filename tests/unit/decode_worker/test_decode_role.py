@@ -1,0 +1,150 @@
+"""The decode role: DecodeRequest -> Sequence, the hand-off from a real prefill role over real tcp
+transfers (greedy tokens equal the offline engine's), recompute on a failed transfer, waiting for
+room, aborts during a transfer, deadlines."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from common import LLM, SamplingParams
+from common.messages import Abort, DecodeRequest, TokenOutput
+from common.sequence import SequenceStatus
+from decode_worker.admission import sequence_from_request, transferable
+from decode_worker.role import DecodeRole
+from prefill_worker.role import PrefillRole
+from tests.unit.prefill_worker.harness import Pair, make_service, prefill_request, run_until
+
+PROMPTS = [[(i * 37 + k * 101 + 11) % 500 for i in range(n)] for k, n in enumerate((5, 16, 40, 70))]
+MAX_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dirs) -> list[list[int]]:
+    llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [o["token_ids"] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.fixture
+def pair(tiny_model_dirs):
+    model = tiny_model_dirs["llama"]
+    p = Pair(make_service(PrefillRole(), model), make_service(DecodeRole(), model, kv_fetch_timeout_s=1.0))
+    yield p
+    p.close()
+
+
+def decode_request(rid: str, prompt: list[int], endpoint: dict, src: list[int], **sampling) -> DecodeRequest:
+    params = prefill_request(rid, prompt, **sampling).sampling
+    return DecodeRequest(rid, prompt, 7, params, endpoint, src, "prefill-test", None)
+
+
+def test_decode_request_becomes_prompt_plus_first_token(pair) -> None:
+    req = decode_request("r1", [1, 2, 3], {"transport": "tcp"}, [0], max_tokens=4)
+    seq = sequence_from_request(pair.decode.engine, req)
+    assert seq.token_ids == [1, 2, 3, 7] and seq.num_prompt_tokens == 3
+    assert seq.completion_token_ids == [7] and seq.request_id == "r1"
+    assert seq.sampling_params.max_tokens == 4
+    assert transferable(req, 16) and not transferable(replace(req, src_block_ids=[0, 1]), 16)
+    with pytest.raises(ValueError):
+        sequence_from_request(pair.decode.engine, decode_request("r2", [1], {}, [0], max_tokens=0))
+
+
+def test_handoff_matches_the_offline_engine(pair, reference) -> None:
+    rids = [f"r{i}" for i in range(len(PROMPTS))]
+    for rid, prompt in zip(rids, PROMPTS, strict=True):
+        pair.prefill.handle(prefill_request(rid, prompt, max_tokens=MAX_TOKENS, ignore_eos=True))
+    pair.run(rids)
+    assert [pair.tokens(rid) for rid in rids] == reference
+    decode_outs = pair.decode.channels.of_type(TokenOutput)
+    assert sum(o.kv_transfer_bytes for o in decode_outs) > 0  # reported once per request
+    assert all(o.cached_tokens == 0 and o.index >= 1 for o in decode_outs)
+    run_until([pair.prefill], lambda: not pair.prefill.engine.scheduler.handed_off)  # acks unpin
+
+
+def test_failed_transfer_is_recomputed_locally(pair, reference) -> None:
+    dead = {"transport": "tcp", "address": "tcp://127.0.0.1:9"}  # nobody serves this
+    req = decode_request("r1", PROMPTS[2], dead, [0, 1, 2], max_tokens=MAX_TOKENS, ignore_eos=True)
+    first = reference[2][0]
+    pair.decode.handle(replace(req, first_token_id=first))
+    run_until([pair.decode], lambda: pair.finished("r1"), timeout=30)
+    assert [first, *pair.tokens("r1")] == reference[2]
+
+
+def test_unknown_transport_is_recomputed_locally(pair, reference) -> None:
+    req = decode_request("r1", PROMPTS[1], {"transport": "carrier-pigeon"}, [0], max_tokens=MAX_TOKENS)
+    first = reference[1][0]
+    pair.decode.handle(replace(req, first_token_id=first, sampling=_greedy()))
+    run_until([pair.decode], lambda: pair.finished("r1"))
+    assert [first, *pair.tokens("r1")] == reference[1]
+
+
+def test_requests_wait_for_room_instead_of_being_dropped(tiny_model_dirs, reference) -> None:
+    model = tiny_model_dirs["llama"]
+    pair = Pair(make_service(PrefillRole(), model), make_service(DecodeRole(), model, num_kvcache_blocks=6))
+    try:
+        rids = ["a", "b"]  # 70 + 10 tokens need 5 blocks each: only one fits at a time
+        for rid in rids:
+            pair.prefill.handle(prefill_request(rid, PROMPTS[3], max_tokens=MAX_TOKENS, ignore_eos=True))
+        waited = []
+
+        def step() -> None:
+            pair.forward()
+            waited.append(len(pair.decode.role.pending))
+
+        run_until([pair.prefill, pair.decode], lambda: all(map(pair.finished, rids)), 60, step)
+        assert max(waited) == 1  # "b" waited for "a"'s blocks
+        assert pair.tokens("a") == pair.tokens("b") == reference[3]
+    finally:
+        pair.close()
+
+
+def test_abort_during_transfer_waits_for_the_transfer_to_settle(pair) -> None:
+    decode = pair.decode
+    pair.prefill.handle(prefill_request("r1", PROMPTS[3], max_tokens=MAX_TOKENS))
+    run_until([pair.prefill], lambda: pair.prefill.channels.peers)
+    pair.forward()
+    decode.handle(decode.channels.inbox.get())
+    seq = decode.role.jobs["r1"].seq
+    assert seq.status is SequenceStatus.TRANSFERRING
+    decode.handle(Abort("r1"))
+    assert seq.block_table  # still owned: the receiver may be writing into these blocks
+    run_until([pair.prefill, decode], lambda: "r1" not in decode.role.jobs)
+    assert seq.block_table == [] and not decode.engine.has_unfinished
+    decode.handle(Abort("r1"))  # unknown by now: ignored
+
+
+def test_abort_before_the_request_drops_the_late_request(pair) -> None:
+    pair.decode.handle(Abort("r1"))
+    req = decode_request("r1", PROMPTS[0], {"transport": "tcp"}, [0])
+    pair.decode.handle(req)
+    assert pair.decode.role.jobs == {} and not pair.decode.engine.has_unfinished
+
+
+def test_deadline_ends_the_request_with_abort(pair) -> None:
+    pair.prefill.handle(prefill_request("r1", PROMPTS[2], max_tokens=900, ignore_eos=True))
+    run_until([pair.prefill], lambda: pair.prefill.channels.peers)
+    _, req = pair.prefill.channels.peers.pop()
+    pair.decode.handle(replace(req, deadline=time.time() + 0.3))
+    run_until([pair.decode], lambda: pair.finished("r1"), timeout=30)
+    last = pair.decode.channels.of_type(TokenOutput)[-1]
+    assert last.finish_reason == "abort" and last.token_ids == []
+    assert len(pair.tokens("r1")) == last.index  # the abort message sits right after the last token
+    assert not pair.decode.engine.has_unfinished
+
+
+def _greedy() -> dict:
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True).to_dict()
+
+
+def test_logprobs_travel_in_the_wire_form(pair) -> None:
+    pair.prefill.handle(prefill_request("r1", PROMPTS[1], max_tokens=4, logprobs=2))
+    pair.run(["r1"])
+    outs = [o for o in pair.outputs() if o.request_id == "r1"]
+    entries = [e for o in outs for e in o.logprobs]
+    assert len(entries) == 4 == len(pair.tokens("r1"))
+    for entry, token in zip(entries, pair.tokens("r1"), strict=True):
+        assert entry["logprob"] <= 0 and len(entry["top"]) == 2
+        assert entry["top"][0][0] == token  # greedy: the chosen token is the best alternative
