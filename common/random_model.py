@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -36,7 +37,34 @@ PRESETS: dict[str, dict] = {
         "bos_token_id": 151643,
         "eos_token_id": 151645,
     },
+    "smollm2-135m": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
 }
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 
 def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -74,8 +102,14 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def write_random_model(
-    out: str | Path, preset: str = "qwen3-0.6b", seed: int = 0, dtype: str = "bfloat16"
+    out: str | Path,
+    preset: str = "qwen3-0.6b",
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    tokenizer_from: str | None = None,
 ) -> Path:
+    """Write the preset's config and fixed-seed weights; optionally copy a matching tokenizer in
+    (e.g. the default model's for `smollm2-135m`, so the router can serve the random model)."""
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     out = Path(out)
@@ -93,6 +127,10 @@ def write_random_model(
         tensors[name] = t.to(torch_dtype).contiguous()
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if tokenizer_from is not None:
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer_from) / name).is_file():
+                shutil.copy(Path(tokenizer_from) / name, out / name)
     return out
 
 
@@ -104,8 +142,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--tokenizer-from", default=None, help="copy tokenizer files from this model dir")
     args = parser.parse_args()
-    print(write_random_model(args.out, args.preset, args.seed, args.dtype))
+    print(write_random_model(args.out, args.preset, args.seed, args.dtype, args.tokenizer_from))
 
 
 if __name__ == "__main__":
