@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import tempfile
@@ -99,8 +100,19 @@ def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec
         argv = ["--model", plan.model, "--router-addr", inbox, "--host", host, "--worker-id", worker_id]
         argv += ["--kv-transport", plan.kv_transport, "--log-level", plan.log_level, *engine_argv(engine)]
         env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if plan.backend == "local" and gpu is not None else {}
+        if num_gpus == 0:
+            env.update(cpu_thread_env(len(roles)))
         specs.append(WorkerSpec(role, worker_id, argv, num_gpus=share, env=env))
     return specs
+
+
+def cpu_thread_env(num_workers: int) -> dict[str, str]:
+    """On the CPU, split the cores between the workers: each torch process otherwise starts one thread
+    per core, and N workers spinning N x cores threads on the same cores run many times slower.
+    An explicit OMP_NUM_THREADS in the launcher's environment wins."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // num_workers))}
 
 
 def make_backend(plan: LaunchPlan) -> WorkerBackend:

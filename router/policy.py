@@ -2,7 +2,9 @@
 
 Prefill: the cost of sending a request to a worker is the prompt tokens it would have to compute
 (cached leading blocks are free) plus the prompt tokens already queued on it; the cheapest wins, ties
-go to the worker with fewest requests in flight, then to the smallest worker id (deterministic).
+go to the worker with fewest requests in flight, then to the one holding the fewest cached blocks
+(so new prefixes spread over the workers' caches instead of piling into one and evicting each other),
+then to the smallest worker id (deterministic).
 
 Decode: only workers whose KV capacity (total blocks and max_model_len) can hold prompt + max_tokens
 are eligible; among them the most free blocks wins, then the fewest running sequences, then the
@@ -29,6 +31,7 @@ class PrefillLoad:
     worker_id: str
     queued_prefill_tokens: int
     in_flight: int
+    cached_blocks: int = 0  # blocks the global index says this worker's prefix cache holds
 
 
 @dataclass(frozen=True)
@@ -68,15 +71,15 @@ def choose_prefill(
 
     `matches` maps worker id -> leading cached blocks (from PrefixIndex.match; absent means 0).
     """
-    best: tuple[int, int, str] | None = None
+    best: tuple[int, int, int, str] | None = None
     for load in candidates:
         cost = prefill_cost(load, matches.get(load.worker_id, 0), num_prompt_tokens, block_size)
-        key = (cost, load.in_flight, load.worker_id)
+        key = (cost, load.in_flight, load.cached_blocks, load.worker_id)
         if best is None or key < best:
             best = key
     if best is None:
         return None
-    return Choice(best[2], matches.get(best[2], 0), best[0])
+    return Choice(best[3], matches.get(best[3], 0), best[0])
 
 
 def choose_decode(candidates: Sequence[DecodeLoad], num_tokens: int) -> Choice | None:

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.hashing import block_hashes
 from common.messages import Abort, PrefillRequest, RequestFailed, TokenOutput
@@ -109,7 +109,11 @@ class RequestLifecycle:
     def _choose(self, seq: SequenceRequest, excluded: set[str]) -> tuple[Choice, Choice, int]:
         """(prefill choice, decode choice, block size) for this sequence, or a 503."""
         block_size = self.registry.block_size
-        prefill_loads = [w for w in self.registry.prefill_loads() if w.worker_id not in excluded]
+        prefill_loads = [
+            replace(w, cached_blocks=self.index.num_blocks(w.worker_id))
+            for w in self.registry.prefill_loads()
+            if w.worker_id not in excluded
+        ]
         decode_loads = [w for w in self.registry.decode_loads() if w.worker_id not in excluded]
         if block_size is None or not prefill_loads or not decode_loads:
             raise APIError(503, "no live prefill and decode workers", code="no_workers")

@@ -78,3 +78,13 @@ def test_make_policy() -> None:
     assert make_policy("round_robin").name == "round_robin"
     with pytest.raises(ValueError, match="routing"):
         make_policy("random")
+
+
+def test_unseen_prefix_goes_to_the_emptier_cache():
+    """Equal cost and load: the worker holding fewer cached blocks takes the new prefix, so distinct
+    prefixes spread over the caches instead of all landing on the first worker."""
+    a = PrefillLoad("prefill-0", queued_prefill_tokens=0, in_flight=0, cached_blocks=40)
+    b = PrefillLoad("prefill-1", queued_prefill_tokens=0, in_flight=0, cached_blocks=16)
+    assert choose_prefill([a, b], {}, num_prompt_tokens=100, block_size=16).worker_id == "prefill-1"
+    # A cache hit still beats an emptier cache.
+    assert choose_prefill([a, b], {"prefill-0": 4}, 100, 16).worker_id == "prefill-0"
