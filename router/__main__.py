@@ -24,6 +24,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
     p.add_argument("--inbox-host", default="127.0.0.1", help="this node's address as workers reach it")
     p.add_argument("--inbox-port", type=int, default=0, help="ZMQ inbox port (0: pick a free one)")
     p.add_argument("--routing", choices=ROUTING_POLICIES, default="prefix")
+    p.add_argument(
+        "--balance-threshold-tokens",
+        type=int,
+        default=2048,
+        help="prefix routing: queue imbalance (tokens) below which cache hits alone decide (0: count load)",
+    )
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request; 0 = no limit")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="silence before a worker is down")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default: the workers')")
@@ -41,6 +47,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
             inbox_host=args.inbox_host,
             inbox_port=args.inbox_port,
             routing=args.routing,
+            balance_threshold_tokens=args.balance_threshold_tokens,
             request_timeout=args.request_timeout or None,
             heartbeat_timeout=args.heartbeat_timeout,
             block_size=args.block_size,

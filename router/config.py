@@ -26,6 +26,7 @@ class RouterConfig:
     inbox_host: str = "127.0.0.1"
     inbox_port: int = 0
     routing: str = "prefix"
+    balance_threshold_tokens: int = 2048
     request_timeout: float | None = 600.0
     heartbeat_timeout: float = 5.0
     snapshot_retry_interval: float = 2.0
@@ -44,6 +45,9 @@ class RouterConfig:
                 raise ValueError(f"{name} must be a port number in [0, 65535], got {value!r}")
         if self.routing not in ROUTING_POLICIES:
             raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {self.routing!r}")
+        bt = self.balance_threshold_tokens
+        if isinstance(bt, bool) or not isinstance(bt, int) or bt < 0:
+            raise ValueError(f"balance_threshold_tokens must be an int >= 0, got {bt!r}")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError(f"request_timeout must be positive or None, got {self.request_timeout!r}")
         for name in ("heartbeat_timeout", "snapshot_retry_interval"):

@@ -1,9 +1,11 @@
 """Worker selection: small pure functions over load snapshots, plus the selectable routing policies.
 
 Prefill: the cost of sending a request to a worker is the prompt tokens it would have to compute
-(cached leading blocks are free) plus the prompt tokens already queued on it; the cheapest wins, ties
-go to the worker with fewest requests in flight, then to the one holding the fewest cached blocks
-(so new prefixes spread over the workers' caches instead of piling into one and evicting each other),
+(cached leading blocks are free) plus the prompt tokens already queued on it, the queue counting only
+once the queues are out of balance by more than a threshold (SGLang's cache-aware routing does the
+same); the cheapest wins, ties go to the shorter queue, then to the worker with fewest in flight,
+then to the one holding the fewest cached blocks (so new prefixes spread over the workers' caches
+instead of piling into one and evicting each other),
 then to the smallest worker id (deterministic).
 
 Decode: only workers whose KV capacity (total blocks and max_model_len) can hold prompt + max_tokens
@@ -61,25 +63,41 @@ def prefill_cost(load: PrefillLoad, cached_blocks: int, num_prompt_tokens: int, 
     return new_tokens + load.queued_prefill_tokens
 
 
+DEFAULT_BALANCE_THRESHOLD_TOKENS = 2048
+
+
 def choose_prefill(
     candidates: Sequence[PrefillLoad],
     matches: Mapping[str, int],
     num_prompt_tokens: int,
     block_size: int,
+    balance_threshold_tokens: int = DEFAULT_BALANCE_THRESHOLD_TOKENS,
 ) -> Choice | None:
     """The cheapest prefill worker for a prompt, or None when there is no candidate.
 
     `matches` maps worker id -> leading cached blocks (from PrefixIndex.match; absent means 0).
+    While the queues differ by at most `balance_threshold_tokens` (> 0), queued tokens are left out of the
+    cost: the router's queue figures count an in-flight prompt whole until its first token, so they
+    overstate the wait at the worker holding the prefix, and following them would duplicate the
+    prefix on the other worker (evicting its own). Beyond the threshold, load counts in full.
     """
-    best: tuple[int, int, int, str] | None = None
+    queues = [c.queued_prefill_tokens for c in candidates]
+    balanced = (
+        bool(queues)
+        and balance_threshold_tokens > 0
+        and max(queues) - min(queues) <= balance_threshold_tokens
+    )
+    best: tuple[int, int, int, int, str] | None = None
     for load in candidates:
         cost = prefill_cost(load, matches.get(load.worker_id, 0), num_prompt_tokens, block_size)
-        key = (cost, load.in_flight, load.cached_blocks, load.worker_id)
+        if balanced:
+            cost -= load.queued_prefill_tokens
+        key = (cost, load.queued_prefill_tokens, load.in_flight, load.cached_blocks, load.worker_id)
         if best is None or key < best:
             best = key
     if best is None:
         return None
-    return Choice(best[3], matches.get(best[3], 0), best[0])
+    return Choice(best[4], matches.get(best[4], 0), best[0])
 
 
 def choose_decode(candidates: Sequence[DecodeLoad], num_tokens: int) -> Choice | None:
@@ -110,6 +128,9 @@ class RoutingPolicy(Protocol):
 class PrefixAwarePolicy:
     name = "prefix"
 
+    def __init__(self, balance_threshold_tokens: int = DEFAULT_BALANCE_THRESHOLD_TOKENS) -> None:
+        self.balance_threshold_tokens = balance_threshold_tokens
+
     def pick_prefill(
         self,
         candidates: Sequence[PrefillLoad],
@@ -117,7 +138,9 @@ class PrefixAwarePolicy:
         num_prompt_tokens: int,
         block_size: int,
     ) -> Choice | None:
-        return choose_prefill(candidates, matches, num_prompt_tokens, block_size)
+        return choose_prefill(
+            candidates, matches, num_prompt_tokens, block_size, self.balance_threshold_tokens
+        )
 
     def pick_decode(self, candidates: Sequence[DecodeLoad], num_tokens: int) -> Choice | None:
         return choose_decode(candidates, num_tokens)
@@ -154,9 +177,9 @@ class RoundRobinPolicy:
         return Choice(chosen.worker_id, 0, chosen.num_free_blocks)
 
 
-def make_policy(name: str) -> RoutingPolicy:
+def make_policy(name: str, balance_threshold_tokens: int = DEFAULT_BALANCE_THRESHOLD_TOKENS) -> RoutingPolicy:
     if name == "prefix":
-        return PrefixAwarePolicy()
+        return PrefixAwarePolicy(balance_threshold_tokens)
     if name == "round_robin":
         return RoundRobinPolicy()
     raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {name!r}")

@@ -28,16 +28,29 @@ def test_prefill_cost_counts_uncached_plus_queued_tokens() -> None:
 
 def test_cache_hit_beats_an_idle_worker_when_it_saves_more_than_the_queue() -> None:
     loads = [PrefillLoad("p0", 0, 0), PrefillLoad("p1", 200, 2)]
-    # 1000-token prompt: p1 holds 40 blocks (640 tokens): cost 360 + 200 = 560 < 1000
-    assert choose_prefill(loads, {"p1": 40}, 1000, BS) == Choice("p1", 40, 560)
+    # Load counted in full (threshold 0). 1000-token prompt: p1 holds 40 blocks (640 tokens):
+    # cost 360 + 200 = 560 < 1000
+    assert choose_prefill(loads, {"p1": 40}, 1000, BS, 0) == Choice("p1", 40, 560)
     # with only 10 blocks cached (160 tokens): p1 costs 840 + 200 = 1040 > 1000 -> the idle p0
-    assert choose_prefill(loads, {"p1": 10}, 1000, BS) == Choice("p0", 0, 1000)
+    assert choose_prefill(loads, {"p1": 10}, 1000, BS, 0) == Choice("p0", 0, 1000)
+
+
+def test_balanced_queues_route_by_cache_alone() -> None:
+    loads = [PrefillLoad("p0", 0, 0), PrefillLoad("p1", 200, 2)]
+    # Queues within the threshold: the worker holding the prefix wins (840 < 1000 new tokens)...
+    assert choose_prefill(loads, {"p1": 10}, 1000, BS, balance_threshold_tokens=256) == Choice("p1", 10, 840)
+    # ...but a queue imbalance beyond it brings the load back into the cost.
+    assert choose_prefill(loads, {"p1": 10}, 1000, BS, balance_threshold_tokens=100).worker_id == "p0"
+    # Without any hit, the shorter queue wins a balanced tie.
+    assert choose_prefill(loads, {}, 1000, BS, balance_threshold_tokens=256).worker_id == "p0"
 
 
 def test_prefill_ties_go_to_fewest_in_flight_then_id() -> None:
     loads = [PrefillLoad("p2", 50, 3), PrefillLoad("p1", 50, 1), PrefillLoad("p0", 50, 1)]
-    assert choose_prefill(loads, {}, 100, BS) == Choice("p0", 0, 150)
-    assert choose_prefill([PrefillLoad("p2", 50, 3), PrefillLoad("p1", 50, 2)], {}, 100, BS).worker_id == "p1"
+    assert choose_prefill(loads, {}, 100, BS, 0) == Choice("p0", 0, 150)
+    assert (
+        choose_prefill([PrefillLoad("p2", 50, 3), PrefillLoad("p1", 50, 2)], {}, 100, BS, 0).worker_id == "p1"
+    )
 
 
 def test_no_prefill_candidate() -> None:
