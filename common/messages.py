@@ -14,60 +14,30 @@ The full protocol (who sends what, on which socket) is documented in `router/__i
 
 from __future__ import annotations
 
-import types
-import typing
-from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Annotated, Any, ClassVar, Union
+from typing import Annotated, ClassVar
 
 import msgpack
 
-_INT_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
-ROLES = ("prefill", "decode")
-FINISH_REASONS = ("stop", "length", "abort")
-EVENT_FIELDS = {"stored": {"kind", "hashes", "parent"}, "removed": {"kind", "hashes"}, "cleared": {"kind"}}
-
-
-class MessageError(ValueError):
-    """A message that cannot be encoded or decoded; the text names the offending field."""
-
-
-# Field constraints, attached with typing.Annotated and checked on construction. On a list, _min applies
-# to each element while _non_empty is about the list itself.
-def _min(low: int) -> Callable[[str, Any], None]:
-    def check(name: str, value: Any) -> None:
-        if (
-            isinstance(value, list)
-            and value
-            and min(value) < low
-            or not isinstance(value, list)
-            and value < low
-        ):
-            raise MessageError(f"{name} must be >= {low}")
-
-    return check
-
-
-def _non_empty(name: str, value: Any) -> None:
-    if not value:
-        raise MessageError(f"{name} must not be empty")
-
-
-def _one_of(*choices: str) -> Callable[[str, Any], None]:
-    def check(name: str, value: Any) -> None:
-        if value is not None and value not in choices:
-            raise MessageError(f"{name} must be one of {choices}, got {value!r}")
-
-    return check
-
-
-Id = Annotated[str, _non_empty]
-Count = Annotated[int, _min(0)]
-Positive = Annotated[int, _min(1)]
-Hash = Annotated[int, _min(0)]  # uint64: the upper bound is msgpack's own
-Hashes = Annotated[list[int], _min(0)]
-TokenIds = Annotated[list[int], _min(0)]
-Prompt = Annotated[list[int], _min(0), _non_empty]
+from common.wire_fields import (  # noqa: F401 - ROLES etc. are re-exported
+    EVENT_FIELDS,
+    FINISH_REASONS,
+    ROLES,
+    Count,
+    Hash,
+    Hashes,
+    Id,
+    MessageError,
+    Positive,
+    Prompt,
+    TokenIds,
+    at_least,
+    check_event,
+    check_logprobs,
+    field_checkers,
+    non_empty,
+    one_of,
+)
 
 
 class Message:
@@ -76,7 +46,7 @@ class Message:
     TYPE: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        for name, check in _checkers(type(self)):
+        for name, check in field_checkers(type(self)):
             object.__setattr__(self, name, check(getattr(self, name), name))
         self.validate()
 
@@ -90,7 +60,7 @@ class WorkerRegister(Message):
 
     TYPE: ClassVar[str] = "worker_register"
     worker_id: Id
-    role: Annotated[str, _one_of(*ROLES)]
+    role: Annotated[str, one_of(*ROLES)]
     host: str
     pid: Count
     command_addr: Id
@@ -141,7 +111,7 @@ class DecodeRequest(Message):
     first_token_id: Count
     sampling: dict
     kv_endpoint: dict
-    src_block_ids: Annotated[list[int], _min(0)]
+    src_block_ids: Annotated[list[int], at_least(0)]
     prefill_worker_id: Id
     deadline: float | None
 
@@ -160,18 +130,18 @@ class TokenOutput(Message):
     worker_id: Id
     index: Count
     token_ids: TokenIds
-    finish_reason: Annotated[str | None, _one_of(*FINISH_REASONS)]
+    finish_reason: Annotated[str | None, one_of(*FINISH_REASONS)]
     num_prompt_tokens: Count
     cached_tokens: Count
     logprobs: list | None = None
     kv_transfer_bytes: Count = 0
-    kv_transfer_seconds: Annotated[float, _min(0)] = 0.0
+    kv_transfer_seconds: Annotated[float, at_least(0)] = 0.0
 
     def validate(self) -> None:
         if not self.token_ids and self.finish_reason is None:
             raise MessageError("token_ids must not be empty unless finish_reason is set")
         if self.logprobs is not None:
-            _check_logprobs(self.logprobs, len(self.token_ids))
+            check_logprobs(self.logprobs, len(self.token_ids))
 
 
 @dataclass
@@ -212,7 +182,7 @@ class KVEventBatch(Message):
 
     def validate(self) -> None:
         for i, event in enumerate(self.events):
-            _check_event(event, f"events[{i}]")
+            check_event(event, f"events[{i}]")
 
 
 @dataclass
@@ -289,98 +259,3 @@ def decode(data: bytes) -> Message:
         raise
     except TypeError as e:  # a required field is missing
         raise MessageError(f"{cls.TYPE}: {e}") from None
-
-
-# ---- field checking -------------------------------------------------------------------------------
-
-Checker = Callable[[Any, str], Any]  # (value, field name) -> value, floats widened; or MessageError
-_CHECKERS: dict[type, list[tuple[str, Checker]]] = {}
-
-
-def _checkers(cls: type) -> list[tuple[str, Checker]]:
-    """Per message class, one compiled checker per field (built once: messages are on the hot path)."""
-    if cls not in _CHECKERS:
-        hints = typing.get_type_hints(cls, include_extras=True)
-        _CHECKERS[cls] = [(f.name, _compile(hints[f.name])) for f in fields(cls)]
-    return _CHECKERS[cls]
-
-
-_SCALARS: dict[type, Callable[[Any], bool]] = {
-    # exact types: bool is not an int here, and numpy scalars must be converted (.tolist()) by the sender
-    int: lambda v: type(v) is int and _INT_MIN <= v <= _UINT64_MAX,
-    float: lambda v: type(v) in (int, float),
-    str: lambda v: type(v) is str,
-    bool: lambda v: type(v) is bool,
-    dict: lambda v: type(v) is dict and all(type(k) is str for k in v),
-    list: lambda v: type(v) is list,
-}
-
-
-def _compile(tp: Any) -> Checker:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Annotated:
-        return _annotated(_compile(args[0]), args[1:])
-    if origin in (Union, types.UnionType):  # always `X | None` in this module
-        inner = _compile(args[0])
-        return lambda value, name: None if value is None else inner(value, name)
-    if origin is list and args == (int,):
-        return _int_list
-    if origin is list:
-        element = _compile(args[0])
-        return lambda value, name: [element(v, name) for v in _scalar(list, value, name)]
-    return lambda value, name: _scalar(origin or tp, value, name)
-
-
-def _annotated(inner: Checker, constraints: tuple) -> Checker:
-    def check(value: Any, name: str) -> Any:
-        value = inner(value, name)
-        for constraint in constraints:
-            constraint(name, value)
-        return value
-
-    return check
-
-
-def _scalar(tp: type, value: Any, name: str) -> Any:
-    if not _SCALARS[tp](value):
-        raise MessageError(f"{name} must be a {tp.__name__}, got {type(value).__name__}")
-    return float(value) if tp is float else value
-
-
-def _int_list(value: Any, name: str) -> list[int]:
-    """Token ids and hashes: long lists, so the element checks run in C (map/set/min/max)."""
-    if type(value) is not list or not set(map(type, value)) <= {int}:
-        raise MessageError(f"{name} must be a list of ints")
-    if value and (min(value) < _INT_MIN or max(value) > _UINT64_MAX):
-        raise MessageError(f"{name} holds an int msgpack cannot carry")
-    return value
-
-
-_check_hashes, _check_parent = _compile(Hashes), _compile(Hash | None)
-_check_int, _check_float, _check_list = _compile(int), _compile(float), _compile(list)
-
-
-def _check_event(event: dict, name: str) -> None:
-    kind = event.get("kind")
-    if kind not in EVENT_FIELDS:
-        raise MessageError(f"{name}.kind must be one of {tuple(EVENT_FIELDS)}, got {kind!r}")
-    if set(event) != EVENT_FIELDS[kind]:
-        raise MessageError(f"{name} ({kind}) must have exactly the fields {sorted(EVENT_FIELDS[kind])}")
-    if kind != "cleared":
-        _check_hashes(event["hashes"], f"{name}.hashes")
-    if kind == "stored":
-        _check_parent(event["parent"], f"{name}.parent")
-
-
-def _check_logprobs(entries: list, num_tokens: int) -> None:
-    if len(entries) != num_tokens:
-        raise MessageError(f"logprobs must have one entry per token ({num_tokens}), got {len(entries)}")
-    for entry in entries:
-        if not isinstance(entry, dict) or set(entry) != {"logprob", "top"}:
-            raise MessageError('logprobs entries must be {"logprob": float, "top": [[id, logprob], ...]}')
-        _check_float(entry["logprob"], "logprobs.logprob")
-        for pair in _check_list(entry["top"], "logprobs.top"):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise MessageError("logprobs.top entries must be [token_id, logprob] pairs")
-            _check_int(pair[0], "logprobs.top.token_id")
-            _check_float(pair[1], "logprobs.top.logprob")
