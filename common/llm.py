@@ -34,6 +34,10 @@ class LLM:
         self.engine = LLMEngine.from_config(self.config)
         self.tokenizer = load_tokenizer(model)
 
+    def close(self) -> None:
+        """Release the engine's worker processes (tensor parallelism); the LLM is unusable afterwards."""
+        self.engine.close()
+
     def generate(
         self,
         prompts: list[str | list[int]] | str,

@@ -63,6 +63,10 @@ class LLMEngine:
         self.async_scheduling = (
             runner.platform.is_cuda if config.async_scheduling is None else config.async_scheduling
         )
+        if config.tensor_parallel_size > 1 and self.async_scheduling:
+            # Run-ahead feeds device-side tokens that only rank 0 (the sampler) holds.
+            logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
+            self.async_scheduling = False
         self._in_flight: run_ahead.InFlightStep | None = None
         self._pending_free: list[Sequence] = []
 
@@ -170,6 +174,10 @@ class LLMEngine:
         else:
             tm.prefill_forward += t2 - t1
             tm.prefill_steps += 1
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (idempotent; also runs at exit/GC)."""
+        self.runner.close()
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.block_manager.drain_events()

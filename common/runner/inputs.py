@@ -20,12 +20,58 @@ class StepInputs:
     sample_seq_index: list[int]  # index into the batch of each sampled row
 
 
+@dataclass
+class StepPlan:
+    """A step's flat inputs as host lists: what rank 0 broadcasts to the other tensor-parallel ranks.
+
+    Plain ints pickle small and fast; every rank turns the plan into device tensors itself.
+    """
+
+    is_decode: bool
+    input_ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    starts: list[int]  # query_start_loc
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    sample_rows: list[int]
+    sample_seq_index: list[int]
+    max_seq_len: int
+
+    def to_inputs(self, device: torch.device) -> StepInputs:
+        pin = device.type == "cuda"
+        starts = self.starts
+        meta = AttentionMetadata(
+            is_decode=self.is_decode,
+            slot_mapping=_to(self.slots, torch.int64, device, pin),
+            query_start_loc=_to(starts, torch.int32, device, pin),
+            seq_lens=_to(self.seq_lens, torch.int32, device, pin),
+            block_tables=_to(self.block_tables, torch.int32, device, pin),
+            max_query_len=max(b - a for a, b in zip(starts, starts[1:], strict=False)),
+            max_seq_len=self.max_seq_len,
+            query_start_loc_host=starts,
+            seq_lens_host=self.seq_lens,
+        )
+        return StepInputs(
+            input_ids=_to(self.input_ids, torch.int64, device, pin),
+            positions=_to(self.positions, torch.int64, device, pin),
+            meta=meta,
+            sample_rows=_to(self.sample_rows, torch.int64, device, pin),
+            sample_seq_index=self.sample_seq_index,
+        )
+
+
 def prepare_step(
     seqs: list[Sequence], block_size: int, device: torch.device, is_decode: bool, decode_len_bound: int = 0
 ) -> StepInputs:
-    """Flat inputs for one step. For decode steps `max_seq_len` is `decode_len_bound` when given, so the
-    attention kernels split the context exactly as the CUDA graphs (captured with that bound) do and
-    eager and graph decode compute bit-identical results."""
+    """Flat inputs for one step (see `plan_step`), on `device`."""
+    return plan_step(seqs, block_size, is_decode, decode_len_bound).to_inputs(device)
+
+
+def plan_step(seqs: list[Sequence], block_size: int, is_decode: bool, decode_len_bound: int = 0) -> StepPlan:
+    """Host-side flat inputs for one step. For decode steps `max_seq_len` is `decode_len_bound` when
+    given, so the attention kernels split the context exactly as the CUDA graphs (captured with that
+    bound) do and eager and graph decode compute bit-identical results."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -42,24 +88,9 @@ def prepare_step(
             sample_seq.append(i)
     width = max(len(s.block_table) for s in seqs)
     tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
-    pin = device.type == "cuda"
-    meta = AttentionMetadata(
-        is_decode=is_decode,
-        slot_mapping=_to(slots, torch.int64, device, pin),
-        query_start_loc=_to(starts, torch.int32, device, pin),
-        seq_lens=_to(seq_lens, torch.int32, device, pin),
-        block_tables=_to(tables, torch.int32, device, pin),
-        max_query_len=max(b - a for a, b in zip(starts, starts[1:], strict=False)),
-        max_seq_len=max(decode_len_bound, max(seq_lens)) if is_decode else max(seq_lens),
-        query_start_loc_host=starts,
-        seq_lens_host=seq_lens,
-    )
-    return StepInputs(
-        input_ids=_to(input_ids, torch.int64, device, pin),
-        positions=_to(positions, torch.int64, device, pin),
-        meta=meta,
-        sample_rows=_to(sample_rows, torch.int64, device, pin),
-        sample_seq_index=sample_seq,
+    max_seq_len = max(decode_len_bound, max(seq_lens)) if is_decode else max(seq_lens)
+    return StepPlan(
+        is_decode, input_ids, positions, slots, starts, seq_lens, tables, sample_rows, sample_seq, max_seq_len
     )
 
 

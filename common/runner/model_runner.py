@@ -15,10 +15,11 @@ from common.layers.attention import Attention
 from common.loader import load_weights
 from common.model_config import ModelConfig
 from common.models import build_model
-from common.parallel import tp_size
+from common.parallel import use_group
 from common.runner.cuda_graph import DecodeGraphs
-from common.runner.inputs import prepare_sampling, prepare_step
+from common.runner.inputs import StepInputs, plan_step, prepare_sampling, prepare_step
 from common.runner.sampler import Sampler
+from common.runner.tp_group import TPGroup, start_group
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 
@@ -34,12 +35,23 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    """Runs forward passes for scheduled batches. Construct with `ModelRunner.load(...)`."""
+    """Runs forward passes for scheduled batches. Construct with `ModelRunner.load(...)`.
+
+    With `tensor_parallel_size > 1` this is rank 0 of a `TPGroup` (`self.tp`): it starts the other
+    ranks, broadcasts each step's inputs to them and alone samples. Those steps run eager (no CUDA
+    graphs). `close()` stops the other ranks.
+    """
 
     def __init__(
-        self, config: EngineConfig, model_config: ModelConfig, platform: DevicePlatform, max_model_len: int
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        platform: DevicePlatform,
+        max_model_len: int,
+        tp: TPGroup | None = None,
     ) -> None:
         self.config = config
+        self.tp = tp
         self.max_model_len = max_model_len
         self.model_config = model_config
         self.platform = platform
@@ -60,14 +72,33 @@ class ModelRunner:
     def load(
         cls, config: EngineConfig, model_config: ModelConfig, platform: DevicePlatform, max_model_len: int
     ) -> ModelRunner:
-        runner = cls(config, model_config, platform, max_model_len)
-        runner.load_model()
-        runner.allocate_kv_cache()
-        if platform.is_cuda:
-            runner.warmup()
-            if not config.enforce_eager:
-                runner.capture_graphs()
+        tp = (
+            start_group(config, model_config, max_model_len, platform)
+            if config.tensor_parallel_size > 1
+            else None
+        )
+        runner = cls(config, model_config, platform, max_model_len, tp)
+        try:
+            runner.load_model()
+            runner.allocate_kv_cache()
+            if platform.is_cuda:
+                runner.warmup()
+                if not config.enforce_eager and tp is None:  # graphs would have to capture the collectives
+                    runner.capture_graphs()
+        except BaseException:
+            if tp is not None:  # the workers may wait in a start-up collective: no stop message
+                tp.abort()
+            raise
         return runner
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (idempotent; a no-op for a single rank)."""
+        if self.tp is not None:
+            self.tp.close()
+
+    @property
+    def _group(self):
+        return self.tp.group if self.tp is not None else None
 
     def warmup(self) -> None:
         """Run a small two-sequence prefill so kernel compilation happens at start, not mid-request.
@@ -103,7 +134,7 @@ class ModelRunner:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
-            with torch.device(self.device):
+            with torch.device(self.device), use_group(self._group):  # layers take their shard's shapes
                 self.model = build_model(self.model_config)
         finally:
             torch.set_default_dtype(default_dtype)
@@ -114,7 +145,7 @@ class ModelRunner:
     @property
     def kv_bytes_per_block(self) -> int:
         cfg = self.model_config
-        kv_heads = cfg.num_key_value_heads // tp_size()
+        kv_heads = cfg.num_key_value_heads // self.config.tensor_parallel_size
         elem = torch.empty(0, dtype=self.dtype).element_size()
         return 2 * cfg.num_hidden_layers * self.block_size * kv_heads * cfg.head_dim * elem
 
@@ -146,12 +177,14 @@ class ModelRunner:
     def allocate_kv_cache(self) -> None:
         cfg = self.model_config
         num_blocks = self.num_blocks_for_memory()
+        if self.tp is not None:  # block ids must mean the same slots on every rank
+            num_blocks = self.tp.agree_num_blocks(num_blocks)
         shape = (
             2,
             cfg.num_hidden_layers,
             num_blocks,
             self.block_size,
-            cfg.num_key_value_heads // tp_size(),
+            cfg.num_key_value_heads // self.config.tensor_parallel_size,
             cfg.head_dim,
         )
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
@@ -210,19 +243,39 @@ class ModelRunner:
     def _run_eager(
         self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None
     ) -> tuple[torch.Tensor | None, list[int]]:
-        inputs = prepare_step(seqs, self.block_size, self.device, is_decode, self.max_model_len)
+        if self.tp is None:
+            inputs = prepare_step(seqs, self.block_size, self.device, is_decode, self.max_model_len)
+        else:  # the plan is plain host lists: cheap to pickle, and each rank builds its own tensors
+            plan = plan_step(seqs, self.block_size, is_decode, self.max_model_len)
+            self.tp.broadcast(plan)
+            inputs = plan.to_inputs(self.device)
         input_ids = inputs.input_ids
         if src_rows is not None:  # run-ahead decode: one token per sequence, row i is sequence i
             src = torch.tensor(src_rows, dtype=torch.int64, device=self.device)
             input_ids = torch.where(src >= 0, self._prev_tokens[src.clamp(min=0)], input_ids)
+        if self.tp is None:
+            return self._forward(inputs, input_ids)
+        with self.tp.guard():
+            return self._forward(inputs, input_ids)
+
+    def _forward(self, inputs: StepInputs, input_ids: torch.Tensor) -> tuple[torch.Tensor | None, list[int]]:
+        """The model on this rank's shard; every rank of a group runs it for every step (collectives)."""
         set_forward_context(ForwardContext(self.backend, inputs.meta))
         try:
-            hidden = self.model(input_ids, inputs.positions)
+            with use_group(self._group):
+                hidden = self.model(input_ids, inputs.positions)
+                if not inputs.sample_seq_index:
+                    return None, []
+                return self.model.compute_logits(hidden[inputs.sample_rows]), inputs.sample_seq_index
         finally:
             set_forward_context(None)
-        if not inputs.sample_seq_index:
-            return None, []
-        return self.model.compute_logits(hidden[inputs.sample_rows]), inputs.sample_seq_index
+
+    @torch.inference_mode()
+    def serve_steps(self) -> None:
+        """Ranks > 0: run each step rank 0 broadcasts, until it broadcasts None (stop)."""
+        while (plan := self.tp.broadcast()) is not None:
+            inputs = plan.to_inputs(self.device)
+            self._forward(inputs, inputs.input_ids)
 
 
 @dataclass
