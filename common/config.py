@@ -38,6 +38,9 @@ class EngineConfig:
     role: Role = "mixed"
     seed: int = 0
     async_scheduling: bool | None = None  # run-ahead decode steps; None = on for CUDA, off on the CPU
+    speculative: str | None = None  # "ngram": prompt-lookup speculative decoding (off by default)
+    num_speculative_tokens: int = 4
+    speculative_max_batch: int = 16  # speculation is off while more sequences than this are running
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -60,6 +63,10 @@ class EngineConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("role", self.role, ROLES)
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"speculative must be None or 'ngram', got {self.speculative!r}")
+        _positive_int("num_speculative_tokens", self.num_speculative_tokens)
+        _positive_int("speculative_max_batch", self.speculative_max_batch)
         if self.async_scheduling not in (None, True, False):
             raise ValueError(f"async_scheduling must be a bool or None, got {self.async_scheduling!r}")
         if not isinstance(self.seed, int):

@@ -16,6 +16,7 @@ from common.runner.model_runner import ModelRunner
 from common.sampling_params import SamplingParams
 from common.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from common.sequence import Sequence
+from common.speculative import NgramProposer, SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,11 @@ class LLMEngine:
         if config.tensor_parallel_size > 1 and self.async_scheduling:
             # Run-ahead feeds device-side tokens that only rank 0 (the sampler) holds.
             logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
+            self.async_scheduling = False
+        if config.speculative == "ngram":
+            spec = SpeculativeConfig(config.num_speculative_tokens, max_batch=config.speculative_max_batch)
+            self.scheduler.proposer = NgramProposer(spec, self.max_model_len)
+            # Proposals are read from the host-side tokens, which run-ahead leaves as placeholders.
             self.async_scheduling = False
         self._in_flight: run_ahead.InFlightStep | None = None
         self._pending_free: list[Sequence] = []
@@ -140,7 +146,7 @@ class LLMEngine:
             for seq, lp in zip(batch.seqs, out.logprobs, strict=True):
                 if lp is not None:
                     seq.logprobs.append(lp)
-            updates += self.scheduler.postprocess(batch, out.token_ids)
+            updates += self.scheduler.postprocess(batch, out.token_ids, out.all_samples)
             self._free_pending()
         result.updates = updates
         self._account(batch.is_decode, t0, t1, t2, time.perf_counter())

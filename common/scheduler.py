@@ -21,6 +21,7 @@ from itertools import count
 
 from common.block_manager import BlockManager
 from common.sequence import FinishReason, Sequence, SequenceStatus
+from common.speculative import SpecStats, accept_drafts, drop_drafts
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,12 @@ class ScheduledBatch:
     preempted: list[Sequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative proposals verified this step (counted in decode tokens)
 
     @property
     def is_decode(self) -> bool:
         """Every sequence computes exactly its last token (the CUDA-graph-friendly case)."""
-        return bool(self.seqs) and self.num_prefill_tokens == 0
+        return bool(self.seqs) and self.num_prefill_tokens == 0 and self.num_draft_tokens == 0
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -69,6 +71,8 @@ class Scheduler:
         self.transferring: dict[int, Sequence] = {}
         self.handed_off: dict[int, Sequence] = {}
         self._admit_counter = count()
+        self.proposer = None  # speculative decoding: an object with propose(seq) -> draft tokens
+        self.spec_stats = SpecStats()
 
     # ---- intake --------------------------------------------------------------------------------
     def validate(self, seq: Sequence) -> None:
@@ -115,6 +119,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            self._add_drafts(seq, budget)
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.grow(seq, seq.num_cached_tokens + n):
                 victim = self.running[-1]
@@ -144,16 +149,30 @@ class Scheduler:
             self._put(batch, seq, n)
             budget -= n
 
+    def _add_drafts(self, seq: Sequence, budget: int) -> None:
+        """Append speculative proposals to a decoding sequence (verified in this step's forward)."""
+        if self.proposer is None or seq.num_uncomputed_tokens != 1 or seq.num_completion_tokens == 0:
+            return
+        if len(self.running) > self.proposer.config.max_batch or budget < 2:
+            return
+        drafts = self.proposer.propose(seq)[: budget - 1]
+        seq.token_ids.extend(drafts)
+        seq.num_draft_tokens = len(drafts)
+
     @staticmethod
     def _put(batch: ScheduledBatch, seq: Sequence, n: int) -> None:
         seq.num_scheduled_tokens = n
         batch.seqs.append(seq)
-        if n == 1 and seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0:
+        if seq.num_draft_tokens:
+            batch.num_decode_tokens += n
+            batch.num_draft_tokens += seq.num_draft_tokens
+        elif n == 1 and seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0:
             batch.num_decode_tokens += 1
         else:
             batch.num_prefill_tokens += n
 
     def _preempt(self, seq: Sequence) -> None:
+        drop_drafts(seq)
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.reset_for_recompute()
@@ -161,11 +180,21 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # ---- after the model ran -------------------------------------------------------------------
-    def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[SeqUpdate]:
-        """Advance cache counters and append sampled tokens (None: mid-prompt chunk, no sample)."""
+    def postprocess(
+        self,
+        batch: ScheduledBatch,
+        sampled: list[int | None],
+        all_samples: dict[int, list[int]] | None = None,
+    ) -> list[SeqUpdate]:  # noqa: E501
+        """Advance cache counters and append sampled tokens (None: mid-prompt chunk, no sample).
+
+        `all_samples[i]`: every sampled position of batch entry i when it verified drafts."""
         updates = []
-        for seq, token in zip(batch.seqs, sampled, strict=True):
+        for i, (seq, token) in enumerate(zip(batch.seqs, sampled, strict=True)):
             if seq.status != SequenceStatus.RUNNING:  # finished while the step ran
+                continue
+            if seq.num_draft_tokens:
+                updates += self._verify(seq, (all_samples or {}).get(i, [token]))
                 continue
             seq.num_cached_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
@@ -174,6 +203,22 @@ class Scheduler:
                 continue
             seq.append_token(token)
             updates.append(self._after_token(seq, token))
+        return updates
+
+    def _verify(self, seq: Sequence, samples: list[int]) -> list[SeqUpdate]:
+        """Keep the drafts the target's samples confirm, plus one sampled token (see common.speculative)."""
+        base, new_tokens = accept_drafts(seq, samples, self.spec_stats)
+        self.block_manager.commit(seq)
+        updates = []
+        for j, token in enumerate(new_tokens):
+            reason = self.stop_reason(seq, token, length=base + j + 1)
+            if reason is None:
+                updates.append(SeqUpdate(seq, token, finished=False))
+                continue
+            del seq.token_ids[base + j + 1 :]  # never emit past a stop inside an accepted run
+            self.finish(seq, reason)
+            updates.append(SeqUpdate(seq, token, finished=True))
+            break
         return updates
 
     def _after_token(self, seq: Sequence, token: int) -> SeqUpdate:

@@ -59,6 +59,7 @@ class Sequence:
         self.admit_order = -1
         self.num_preemptions = 0
         self.num_pending_tokens = 0  # trailing placeholders whose values are still on the device
+        self.num_draft_tokens = 0  # trailing speculative proposals being verified this step
         self.logprobs: list[dict] = []
 
     def __len__(self) -> int:

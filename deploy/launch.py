@@ -2,7 +2,7 @@
 
     python -m deploy.launch [--model PATH] --prefill N --decode M [--host H] [--port P]
         [--backend ray|local] [--kv-transport auto|ipc|nccl|tcp] [--routing prefix|round_robin]
-        [--gpus-per-worker F] [--log-dir DIR] [engine flags]
+        [--gpus-per-worker F] [--log-dir DIR] [--api-key KEY] [--protect-status] [engine flags]
 
 Order: resolve the model (the default model when --model is absent) -> router subprocess (waits for
 its ready file, which names the inbox) -> workers through the backend -> wait until /health is 200
@@ -34,6 +34,7 @@ from pathlib import Path
 from common.engine_args import add_engine_args, engine_argv, engine_overrides
 from deploy.base import WorkerBackend, WorkerHandle, WorkerSpec
 from deploy.local_backend import signal_group, spawn, stop_processes
+from router.config import API_KEY_ENV
 
 log = logging.getLogger("deploy.launch")
 BACKENDS = ("ray", "local")
@@ -57,6 +58,8 @@ class LaunchPlan:
     log_dir: str | None = None
     log_level: str = "info"
     startup_timeout_s: float = 600.0
+    api_key: str | None = field(default=None, repr=False)  # for the router; never logged
+    protect_status: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode"):
@@ -68,6 +71,10 @@ class LaunchPlan:
             raise ValueError(f"gpus_per_worker must be in (0, 1], got {self.gpus_per_worker}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.protect_status and not self.api_key:
+            raise ValueError(
+                "protect_status needs api_key: there is no key to protect the status routes with"
+            )
 
     @property
     def inbox_host(self) -> str:
@@ -166,13 +173,15 @@ class Cluster:
         ready_file = Path(self._tmp.name) / "router-ready.json"
         argv = [sys.executable, "-m", "router", "--model", p.model, "--host", p.host, "--port", str(p.port)]
         argv += ["--inbox-host", p.inbox_host, "--routing", p.routing, "--ready-file", str(ready_file)]
-        argv += ["--log-level", p.log_level]
+        argv += ["--log-level", p.log_level, *(["--protect-status"] if p.protect_status else [])]
         if "kvcache_block_size" in p.engine:
             argv += ["--block-size", str(p.engine["kvcache_block_size"])]
         log_path = str(Path(p.log_dir) / "router.log") if p.log_dir else None
         if p.log_dir:
             Path(p.log_dir).mkdir(parents=True, exist_ok=True)
-        self.router = spawn(argv, log_path=log_path)
+        # The key goes through the environment, not argv, which any user of the host can read (ps);
+        # "" (no key) also overrides a PDSERVE_API_KEY the launcher itself inherited.
+        self.router = spawn(argv, env={API_KEY_ENV: p.api_key or ""}, log_path=log_path)
         while not ready_file.exists():
             self._check_alive(deadline, "router ready file")
             time.sleep(0.05)
@@ -185,8 +194,10 @@ class Cluster:
 
     def healthy(self) -> bool:
         """/health is 200 and lists every worker started as live (200 alone means one of each role)."""
+        auth = {"Authorization": f"Bearer {self.plan.api_key}"} if self.plan.api_key else {}
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+            request = urllib.request.Request(f"{self.url}/health", headers=auth)
+            with urllib.request.urlopen(request, timeout=2) as resp:
                 report = json.loads(resp.read())
         except (OSError, ValueError):  # URLError / HTTPError (503 while workers join) / refused / garbage
             return False
@@ -242,6 +253,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
     p.add_argument("--log-dir", default=None, help="write router and worker logs here (default: stdout)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    _add_auth_args(p)
     add_engine_args(p)
     args = p.parse_args(argv)
     from common.default_model import resolve_model
@@ -263,9 +275,23 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
             log_dir=args.log_dir,
             log_level=args.log_level,
             startup_timeout_s=args.startup_timeout,
+            api_key=args.api_key,
+            protect_status=args.protect_status,
         )
     except ValueError as e:
         p.error(str(e))
+
+
+def _add_auth_args(p: argparse.ArgumentParser) -> None:
+    # The key reaches the router through its environment, never its argv (see Cluster._start_router).
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"router requires 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})",
+    )
+    p.add_argument(
+        "--protect-status", action="store_true", help="router also requires the key on /health etc."
+    )
 
 
 def _catch_stop_signals(stop: threading.Event) -> None:

@@ -1,4 +1,8 @@
-"""`python -m router --model PATH [--host H] [--port P] [--inbox-host H] [--inbox-port P] ...`"""
+"""`python -m router --model PATH [--host H] [--port P] [--inbox-host H] [--inbox-port P] ...`
+
+`--api-key KEY` (or $PDSERVE_API_KEY) turns on Bearer-key auth; `--protect-status` extends it to every
+route (see router/auth.py).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,11 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-from router.config import RouterConfig
+from router.config import API_KEY_ENV, RouterConfig
 from router.policy import ROUTING_POLICIES
 
 
@@ -37,6 +42,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="beyond this, answer 413")
     p.add_argument("--ready-file", default=None, help='write {"http": url, "inbox": addr} here when ready')
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_auth_args(p)
     args = p.parse_args(argv)
     try:
         config = RouterConfig(
@@ -54,10 +60,27 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
             max_running_requests=args.max_running_requests,
             max_body_bytes=args.max_body_bytes,
             ready_file=args.ready_file,
+            api_key=args.api_key,
+            protect_status=args.protect_status,
         )
     except ValueError as e:
         p.error(str(e))
     return config, args.log_level
+
+
+def _add_auth_args(p: argparse.ArgumentParser) -> None:
+    # The environment variable is the safer way to give the key: a command line is visible to every
+    # user of the host (ps). An empty variable means "no key", as an unset one does.
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}; unset: no auth)",
+    )
+    p.add_argument(
+        "--protect-status",
+        action="store_true",
+        help="also require the key on /health, /metrics, /debug/* and every other route",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """The router's HTTP API (FastAPI): OpenAI-compatible generation, health, metrics, debug views.
 
-Answers, by case: 400 invalid request (OpenAI error JSON, naming the field), 404 unknown model or
-route, 413 body too large, 429 too many requests in progress, 503 no usable workers, 504 request
-timeout. A streamed request that fails after the first byte ends with an error event and [DONE].
+Answers, by case: 400 invalid request (OpenAI error JSON, naming the field), 401 missing or wrong API
+key (with --api-key), 404 unknown model or route, 413 body too large, 415 body not JSON, 429 too many
+requests in progress, 503 no usable workers, 504 request timeout. A streamed request that fails after
+the first byte ends with an error event and [DONE].
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from router.body_limit import BodySizeLimit
-from router.errors import APIError, install_error_handlers
+from router.auth import APIKeyAuth
+from router.body_limit import BodyGuard
+from router.errors import APIError, install_error_handlers, shorten
 from router.fanout import run_sequences
 from router.openai_responses import DONE, ChatFormatter, CompletionFormatter, sse
 from router.protocol import (
@@ -25,6 +27,7 @@ from router.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    ErrorResponse,
     ModelCard,
     ModelList,
     new_id,
@@ -38,6 +41,20 @@ if TYPE_CHECKING:
     from router.server import Router
 
 DISCONNECT_POLL_SECONDS = 0.5
+# Documented in the OpenAPI schema so that clients (and the schema fuzz test) know the error shape.
+ERROR_RESPONSES = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
+        (400, "Invalid request (the field at fault is in error.param)"),
+        (401, "Missing or wrong API key (with --api-key)"),
+        (404, "Unknown model"),
+        (413, "Request body too large"),
+        (415, "Request body is not JSON"),
+        (429, "Too many requests in progress"),
+        (503, "No live prefill and decode workers"),
+        (504, "Request timed out"),
+    )
+}
 CLIENT_CLOSED_REQUEST = 499
 
 
@@ -86,7 +103,12 @@ def create_app(router: Router) -> FastAPI:
             await router.stop()
 
     app = FastAPI(title="pdserve router", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(BodySizeLimit, max_bytes=router.config.max_body_bytes)
+    app.add_middleware(BodyGuard, max_bytes=router.config.max_body_bytes)
+    if router.config.api_key is not None:
+        # Added last, so outermost: a request without the key is refused before its body is read.
+        app.add_middleware(
+            APIKeyAuth, api_key=router.config.api_key, protect_status=router.config.protect_status
+        )
     install_error_handlers(app)
     _add_generation_routes(app, router)
     _add_status_routes(app, router)
@@ -94,13 +116,13 @@ def create_app(router: Router) -> FastAPI:
 
 
 def _add_generation_routes(app: FastAPI, router: Router) -> None:
-    @app.post("/v1/completions", responses={200: {"model": CompletionResponse}})
+    @app.post("/v1/completions", responses={200: {"model": CompletionResponse}, **ERROR_RESPONSES})
     async def completions(request: Request, body: CompletionRequest):
         _check_model(router, body.model)
         plan = router.builder.completion(body, router.registry.max_model_len())
         return await _serve(router, request, plan, new_id("cmpl"), CompletionFormatter)
 
-    @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse}})
+    @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES})
     async def chat_completions(request: Request, body: ChatCompletionRequest):
         _check_model(router, body.model)
         plan = router.builder.chat(body, router.registry.max_model_len())
@@ -136,7 +158,8 @@ def _add_status_routes(app: FastAPI, router: Router) -> None:
 
 def _check_model(router: Router, model: str | None) -> None:
     if not router.config.accepts_model(model):
-        raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        message = f"The model `{shorten(model or '')}` does not exist."
+        raise APIError(404, message, param="model", code="model_not_found")
 
 
 async def _serve(router: Router, request: Request, plan: GenerationPlan, request_id: str, formatter_cls):

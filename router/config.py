@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.policy import ROUTING_POLICIES
+
+API_KEY_ENV = "PDSERVE_API_KEY"  # where `python -m router` and `deploy.launch` read the default key
 
 
 @dataclass(frozen=True)
@@ -16,7 +18,8 @@ class RouterConfig:
     ready file. `inbox_host` is both where the inbox binds and the address workers are told to push
     to, so on a multi-host cluster it must be this node's cluster-facing IP, not 0.0.0.0.
     `request_timeout` bounds one request end to end (None: no limit). `block_size=None` adopts the
-    first accepted worker's block size.
+    first accepted worker's block size. `api_key` (None: no auth) is required as a Bearer token on
+    /v1/*, and on every route with `protect_status` (see router/auth.py).
     """
 
     model: str
@@ -35,6 +38,8 @@ class RouterConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     max_retries: int = 1
     ready_file: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # repr=False: a logged config never shows it
+    protect_status: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -60,6 +65,21 @@ class RouterConfig:
             raise ValueError(f"max_retries must be a non-negative int, got {self.max_retries!r}")
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ValueError(f"block_size must be a positive int or None, got {self.block_size!r}")
+        self._check_auth()
+
+    def _check_auth(self) -> None:
+        # The key travels in an HTTP header: printable ASCII without spaces is what every client can send.
+        key = self.api_key
+        if key is not None and (
+            not isinstance(key, str) or not key or not all(33 <= ord(c) < 127 for c in key)
+        ):
+            raise ValueError("api_key must be a non-empty string of printable ASCII without spaces (or None)")
+        if not isinstance(self.protect_status, bool):
+            raise ValueError(f"protect_status must be a bool, got {self.protect_status!r}")
+        if self.protect_status and key is None:
+            raise ValueError(
+                "protect_status needs api_key: there is no key to protect the status routes with"
+            )
 
     @property
     def model_name(self) -> str:

@@ -17,9 +17,11 @@ log = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
+    401: "invalid_request_error",  # what OpenAI sends for a bad key (code "invalid_api_key")
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     503: "service_unavailable",
@@ -30,12 +32,20 @@ _TYPE_BY_STATUS = {
 class APIError(Exception):
     """An error answer for the client. `param` names the request field at fault, if any."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
     @property
     def error_type(self) -> str:
@@ -54,7 +64,12 @@ class APIError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def shorten(value: str, limit: int = 80) -> str:
+    """A client's value, cut for an error message: echoing a megabyte back doubles the traffic it cost."""
+    return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
@@ -78,6 +93,8 @@ def from_validation_error(error: RequestValidationError) -> APIError:
     if first.get("type") == "json_invalid":
         return bad_request(f"request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}")
     if first.get("type") == "missing":
+        if param is None:  # the whole body is absent (the JSON guard normally answers this first)
+            return bad_request("request body is required (a JSON object)")
         return APIError(400, f"{param} is required", param=param, code="missing_required_parameter")
     message = f"{param}: {msg}" if param else f"request body: {msg}"
     return bad_request(message, param=param)

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "abort"]
+
+# Every integer a worker receives travels through msgpack, which stops at 64 bits: a larger one would
+# fail at dispatch (a 500, or worse, in the worker) instead of here (a 400 naming the field).
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# One HTTP request fans out into prompts x n sequences; without a bound, a few MB of
+# `"prompt": [[1], [1], ...]` with n=128 would make the router build millions of them.
+MAX_SEQUENCES_PER_REQUEST = 4096
 
 
 class _Strict(BaseModel):
@@ -29,20 +36,20 @@ class _GenerationRequest(_Strict):
     """Fields shared by both endpoints (vLLM extensions included: top_k, min_p, ignore_eos, ...)."""
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
-    n: int = 1
+    n: Int64 = 1
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    stop_token_ids: list[Int64] | None = None
+    seed: Int64 | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Int64 = 0
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -51,7 +58,7 @@ class _GenerationRequest(_Strict):
 
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
+    logprobs: Int64 | None = None
     echo: bool = False
     suffix: str | None = None
 
@@ -71,6 +78,17 @@ class CompletionRequest(_GenerationRequest):
             "prompt must be a string, a non-empty list of strings, a list of token ids or a list of "
             "non-empty token-id lists"
         )
+
+    @field_validator("prompt")
+    @classmethod
+    def _bounded_fanout(cls, value: Any, info: ValidationInfo) -> Any:
+        num_prompts = 1 if isinstance(value, str) or _is_token(value[0]) else len(value)
+        n = info.data.get("n", 1)  # validated before prompt (declared first); absent if it was invalid
+        if num_prompts > 1 and num_prompts * max(n, 1) > MAX_SEQUENCES_PER_REQUEST:
+            raise ValueError(
+                f"{num_prompts} prompts x n={n} is more than {MAX_SEQUENCES_PER_REQUEST} sequences"
+            )
+        return value
 
 
 class TextPart(_Strict):
@@ -103,9 +121,9 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     add_generation_prompt: bool = True
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -116,6 +134,19 @@ def _is_token(value: Any) -> bool:
 
 
 # ---- responses --------------------------------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx answer (router/errors.py), as OpenAI sends it."""
+
+    error: ErrorDetail
 
 
 def new_id(prefix: str) -> str:

@@ -83,9 +83,10 @@ def plan_step(seqs: list[Sequence], block_size: int, is_decode: bool, decode_len
         slots.extend(_slots(seq.block_table, block_size, start, end))
         starts.append(starts[-1] + end - start)
         seq_lens.append(end)
-        if end == len(seq):
-            sample_rows.append(starts[-1] - 1)
-            sample_seq.append(i)
+        if end == len(seq):  # a verified draft of d tokens samples its last d + 1 positions
+            first = starts[-1] - 1 - seq.num_draft_tokens
+            sample_rows.extend(range(first, starts[-1]))
+            sample_seq.extend([i] * (seq.num_draft_tokens + 1))
     width = max(len(s.block_table) for s in seqs)
     tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
     max_seq_len = max(decode_len_bound, max(seq_lens)) if is_decode else max(seq_lens)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,6 +32,8 @@ class RunnerOutput:
 
     token_ids: list[int | None]
     logprobs: list[dict | None]
+    # Sequences that sampled several positions (speculative verification): batch index -> samples.
+    all_samples: dict[int, list[int]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -297,8 +299,11 @@ class StepHandle:
             return RunnerOutput(tokens, logprobs)
         if self.host.ready is not None:
             self.host.ready.synchronize()
+        samples: dict[int, list[int]] = {}
         for row, (i, tok) in enumerate(zip(self.sample_index, self.host.tokens.tolist(), strict=True)):
+            if tokens[i] is not None:
+                samples.setdefault(i, [tokens[i]]).append(tok)
             tokens[i] = tok
             if self.logprobs is not None:
                 logprobs[i] = self.logprobs[row]
-        return RunnerOutput(tokens, logprobs)
+        return RunnerOutput(tokens, logprobs, samples)

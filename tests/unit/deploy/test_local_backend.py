@@ -142,7 +142,10 @@ def test_worker_specs_forward_engine_flags_and_gpu_shares() -> None:
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.2"  # 0.6 shared three ways
     assert specs[1].num_gpus == pytest.approx(1 / 3) and specs[1].env == {"CUDA_VISIBLE_DEVICES": "0"}
     cpu = worker_specs(plan, "tcp://127.0.0.1:5000", num_gpus=0)
-    assert cpu[0].num_gpus == 0 and cpu[0].env == {}
+    # On the CPU the three workers split the cores (unless OMP_NUM_THREADS is set by the user).
+    threads = os.environ.get("OMP_NUM_THREADS")
+    expected_env = {} if threads else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 3))}
+    assert cpu[0].num_gpus == 0 and cpu[0].env == expected_env
     assert cpu[0].argv[cpu[0].argv.index("--gpu-memory-utilization") + 1] == "0.6"  # as given
     ray = worker_specs(LaunchPlan("/m", backend="ray"), "tcp://10.0.0.1:5000", num_gpus=0)
     assert ray[0].argv[ray[0].argv.index("--host") + 1] == "auto"  # each node finds its own address

@@ -1,0 +1,128 @@
+"""Speculative decoding with n-gram prompt lookup: propose, verify in one target pass, roll back.
+
+Proposal: the last n generated-or-prompt tokens (n from `max_n` down to `min_n`) are looked up in
+the sequence's earlier tokens; what followed the most recent match is proposed, up to k tokens.
+
+Verification is exact by construction. The proposer is a point mass q = 1{x = d_i}, so the rule
+"accept d_i with probability min(1, p(d_i)/q(d_i)) = p(d_i), else sample from norm(max(0, p - q))"
+is the same as: sample x_i ~ p (with the request's own sampling parameters) and accept while
+x_i == d_i; the first x_i that differs is the correction, and if all k are accepted x_k is the
+bonus token. Greedy is the special case where sampling is an argmax. Every position is sampled by
+the normal sampler, so temperature / top-k / top-p / min-p apply unchanged.
+
+Requests whose sampling reads the tokens before each position (penalties, min_tokens, logprobs)
+are not speculated (their per-row state would not include the draft). Rollback needs no block
+surgery: `num_cached_tokens` is set to the accepted length, rejected positions' KV is overwritten
+before it is ever read, and prefix-cache hashes only cover `num_cached_tokens`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    num_tokens: int = 4  # k: proposals per step
+    max_n: int = 3  # longest n-gram matched
+    min_n: int = 1
+    max_batch: int = 16  # above this many running sequences, speculation is off (decode is compute-rich)
+
+    def __post_init__(self) -> None:
+        for name in ("num_tokens", "max_n", "min_n", "max_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"speculative {name} must be a positive int, got {value!r}")
+        if self.min_n > self.max_n:
+            raise ValueError(f"speculative min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
+
+
+def ngram_propose(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the longest suffix n-gram."""
+    length = len(tokens)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        pattern = tokens[length - n :]
+        # Scan backwards for the most recent match that is not the suffix itself.
+        for start in range(length - n - 1, -1, -1):
+            if tokens[start : start + n] == pattern:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def can_speculate(seq: Sequence) -> bool:
+    p = seq.sampling_params
+    penalties = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+    return not penalties and p.logprobs is None and p.min_tokens == 0 and seq.num_pending_tokens == 0
+
+
+class NgramProposer:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+
+    def propose(self, seq: Sequence) -> list[int]:
+        """Draft tokens for a decoding sequence, capped so the verified run never passes max_tokens
+        or max_model_len (the accepted drafts plus one sampled token must fit)."""
+        if not can_speculate(seq):
+            return []
+        room = min(
+            self.config.num_tokens,
+            seq.sampling_params.max_tokens - seq.num_completion_tokens - 1,
+            self.max_model_len - len(seq) - 1,
+        )
+        if room <= 0:
+            return []
+        return ngram_propose(seq.token_ids, room, self.config.max_n, self.config.min_n)
+
+
+@dataclass
+class SpecStats:
+    """Proposals made and accepted, and target steps that verified drafts."""
+
+    proposed: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens a sequence gains per verifying target step (accepted drafts + 1)."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+
+def drop_drafts(seq: Sequence) -> None:
+    """Forget unverified proposals (the sequence is being preempted)."""
+    if seq.num_draft_tokens:
+        del seq.token_ids[len(seq) - seq.num_draft_tokens :]
+        seq.num_draft_tokens = 0
+
+
+def accept_drafts(seq: Sequence, samples: list[int], stats: SpecStats) -> tuple[int, list[int]]:
+    """Roll `seq` back to its confirmed drafts plus one sampled token; returns (length before the
+    drafts, the new tokens in order). The accepted drafts' KV is valid, the rejected positions' is
+    overwritten before it is read, so only `num_cached_tokens` moves."""
+    base = len(seq) - seq.num_draft_tokens
+    drafts = seq.token_ids[base:]
+    accepted = accepted_length(drafts, samples)
+    del seq.token_ids[base + accepted :]
+    seq.num_draft_tokens = 0
+    seq.num_scheduled_tokens = 0
+    seq.num_cached_tokens = base + accepted
+    seq.append_token(samples[accepted])
+    stats.proposed += len(drafts)
+    stats.accepted += accepted
+    stats.verify_steps += 1
+    return base, drafts[:accepted] + [samples[accepted]]
+
+
+def accepted_length(drafts: list[int], samples: list[int]) -> int:
+    """How many leading drafts the target's samples confirm (samples has len(drafts) + 1 entries)."""
+    a = 0
+    while a < len(drafts) and samples[a] == drafts[a]:
+        a += 1
+    return a
