@@ -47,6 +47,10 @@ class RequestBuilder:
             raise bad_request("echo is not supported", param="echo")
         if req.suffix:
             raise bad_request("suffix is not supported", param="suffix")
+        if isinstance(req.prompt, str):
+            self._check_text_length(len(req.prompt), max_model_len)
+        elif req.prompt and all(isinstance(p, str) for p in req.prompt):
+            self._check_text_length(max(len(p) for p in req.prompt), max_model_len)
         prompts = self._completion_prompts(req.prompt)
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
             raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
@@ -62,6 +66,7 @@ class RequestBuilder:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise bad_request(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
+        self._check_text_length(sum(len(m.text()) for m in req.messages), max_model_len, "messages")
         prompt = self._chat_prompt(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
@@ -70,6 +75,18 @@ class RequestBuilder:
             )
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         return self._plan(req, [prompt], max_tokens, logprobs, max_model_len)
+
+    def _check_text_length(self, chars: int, max_model_len: int | None, param: str = "prompt") -> None:
+        """Refuse text that cannot fit the context window before tokenizing it: tokenizing holds the
+        GIL on the event loop, and a multi-megabyte prompt would stall every other request."""
+        if max_model_len is not None and chars > max_model_len * self.tokenizer.max_token_chars:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens; the {param} text "
+                f"({chars} characters) is longer than any {max_model_len} tokens can be.",
+                param=param,
+                code="context_length_exceeded",
+            )
 
     def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
         # "developer" is OpenAI's newer name for "system"; open-model templates only know "system".

@@ -11,6 +11,7 @@ adding special tokens again, as transformers does.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,6 +75,12 @@ class ModelTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound on the characters one token covers (vocabulary strings are byte-level or
+        character-level, so their length bounds the text a token can stand for)."""
+        return max((len(t) for t in self.backend.get_vocab(with_added_tokens=True)), default=1)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids

@@ -220,7 +220,7 @@ PROMPTS = [
         CHAT,
         {"messages": [{"role": "user", "content": "y" * 1_000_000}]},
         400,
-        "prompt",
+        "messages",  # refused before tokenizing (the text cannot fit the window)
     ),
     Case("1M-char model name", CMPL, {"prompt": "x", "model": "m" * 1_000_000}, 404, "model"),
 ]
