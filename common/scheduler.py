@@ -185,7 +185,7 @@ class Scheduler:
         batch: ScheduledBatch,
         sampled: list[int | None],
         all_samples: dict[int, list[int]] | None = None,
-    ) -> list[SeqUpdate]:  # noqa: E501
+    ) -> list[SeqUpdate]:
         """Advance cache counters and append sampled tokens (None: mid-prompt chunk, no sample).
 
         `all_samples[i]`: every sampled position of batch entry i when it verified drafts."""
