@@ -5,7 +5,11 @@ then read TokenOutputs (reordered by index) until a finish, a stop string, max_t
 cancellation (client gone). Whenever the router, not the worker, ends the sequence, both workers get an
 Abort so their blocks are freed. A retryable failure before any token was produced is re-dispatched
 to other workers (at most `max_retries` times) under a fresh wire request id, so stray messages from
-the failed attempt can never mix into the new one.
+the failed attempt can never mix into the new one. After tokens were produced, only a request whose
+tokens a retry reproduces (greedy, or seeded) is retried: the retry regenerates from the prompt, the
+tokens already produced are checked equal and dropped, and the client's stream just continues; any
+other request (or a retry that diverges) ends with a 503 `worker_failed` (a final SSE error event).
+Workers get the deadline a little later than the router's own timer, so the client sees the 504.
 """
 
 from __future__ import annotations
@@ -28,11 +32,24 @@ from router.load_tracker import Assignment
 from router.policy import Choice, RoutingPolicy
 from router.prefix_index import PrefixIndex
 from router.router_metrics import RouterMetrics
-from router.token_stream import SequenceOutput, SequenceUpdate, TokenReorderBuffer
+from router.token_stream import (
+    ReplayMismatch,
+    SequenceOutput,
+    SequenceUpdate,
+    TokenReorderBuffer,
+    trim_replayed,
+)
 from router.tokenizer import ModelTokenizer
 from router.worker_registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
+# Workers get the deadline this much later than the router's own, so the router's timer fires first and
+# the client always sees a 504 (and the workers an Abort); the workers' own expiry is only a backstop for
+# an Abort that never arrives (router restarted, message lost).
+WORKER_DEADLINE_GRACE_S = 2.0
+# A 503 here means "the cluster cannot take this right now" (workers down, full or failing): a client
+# that backs off briefly will usually succeed, so say so, as for a 429.
+RETRY_AFTER = {"Retry-After": "1"}
 
 
 @dataclass
@@ -82,24 +99,23 @@ class RequestLifecycle:
     async def generate(self, seq: SequenceRequest) -> AsyncIterator[tuple[SequenceUpdate, SequenceOutput]]:
         """Yields each update with the sequence's accumulated output; the last update has finish_reason."""
         excluded: set[str] = set()
+        output = SequenceOutput(self._detokenizer(seq), seq.sampling)
         for attempt in range(self.config.max_retries + 1):
-            output = SequenceOutput(self._detokenizer(seq), seq.sampling)
+            seen = list(output.token_ids)  # what the client already has: a retry must reproduce it
             dispatch = await self._dispatch(seq, attempt, excluded)
             try:
-                async with contextlib.aclosing(self._collect(seq, dispatch, output)) as updates:
+                async with contextlib.aclosing(self._collect(seq, dispatch, output, seen)) as updates:
                     async for update in updates:
                         yield update, output
                 self._observe(seq, output)
                 return
             except _RetryElsewhere as retry:
-                if output.num_generated:
-                    raise APIError(
-                        503, f"worker failed mid-generation: {retry}", code="worker_failed"
-                    ) from None
+                if output.num_generated and not _replayable(seq.sampling):
+                    raise _worker_failed(str(retry)) from None
                 excluded.add(retry.worker_id)
                 self.metrics.retries.inc()
                 log.warning("retrying %s without %s: %s", seq.request_id, retry.worker_id, retry)
-        raise APIError(503, "no worker could run the request", code="no_workers")
+        raise APIError(503, "no worker could run the request", code="no_workers", headers=RETRY_AFTER)
 
     def _detokenizer(self, seq: SequenceRequest) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(
@@ -116,13 +132,15 @@ class RequestLifecycle:
         ]
         decode_loads = [w for w in self.registry.decode_loads() if w.worker_id not in excluded]
         if block_size is None or not prefill_loads or not decode_loads:
-            raise APIError(503, "no live prefill and decode workers", code="no_workers")
+            raise APIError(503, "no live prefill and decode workers", code="no_workers", headers=RETRY_AFTER)
         prompt = seq.prompt_token_ids
         matches = self.index.match(block_hashes(prompt, block_size))
         prefill = self.policy.pick_prefill(prefill_loads, matches, len(prompt), block_size)
         decode = self.policy.pick_decode(decode_loads, len(prompt) + seq.sampling.max_tokens)
         if prefill is None or decode is None:
-            raise APIError(503, "no decode worker can hold this request", code="no_capacity")
+            raise APIError(
+                503, "no decode worker can hold this request", code="no_capacity", headers=RETRY_AFTER
+            )
         return prefill, decode, block_size
 
     async def _dispatch(self, seq: SequenceRequest, attempt: int, excluded: set[str]) -> _Dispatch:
@@ -151,14 +169,14 @@ class RequestLifecycle:
     def _wall_deadline(self, seq: SequenceRequest) -> float | None:
         if self.config.request_timeout is None:
             return None
-        return time.time() + self._remaining(seq)
+        return time.time() + self._remaining(seq) + WORKER_DEADLINE_GRACE_S
 
     def _remaining(self, seq: SequenceRequest) -> float:
         assert self.config.request_timeout is not None
         return seq.arrival + self.config.request_timeout - self._clock()
 
     async def _collect(
-        self, seq: SequenceRequest, dispatch: _Dispatch, output: SequenceOutput
+        self, seq: SequenceRequest, dispatch: _Dispatch, output: SequenceOutput, seen: list[int]
     ) -> AsyncIterator[SequenceUpdate]:
         reorder = TokenReorderBuffer()
         ended_by_worker = False
@@ -169,8 +187,10 @@ class RequestLifecycle:
                     if msg.retryable:
                         raise _RetryElsewhere(msg.worker_id, msg.error)
                     raise APIError(500, f"worker {msg.worker_id} failed: {msg.error}", code="worker_failed")
-                for out in reorder.push(msg):
-                    update = self._apply(seq, dispatch, output, out)
+                if msg.finish_reason == "abort":  # a worker gives up on its own only past the deadline
+                    raise APIError(504, "request timed out", code="request_timeout")
+                for out in self._new_outputs(reorder.push(msg), dispatch, seen):
+                    update = self._apply(seq, output, out)
                     yield update
                     if update.finish_reason is not None:
                         ended_by_worker = update.finished_by_worker
@@ -181,6 +201,22 @@ class RequestLifecycle:
             if not ended_by_worker:
                 await self._abort(dispatch)
 
+    def _new_outputs(
+        self, ready: list[TokenOutput], dispatch: _Dispatch, seen: list[int]
+    ) -> list[TokenOutput]:
+        """In-order messages minus what a failed attempt already produced (`seen`, checked equal)."""
+        outs = []
+        for out in ready:
+            if out.index == 0:
+                self.registry.loads.prefill_finished(dispatch.wire_id)
+            try:
+                new = trim_replayed(out, seen)
+            except ReplayMismatch as e:
+                raise _worker_failed(f"the retry diverged: {e}") from None
+            if new is not None:
+                outs.append(new)
+        return outs
+
     async def _next_message(self, seq: SequenceRequest, dispatch: _Dispatch) -> TokenOutput | RequestFailed:
         if self.config.request_timeout is None:
             return await dispatch.queue.get()
@@ -189,9 +225,8 @@ class RequestLifecycle:
         except TimeoutError:
             raise APIError(504, "request timed out", code="request_timeout") from None
 
-    def _apply(self, seq: SequenceRequest, dispatch: _Dispatch, output: SequenceOutput, out: TokenOutput):
+    def _apply(self, seq: SequenceRequest, output: SequenceOutput, out: TokenOutput) -> SequenceUpdate:
         if out.index == 0:
-            self.registry.loads.prefill_finished(dispatch.wire_id)
             output.first_token_at = self._clock()
             self.metrics.ttft.observe(output.first_token_at - seq.arrival)
         return output.apply(out)
@@ -213,3 +248,12 @@ class RequestLifecycle:
         if output.kv_transfer_bytes:
             m.kv_transfer_bytes.inc(output.kv_transfer_bytes)
             m.kv_transfer_seconds.observe(output.kv_transfer_seconds)
+
+
+def _replayable(sampling: SamplingParams) -> bool:
+    """Whether a retry regenerates the same tokens: greedy, or seeded (each worker seeds afresh)."""
+    return sampling.temperature == 0 or sampling.seed is not None
+
+
+def _worker_failed(reason: str) -> APIError:
+    return APIError(503, f"worker failed mid-generation: {reason}", code="worker_failed", headers=RETRY_AFTER)

@@ -8,7 +8,7 @@ max_tokens, detokenizes (stop strings included) and decides when the sequence is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.messages import TokenOutput
 from common.sampling_params import SamplingParams
@@ -107,3 +107,31 @@ class SequenceOutput:
         self.finish_reason = finish
         by_worker = finish is not None and finish == out.finish_reason and delta.stop is None
         return SequenceUpdate(text, tokens, logprobs, finish, by_worker)
+
+
+class ReplayMismatch(Exception):
+    """A retry produced tokens other than those the failed attempt already gave the client."""
+
+
+def trim_replayed(out: TokenOutput, seen: list[int]) -> TokenOutput | None:
+    """The part of `out` past the first `len(seen)` tokens, which a failed attempt already produced.
+
+    A deterministic request retried after a worker died regenerates the same tokens; those the client
+    already has are checked and dropped, so the client's stream just continues. None: nothing new yet.
+    Raises ReplayMismatch if the retry diverged (or finished) within the tokens already seen.
+    """
+    if out.index >= len(seen):
+        return out
+    end = out.index + len(out.token_ids)
+    overlap = out.token_ids[: max(0, min(end, len(seen)) - out.index)]
+    if overlap != seen[out.index : out.index + len(overlap)]:
+        raise ReplayMismatch(f"token at index {out.index} differs from the failed attempt's")
+    if end < len(seen):
+        if out.finish_reason is not None:
+            raise ReplayMismatch(f"retry finished at index {end}, before the {len(seen)} tokens already sent")
+        return None
+    rest = out.token_ids[len(overlap) :]
+    if not rest and out.finish_reason is None:
+        return None
+    logprobs = out.logprobs[len(overlap) :] if out.logprobs is not None else None
+    return replace(out, index=len(seen), token_ids=rest, logprobs=logprobs, cached_tokens=0)
