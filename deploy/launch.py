@@ -34,6 +34,7 @@ from pathlib import Path
 from common.engine_args import add_engine_args, engine_argv, engine_overrides
 from deploy.base import WorkerBackend, WorkerHandle, WorkerSpec
 from deploy.local_backend import signal_group, spawn, stop_processes
+from deploy.passthrough import ROUTER_FLAGS, WORKER_FLAGS, add_passthrough_args, passthrough_argv
 from router.config import API_KEY_ENV
 
 log = logging.getLogger("deploy.launch")
@@ -60,6 +61,8 @@ class LaunchPlan:
     startup_timeout_s: float = 600.0
     api_key: str | None = field(default=None, repr=False)  # for the router; never logged
     protect_status: bool = False
+    router_argv: tuple[str, ...] = ()  # extra router flags (deploy.passthrough)
+    worker_argv: tuple[str, ...] = ()  # extra flags for every worker
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode"):
@@ -106,6 +109,7 @@ def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec
             engine["gpu_memory_utilization"] = round(base_util * share, 4)
         argv = ["--model", plan.model, "--router-addr", inbox, "--host", host, "--worker-id", worker_id]
         argv += ["--kv-transport", plan.kv_transport, "--log-level", plan.log_level, *engine_argv(engine)]
+        argv += list(plan.worker_argv)
         env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if plan.backend == "local" and gpu is not None else {}
         if num_gpus == 0:
             env.update(cpu_thread_env(len(roles)))
@@ -174,6 +178,7 @@ class Cluster:
         argv = [sys.executable, "-m", "router", "--model", p.model, "--host", p.host, "--port", str(p.port)]
         argv += ["--inbox-host", p.inbox_host, "--routing", p.routing, "--ready-file", str(ready_file)]
         argv += ["--log-level", p.log_level, *(["--protect-status"] if p.protect_status else [])]
+        argv += list(p.router_argv)
         if "kvcache_block_size" in p.engine:
             argv += ["--block-size", str(p.engine["kvcache_block_size"])]
         log_path = str(Path(p.log_dir) / "router.log") if p.log_dir else None
@@ -254,6 +259,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
     _add_auth_args(p)
+    add_passthrough_args(p)
     add_engine_args(p)
     args = p.parse_args(argv)
     from common.default_model import resolve_model
@@ -277,6 +283,8 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
             startup_timeout_s=args.startup_timeout,
             api_key=args.api_key,
             protect_status=args.protect_status,
+            router_argv=passthrough_argv(args, ROUTER_FLAGS),
+            worker_argv=passthrough_argv(args, WORKER_FLAGS),
         )
     except ValueError as e:
         p.error(str(e))

@@ -57,6 +57,9 @@ ERROR_RESPONSES = {
 }
 CLIENT_CLOSED_REQUEST = 499
 
+# Overload and missing workers are transient: tell clients (and the OpenAI SDK) when to come back.
+RETRY_AFTER = {"Retry-After": "1"}
+
 
 class ClientDisconnected(Exception):
     """The client of a non-streaming request went away before the answer was ready."""
@@ -165,10 +168,12 @@ def _check_model(router: Router, model: str | None) -> None:
 async def _serve(router: Router, request: Request, plan: GenerationPlan, request_id: str, formatter_cls):
     if router.registry.max_model_len() is None:
         router.metrics.requests.inc(status="rejected")
-        raise APIError(503, "no live prefill and decode workers", code="no_workers")
+        raise APIError(503, "no live prefill and decode workers", code="no_workers", headers=RETRY_AFTER)
     if router.running >= router.config.max_running_requests:
         router.metrics.requests.inc(status="rejected")
-        raise APIError(429, "too many requests in progress; retry later", code="too_many_requests")
+        raise APIError(
+            429, "too many requests in progress; retry later", code="too_many_requests", headers=RETRY_AFTER
+        )
     ticket = _Ticket(router)
     seqs = _sequences(request_id, plan)
     formatter = formatter_cls(request_id, router.config.model_name, now(), plan, router.tokenizer)

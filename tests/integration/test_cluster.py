@@ -125,8 +125,11 @@ def test_32_concurrent_requests_all_complete(cluster) -> None:
 def test_shared_prefix_goes_to_the_worker_holding_it(cluster, tokenizer) -> None:
     prefix = tokenizer.encode(LONG_PREFIX)
     assert len(prefix) >= 48  # at least three full blocks to reuse
+    counts0, blocks0 = _prefill_counts(cluster), _cached_blocks(cluster)
     complete(cluster, prefix + tokenizer.encode(" Question: when do you open?", False), max_tokens=2)
-    holder = _wait_for_holder(cluster, min_blocks=len(prefix) // 16)
+    counts1 = _prefill_counts(cluster)
+    holder = next(w for w in counts1 if counts1[w] > counts0.get(w, 0))  # the worker that prefilled it
+    _wait_for_blocks(cluster, holder, blocks0.get(holder, 0) + len(prefix) // 16)
     before = _prefill_counts(cluster)
     hits_before = _metric(cluster.metrics(), "pdserve_prefix_cache_hit_tokens_total")
     for q in ("Do you sell rye?", "Can I order thirty loaves today?", "Croissants on Monday?"):
@@ -144,15 +147,18 @@ def test_shared_prefix_goes_to_the_worker_holding_it(cluster, tokenizer) -> None
     assert all(spread[w] > after.get(w, 0) for w in ("prefill-0", "prefill-1")), spread
 
 
-def _wait_for_holder(cluster: LaunchedCluster, min_blocks: int, timeout: float = 15.0) -> str:
-    """The prefill worker whose cache (as the router's index sees it) holds the prefix."""
+def _cached_blocks(cluster: LaunchedCluster) -> dict[str, int]:
+    return {w["worker_id"]: w.get("cached_blocks", 0) for w in cluster.debug_index()["workers"]}
+
+
+def _wait_for_blocks(cluster: LaunchedCluster, worker: str, min_blocks: int, timeout: float = 15.0) -> None:
+    """Until the router's index (fed by cache events) shows `worker` holding at least `min_blocks`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for w in cluster.debug_index()["workers"]:
-            if w["role"] == "prefill" and w.get("cached_blocks", 0) >= min_blocks:
-                return w["worker_id"]
+        if _cached_blocks(cluster).get(worker, 0) >= min_blocks:
+            return
         time.sleep(0.1)
-    raise AssertionError(f"no prefill worker reported the prefix: {cluster.debug_index()}")
+    raise AssertionError(f"{worker} never reported the prefix: {cluster.debug_index()}")
 
 
 def _prefill_counts(cluster: LaunchedCluster) -> dict[str, float]:

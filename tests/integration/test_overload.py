@@ -50,7 +50,9 @@ async def one_request(client: httpx.AsyncClient, i: int) -> str:
 
 
 def _clear_error(r: httpx.Response) -> bool:
-    return r.status_code in CLEAR_ERRORS and "message" in r.json().get("error", {})
+    """An OpenAI error JSON with a clear status; overload answers also say when to retry."""
+    retry_ok = r.status_code not in (429, 503) or "retry-after" in r.headers
+    return r.status_code in CLEAR_ERRORS and "message" in r.json().get("error", {}) and retry_ok
 
 
 async def _streamed(client: httpx.AsyncClient, body: dict) -> str:

@@ -126,6 +126,7 @@ def test_valid_request_without_workers_is_503(model_dir, tokenizer) -> None:
             r = await client.post(path, json=body)
             assert r.status_code == 503
             assert r.json()["error"]["code"] == "no_workers"
+            assert r.headers["retry-after"] == "1"  # transient: clients are told when to retry
 
     _run(model_dir, tokenizer, check)
 

@@ -1,0 +1,22 @@
+"""Launcher flags handed on to the router and to every worker, and only when given."""
+
+from __future__ import annotations
+
+from common.default_model import prepare_default_model
+from deploy.launch import parse_args, worker_specs
+
+
+def test_given_flags_reach_router_and_workers():
+    model = str(prepare_default_model(progress=False))
+    plan = parse_args(
+        ["--model", model, "--request-timeout", "15", "--max-running-requests", "64", "--kv-lease-s", "2"]
+    )
+    assert plan.router_argv == ("--request-timeout", "15.0", "--max-running-requests", "64")
+    assert plan.worker_argv == ("--kv-lease-s", "2.0")
+    for spec in worker_specs(plan, "tcp://127.0.0.1:5000", num_gpus=0):
+        assert spec.argv[-2:] == ["--kv-lease-s", "2.0"]
+
+
+def test_absent_flags_leave_child_defaults_alone():
+    plan = parse_args(["--model", str(prepare_default_model(progress=False))])
+    assert plan.router_argv == () and plan.worker_argv == ()
