@@ -60,6 +60,8 @@ class Sequence:
         self.num_preemptions = 0
         self.num_pending_tokens = 0  # trailing placeholders whose values are still on the device
         self.num_draft_tokens = 0  # trailing speculative proposals being verified this step
+        self.spec_backoff = 0  # speculative decoding: current back-off after rejected proposals
+        self.spec_skip_steps = 0  # decode steps left before proposing again
         self.logprobs: list[dict] = []
 
     def __len__(self) -> int:

@@ -67,6 +67,9 @@ class NgramProposer:
         or max_model_len (the accepted drafts plus one sampled token must fit)."""
         if not can_speculate(seq):
             return []
+        if seq.spec_skip_steps > 0:  # backing off after proposals that were all rejected
+            seq.spec_skip_steps -= 1
+            return []
         room = min(
             self.config.num_tokens,
             seq.sampling_params.max_tokens - seq.num_completion_tokens - 1,
@@ -117,7 +120,19 @@ def accept_drafts(seq: Sequence, samples: list[int], stats: SpecStats) -> tuple[
     stats.proposed += len(drafts)
     stats.accepted += accepted
     stats.verify_steps += 1
+    _back_off(seq, accepted)
     return base, drafts[:accepted] + [samples[accepted]]
+
+
+def _back_off(seq: Sequence, accepted: int) -> None:
+    """A verification step costs more than a plain decode step, so after a fully rejected proposal a
+    sequence skips 1, 2, 4, ... 32 steps before proposing again (free text rarely repeats itself;
+    copying text keeps being accepted and never backs off)."""
+    if accepted:
+        seq.spec_backoff = 0
+        return
+    seq.spec_backoff = min(max(1, 2 * seq.spec_backoff), 32)
+    seq.spec_skip_steps = seq.spec_backoff
 
 
 def accepted_length(drafts: list[int], samples: list[int]) -> int:
