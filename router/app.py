@@ -199,7 +199,11 @@ def _sequences(request_id: str, plan: GenerationPlan) -> list[SequenceRequest]:
     n = plan.sampling.n
     return [
         SequenceRequest(
-            f"{request_id}-{p * n + i}", prompt, plan.sequence_params(i), plan.skip_special_tokens
+            f"{request_id}-{p * n + i}",
+            prompt,
+            plan.sequence_params(i),
+            plan.skip_special_tokens,
+            timeout=plan.timeout,
         )
         for p, prompt in enumerate(plan.prompts)
         for i in range(n)

@@ -54,6 +54,8 @@ class _GenerationRequest(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # pdserve extension: this request's end-to-end limit in seconds, within the router's own.
+    timeout: float | None = Field(default=None, gt=0, le=86400)
 
 
 class CompletionRequest(_GenerationRequest):

@@ -31,6 +31,7 @@ class GenerationPlan:
     stream: bool
     include_usage: bool
     skip_special_tokens: bool
+    timeout: float | None = None  # the request's own end-to-end limit (seconds), if it set one
 
     def sequence_params(self, sample_index: int) -> SamplingParams:
         """The sub-request's params: n=1 and, with a seed, seed + sample_index (distinct samples)."""
@@ -135,7 +136,9 @@ class RequestBuilder:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
-        return GenerationPlan(prompts, sampling, req.stream, include_usage, req.skip_special_tokens)
+        return GenerationPlan(
+            prompts, sampling, req.stream, include_usage, req.skip_special_tokens, req.timeout
+        )
 
     def _sampling(self, req: _GenerationRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
         given = {

@@ -59,6 +59,7 @@ class SequenceRequest:
     sampling: SamplingParams  # n == 1
     skip_special_tokens: bool = True
     arrival: float = field(default_factory=time.monotonic)
+    timeout: float | None = None  # the request's own limit; the router's --request-timeout also applies
 
 
 @dataclass(frozen=True)
@@ -166,14 +167,19 @@ class RequestLifecycle:
         self.metrics.decode_requests.inc(worker=decode.worker_id)
         return dispatch
 
+    def _limit(self, seq: SequenceRequest) -> float | None:
+        """The tighter of the router's --request-timeout and the request's own `timeout`."""
+        limits = [t for t in (self.config.request_timeout, seq.timeout) if t is not None]
+        return min(limits) if limits else None
+
     def _wall_deadline(self, seq: SequenceRequest) -> float | None:
-        if self.config.request_timeout is None:
+        if self._limit(seq) is None:
             return None
         return time.time() + self._remaining(seq) + WORKER_DEADLINE_GRACE_S
 
     def _remaining(self, seq: SequenceRequest) -> float:
-        assert self.config.request_timeout is not None
-        return seq.arrival + self.config.request_timeout - self._clock()
+        limit = self._limit(seq)
+        return float("inf") if limit is None else seq.arrival + limit - self._clock()
 
     async def _collect(
         self, seq: SequenceRequest, dispatch: _Dispatch, output: SequenceOutput, seen: list[int]
@@ -218,7 +224,7 @@ class RequestLifecycle:
         return outs
 
     async def _next_message(self, seq: SequenceRequest, dispatch: _Dispatch) -> TokenOutput | RequestFailed:
-        if self.config.request_timeout is None:
+        if self._limit(seq) is None:
             return await dispatch.queue.get()
         try:
             return await asyncio.wait_for(dispatch.queue.get(), timeout=max(self._remaining(seq), 0.0))

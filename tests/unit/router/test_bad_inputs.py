@@ -74,6 +74,7 @@ WRONG_TYPES = {
     "add_generation_prompt": 1,
     "tools": "x",
     "response_format": "text",
+    "timeout": "soon",
 }
 WRONG_TYPES_CMPL = WRONG_TYPES | {"prompt": 5, "logprobs": "1"}
 WRONG_TYPES_CHAT = WRONG_TYPES | {"messages": "hi", "logprobs": "yes", "top_logprobs": "2"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from common.messages import Abort, PrefillRequest, SnapshotRequest
 from tests.unit.router.fake_workers import Script
@@ -221,6 +222,18 @@ def test_timeout_is_504_and_aborts(model_dir, tokenizer) -> None:
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_timeout"
 
     _run(model_dir, tokenizer, _pd(tokenizer, prefill=Script(silent=True)), check, request_timeout=0.3)
+
+
+def test_per_request_timeout_tightens_the_routers(model_dir, tokenizer) -> None:
+    async def check(h):
+        t0 = time.monotonic()
+        r = await h.client.post("/v1/completions", json={"prompt": "x", "timeout": 0.3})
+        assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
+        assert time.monotonic() - t0 < 5  # well before the router's own 30 s limit
+        r = await h.client.post("/v1/completions", json={"prompt": "x", "timeout": 0})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "timeout"
+
+    _run(model_dir, tokenizer, _pd(tokenizer, prefill=Script(silent=True)), check, request_timeout=30)
 
 
 def test_chat_logprobs(model_dir, tokenizer) -> None:
