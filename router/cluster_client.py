@@ -137,6 +137,11 @@ class ClusterClient:
 
     async def _handle(self, msg: Message) -> None:
         if isinstance(msg, TokenOutput | RequestFailed):
+            if self.registry.get(msg.worker_id) is None:  # only registered workers speak for requests
+                log.warning(
+                    "dropping %s for %s from unknown worker %r", msg.TYPE, msg.request_id, msg.worker_id
+                )
+                return
             queue = self._streams.get(msg.request_id)
             if queue is not None:  # else: the request already ended (aborted); late tokens are dropped
                 queue.put_nowait(msg)

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 
 from common.hashing import block_hashes
-from common.messages import PrefillRequest, Shutdown, SnapshotRequest, encode, stored_event
+from common.messages import PrefillRequest, Shutdown, SnapshotRequest, TokenOutput, encode, stored_event
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router, wait_for
 
@@ -49,6 +49,20 @@ def test_garbage_on_the_inbox_is_ignored(model_dir, tokenizer) -> None:
         await p0._pub.send(b"not an event")
         r = await h.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+    _run(model_dir, tokenizer, specs, check)
+
+
+def test_outputs_from_unknown_workers_are_dropped(model_dir, tokenizer) -> None:
+    specs = [("p0", "prefill", Script(reply=[5, 2])), ("d0", "decode", Script(reply=[5, 2]))]
+
+    async def check(h):
+        queue = h.router.cluster.open_stream("req-x")
+        p0 = h.worker("p0")
+        await p0._push.send(encode(TokenOutput("req-x", "ghost", 0, [7], None, 1, 0)))  # not registered
+        await p0._push.send(encode(TokenOutput("req-x", "p0", 0, [8], None, 1, 0)))
+        first = await asyncio.wait_for(queue.get(), timeout=5)
+        assert first.worker_id == "p0" and first.token_ids == [8] and queue.empty()
 
     _run(model_dir, tokenizer, specs, check)
 
