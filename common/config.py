@@ -38,7 +38,8 @@ class EngineConfig:
     role: Role = "mixed"
     seed: int = 0
     async_scheduling: bool | None = None  # run-ahead decode steps; None = on for CUDA, off on the CPU
-    speculative: str | None = None  # "ngram": prompt-lookup speculative decoding (off by default)
+    speculative: str | None = None  # "ngram" (prompt lookup) or "draft" (draft_model); off by default
+    draft_model: str | None = None  # HF model dir of the draft model (same vocabulary) for "draft"
     num_speculative_tokens: int = 4
     speculative_max_batch: int = 16  # speculation is off while more sequences than this are running
 
@@ -63,8 +64,10 @@ class EngineConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _choice("role", self.role, ROLES)
-        if self.speculative not in (None, "ngram"):
-            raise ValueError(f"speculative must be None or 'ngram', got {self.speculative!r}")
+        if self.speculative not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative must be None, 'ngram' or 'draft', got {self.speculative!r}")
+        if (self.speculative == "draft") != bool(self.draft_model):
+            raise ValueError("draft_model must be given exactly when speculative is 'draft'")
         _positive_int("num_speculative_tokens", self.num_speculative_tokens)
         _positive_int("speculative_max_batch", self.speculative_max_batch)
         if self.async_scheduling not in (None, True, False):

@@ -16,7 +16,7 @@ from common.runner.model_runner import ModelRunner
 from common.sampling_params import SamplingParams
 from common.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from common.sequence import Sequence
-from common.speculative import NgramProposer, SpeculativeConfig
+from common.speculative import NgramProposer, Proposer, SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,13 @@ class StepResult:
 class LLMEngine:
     """Build with `LLMEngine.from_config(config)` (loads the model and allocates the KV cache)."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig, runner: ModelRunner) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        runner: ModelRunner,
+        proposer: Proposer | None = None,
+    ) -> None:
         self.config = config
         self.model_config = model_config
         self.runner = runner
@@ -68,9 +74,10 @@ class LLMEngine:
             # Run-ahead feeds device-side tokens that only rank 0 (the sampler) holds.
             logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
             self.async_scheduling = False
-        if config.speculative == "ngram":
-            spec = SpeculativeConfig(config.num_speculative_tokens, max_batch=config.speculative_max_batch)
-            self.scheduler.proposer = NgramProposer(spec, self.max_model_len)
+        if config.speculative == "ngram" and proposer is None:
+            proposer = NgramProposer(speculative_config(config), self.max_model_len)
+        if proposer is not None:
+            self.scheduler.proposer = proposer
             # Proposals are read from the host-side tokens, which run-ahead leaves as placeholders.
             self.async_scheduling = False
         self._in_flight: run_ahead.InFlightStep | None = None
@@ -82,7 +89,10 @@ class LLMEngine:
         max_model_len = resolve_max_model_len(config, model_config)
         platform = resolve_platform(config.device)
         runner = ModelRunner.load(config, model_config, platform, max_model_len)
-        return cls(config, model_config, runner)
+        proposer = None
+        if config.speculative == "draft":
+            proposer = build_draft_proposer(config, model_config, runner, max_model_len)
+        return cls(config, model_config, runner, proposer)
 
     # ---- requests ------------------------------------------------------------------------------
     def make_sequence(
@@ -187,6 +197,39 @@ class LLMEngine:
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.block_manager.drain_events()
+
+
+def speculative_config(config: EngineConfig) -> SpeculativeConfig:
+    return SpeculativeConfig(config.num_speculative_tokens, max_batch=config.speculative_max_batch)
+
+
+def build_draft_proposer(
+    config: EngineConfig, model_config: ModelConfig, runner: ModelRunner, max_model_len: int
+) -> Proposer:
+    """Load the draft model beside the target: same device, dtype and block size, eager (it runs a
+    handful of tokens per call), as many KV blocks as the target."""
+    from common.draft_proposer import DraftModelProposer
+
+    draft_config = ModelConfig.from_dir(config.draft_model)
+    if draft_config.vocab_size != model_config.vocab_size:
+        raise ValueError(
+            f"draft_model: vocabulary of {draft_config.vocab_size} tokens differs from the target's "
+            f"{model_config.vocab_size}"
+        )
+    limit = min(max_model_len, draft_config.max_position_embeddings)
+    engine = EngineConfig(
+        model=config.draft_model,
+        device=config.device,
+        dtype=config.dtype,
+        enforce_eager=True,
+        kvcache_block_size=config.kvcache_block_size,
+        num_kvcache_blocks=runner.num_kv_blocks,
+        max_model_len=limit,
+        attention_backend=config.attention_backend,
+        seed=config.seed,
+    )
+    draft_runner = ModelRunner.load(engine, draft_config, runner.platform, limit)
+    return DraftModelProposer(speculative_config(config), limit, draft_runner)
 
 
 def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:

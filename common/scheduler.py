@@ -173,6 +173,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         drop_drafts(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.reset_for_recompute()
@@ -256,6 +258,8 @@ class Scheduler:
             self.waiting.remove(seq)
         if free_blocks:
             self.block_manager.free(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 

@@ -57,10 +57,21 @@ def can_speculate(seq: Sequence) -> bool:
     return not penalties and p.logprobs is None and p.min_tokens == 0 and seq.num_pending_tokens == 0
 
 
-class NgramProposer:
+class Proposer:
+    """Proposes draft tokens for decoding sequences; subclasses implement `draft(seq, room)`.
+
+    Drafts must be a deterministic function of the sequence's tokens (a point-mass proposal), which
+    is what makes `accept_drafts` exact."""
+
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
+
+    def draft(self, seq: Sequence, room: int) -> list[int]:
+        raise NotImplementedError
+
+    def release(self, seq: Sequence) -> None:
+        """The sequence finished or was preempted: drop any per-sequence proposer state."""
 
     def propose(self, seq: Sequence) -> list[int]:
         """Draft tokens for a decoding sequence, capped so the verified run never passes max_tokens
@@ -77,6 +88,11 @@ class NgramProposer:
         )
         if room <= 0:
             return []
+        return self.draft(seq, room)
+
+
+class NgramProposer(Proposer):
+    def draft(self, seq: Sequence, room: int) -> list[int]:
         return ngram_propose(seq.token_ids, room, self.config.max_n, self.config.min_n)
 
 

@@ -127,3 +127,37 @@ def _binned_total_variation(a: Counter, b: Counter, n: int, min_count: int = 40)
     rest_b = n - sum(b[t] for t in common)
     diff = sum(abs(a[t] - b[t]) for t in common) + abs(rest_a - rest_b)
     return 0.5 * diff / n
+
+
+@pytest.mark.parametrize(("draft", "kv_blocks"), [("llama", 256), ("qwen2", 256), ("qwen2", 14)])
+def test_draft_model_proposals_keep_greedy_outputs(tiny_model_dirs, draft, kv_blocks):
+    """A draft model with the same vocabulary: the target's own weights (every draft accepted), another
+    model (mostly rejected), and a cache small enough to force preemption."""
+    prompts = _repetitive_prompts(5, seed=21)
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (20, 9, 31, 14, 25)]
+    plain = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=256)
+    expected = [o["token_ids"] for o in plain.generate(prompts, params, use_tqdm=False)]
+    spec = LLM(
+        tiny_model_dirs["llama"],
+        num_kvcache_blocks=kv_blocks,
+        speculative="draft",
+        draft_model=tiny_model_dirs[draft],
+        num_speculative_tokens=3,
+    )
+    assert [o["token_ids"] for o in spec.generate(prompts, params, use_tqdm=False)] == expected
+    stats = spec.engine.scheduler.spec_stats
+    assert stats.proposed > 0
+    if draft == "llama":
+        assert stats.accepted == stats.proposed and stats.tokens_per_step > 3
+    proposer = spec.engine.scheduler.proposer
+    assert proposer.mirrors == {} and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
+
+
+def test_draft_model_must_share_the_vocabulary(tiny_model_dirs, tmp_path):
+    from tests.helpers.tiny_models import write_tiny_model
+
+    other = write_tiny_model("llama", tmp_path / "big_vocab", vocab_size=640)
+    with pytest.raises(ValueError, match="draft_model"):
+        LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64, speculative="draft", draft_model=str(other))
+    with pytest.raises(ValueError, match="draft_model"):
+        LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64, speculative="draft")
