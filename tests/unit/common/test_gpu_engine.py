@@ -14,6 +14,7 @@ import torch
 
 from common import LLM, SamplingParams
 from common.random_model import write_random_model
+from tests.helpers.recording import record_logits
 
 pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -35,24 +36,12 @@ def _llm(model: str, **kw) -> LLM:
     return LLM(model, gpu_memory_utilization=0.35, max_model_len=4096, max_num_seqs=64, **kw)
 
 
-def _recorded_logits(llm: LLM) -> list[torch.Tensor]:
-    seen: list[torch.Tensor] = []
-    sample = llm.engine.runner.sampler.__call__
-
-    def recording(logits, batch):
-        seen.append(logits.float().clone())
-        return sample(logits, batch)
-
-    llm.engine.runner.sampler = recording
-    return seen
-
-
 def test_logits_match_transformers_bf16(qwen3_dir):
     import transformers
 
     prompt = _prompts(1, 200, 200)[0]
     llm = _llm(qwen3_dir)
-    seen = _recorded_logits(llm)
+    seen = record_logits(llm)
     out = llm.generate(
         [prompt], SamplingParams(temperature=0, max_tokens=17, ignore_eos=True), use_tqdm=False
     )
@@ -70,7 +59,7 @@ def test_logits_match_transformers_bf16(qwen3_dir):
 
 
 def _greedy_with_logits(llm: LLM, prompts) -> tuple[list[list[int]], list[torch.Tensor]]:
-    seen = _recorded_logits(llm)
+    seen = record_logits(llm)
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     return [o["token_ids"] for o in outs], seen
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
+from tests.helpers.recording import record_logits
 from tests.helpers.tiny_models import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -31,22 +32,9 @@ def _prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-def _recorded_logits(llm: LLM) -> list[torch.Tensor]:
-    """Logits of every sampling step, in order (the sampler runs on rank 0 only)."""
-    seen: list[torch.Tensor] = []
-    sample = llm.engine.runner.sampler.__call__
-
-    def recording(logits, batch):
-        seen.append(logits.float().clone())
-        return sample(logits, batch)
-
-    llm.engine.runner.sampler = recording
-    return seen
-
-
 def _greedy(llm: LLM, prompts) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy completions and the logits of each step."""
-    seen = _recorded_logits(llm)
+    seen = record_logits(llm)
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     return [o["token_ids"] for o in outs], seen
 
