@@ -19,8 +19,11 @@ def _worker_summary(w: WorkerInfo) -> dict:
 
 
 def health_report(registry: WorkerRegistry, healthy: bool) -> dict:
+    """`ok`; `degraded` when a registered worker is down but requests are still served (the HTTP
+    status is 503 either way, so a load balancer notices); `unavailable` when nothing can serve."""
+    serving = bool(registry.live("prefill")) and bool(registry.live("decode"))
     return {
-        "status": "ok" if healthy else "unavailable",
+        "status": "ok" if healthy else ("degraded" if serving else "unavailable"),
         "workers": [_worker_summary(w) for w in registry.workers()],
         "rejected_workers": [{"worker_id": k, "reason": v} for k, v in sorted(registry.rejected.items())],
     }

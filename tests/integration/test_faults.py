@@ -136,6 +136,8 @@ def assert_marked_down(cluster: ProcessCluster, worker_id: str, role: str) -> No
     assert health.status_code == 503
     states = {w["worker_id"]: w["state"] for w in health.json()["workers"]}
     assert states[worker_id] == "down", states
+    serving = live(cluster, "prefill") and live(cluster, "decode")
+    assert health.json()["status"] == ("degraded" if serving else "unavailable")
     assert metric(cluster.metrics(), "pdserve_worker_up", role=role, worker=worker_id) == 0.0
 
 
