@@ -36,10 +36,7 @@ class InFlightStep:
 
 
 def needs_host_tokens(seq: Sequence) -> bool:
-    """Sampling features that read token values on the host every step."""
-    p = seq.sampling_params
-    penalties = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-    return p.logprobs is not None or bool(penalties)
+    return seq.sampling_params.reads_token_history
 
 
 def start(seqs: list[Sequence], handle: StepHandle) -> InFlightStep:
@@ -61,14 +58,9 @@ def can_run_ahead(step: InFlightStep | None, scheduler: Scheduler) -> bool:
     for seq in scheduler.running:
         if seq.seq_id not in in_flight or seq.num_pending_tokens != 1 or needs_host_tokens(seq):
             return False
-        if _stops_by_length(seq, scheduler):
+        if scheduler.length_exhausted(seq, len(seq)):
             return False
     return True
-
-
-def _stops_by_length(seq: Sequence, scheduler: Scheduler) -> bool:
-    completion = len(seq) - seq.num_prompt_tokens
-    return completion >= seq.sampling_params.max_tokens or len(seq) >= scheduler.config.max_model_len
 
 
 def src_rows(step: InFlightStep, seqs: list[Sequence]) -> list[int]:

@@ -63,6 +63,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def reads_token_history(self) -> bool:
+        """Sampling reads the tokens generated so far on the host at every step (penalties, logprobs),
+        so run-ahead steps and speculative drafts cannot be used for this request."""
+        penalties = self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+        return self.logprobs is not None or bool(penalties)
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -245,9 +245,14 @@ class Scheduler:
         eos = not params.ignore_eos and token in self.config.eos_token_ids
         if eos and completion >= params.min_tokens:
             return FinishReason.STOP
-        if completion >= params.max_tokens or length >= self.config.max_model_len:
+        if self.length_exhausted(seq, length):
             return FinishReason.LENGTH
         return None
+
+    def length_exhausted(self, seq: Sequence, length: int) -> bool:
+        """The first `length` tokens of `seq` use up its max_tokens or the model's context."""
+        completion = length - seq.num_prompt_tokens
+        return completion >= seq.sampling_params.max_tokens or length >= self.config.max_model_len
 
     def finish(self, seq: Sequence, reason: FinishReason, free_blocks: bool = True) -> None:
         """Finish a sequence wherever it is. `free_blocks=False` leaves the blocks to the caller,

@@ -53,8 +53,7 @@ def ngram_propose(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int
 
 def can_speculate(seq: Sequence) -> bool:
     p = seq.sampling_params
-    penalties = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-    return not penalties and p.logprobs is None and p.min_tokens == 0 and seq.num_pending_tokens == 0
+    return not p.reads_token_history and p.min_tokens == 0 and seq.num_pending_tokens == 0
 
 
 class Proposer:

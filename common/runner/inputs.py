@@ -126,6 +126,7 @@ def prepare_sampling(
         top_p=_optional_column([p.top_p for p in params], 1.0, torch.float32, device),
         min_p=_optional_column([p.min_p for p in params], 0.0, torch.float32, device),
         all_greedy=all(t == 0 for t in temps),
+        any_greedy=any(t == 0 for t in temps),
         generators=[_generator(s, device) for s in seqs] if any(p.seed is not None for p in params) else [],
         num_logprobs=[p.logprobs for p in params] if any(p.logprobs is not None for p in params) else None,
     )

@@ -31,6 +31,7 @@ class SamplingBatch:
     seen_mask: torch.Tensor | None = None  # [B, V] token appears in prompt or output
     banned: list[list[int]] | None = None  # per row: ids that must not be sampled (min_tokens)
     num_logprobs: list[int | None] | None = None
+    any_greedy: bool = True  # some row has temperature 0 (host-known, so no device check is needed)
 
 
 @dataclass
@@ -51,13 +52,14 @@ class Sampler:
         return SamplerOutput(tokens, _logprobs(raw, tokens, batch.num_logprobs))
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)
+        # A mixed batch needs the argmax rows too; an all-sampling batch skips a full pass over the logits.
+        greedy = logits.argmax(dim=-1) if batch.any_greedy else None
         temps = batch.temperatures.clamp_min(1e-5).unsqueeze(1)
         logits = _filter(logits / temps, batch)
         probs = torch.softmax(logits, dim=-1)
         noise = _exponential_noise(probs, batch.generators)
         sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(batch.temperatures == 0, greedy, sampled)
+        return sampled if greedy is None else torch.where(batch.temperatures == 0, greedy, sampled)
 
 
 def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
