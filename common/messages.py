@@ -102,6 +102,21 @@ class PrefillRequest(Message):
 
 
 @dataclass
+class GenerateRequest(Message):
+    """Router -> decode or mixed worker command socket: prefill the prompt here, then decode it.
+
+    The worker computes the prompt itself (no KV transfer) and streams every completion token,
+    starting at index 0, exactly as a prefill worker and a decode worker would together. The router
+    sends it when it decides against disaggregating a request (`--disagg never|auto`)."""
+
+    TYPE: ClassVar[str] = "generate_request"
+    request_id: Id
+    prompt_token_ids: Prompt
+    sampling: dict
+    deadline: float | None
+
+
+@dataclass
 class DecodeRequest(Message):
     """Prefill worker -> decode worker command socket: continue a sequence whose KV is being sent."""
 

@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Annotated, Any, Union
 
 _INT_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
-ROLES = ("prefill", "decode")
+ROLES = ("prefill", "decode", "mixed")
 FINISH_REASONS = ("stop", "length", "abort")
 EVENT_FIELDS = {"stored": {"kind", "hashes", "parent"}, "removed": {"kind", "hashes"}, "cleared": {"kind"}}
 
