@@ -55,6 +55,11 @@ class KVReceivers:
             return str(e)
         return None
 
+    def flush(self) -> None:
+        """Start the fetches admitted since the last call (batched per sender where the transport can)."""
+        for receiver in self._receivers.values():
+            receiver.flush()
+
     def poll(self) -> list[TransferResult]:
         return [r for receiver in self._receivers.values() for r in receiver.poll()]
 

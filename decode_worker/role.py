@@ -107,6 +107,7 @@ class DecodeRole(WorkerRole):
         for result in self.receivers.poll():
             self._on_transfer(result)
         self._admit_pending()
+        self.receivers.flush()
 
     def on_step(self, result: StepResult) -> None:
         # One message per request per step. Positions are counted here rather than read off the

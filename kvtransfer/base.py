@@ -84,8 +84,11 @@ class KVSender(ABC):
         """How receivers reach this sender (valid after `start()`); send it in the notice."""
 
     @abstractmethod
-    def publish(self, request_id: str, src_block_ids: list[int], lease_s: float | None = None) -> None:
-        """Offer blocks for one request until acknowledged or `lease_s` (default: config) passes."""
+    def publish(self, request_id: str, src_block_ids: list[int], lease_s: float | None = None) -> Endpoint:
+        """Offer blocks for one request until acknowledged or `lease_s` (default: config) passes.
+
+        Returns the endpoint to put in this request's notice: `endpoint()` plus, for transports whose
+        receivers read the blocks without asking first (ipc), what binds the read to this publication."""
 
     @abstractmethod
     def cancel(self, request_id: str) -> bool:
@@ -136,6 +139,12 @@ class KVReceiver(ABC):
     @abstractmethod
     def poll(self) -> list[TransferResult]:
         """Transfers that finished (DONE or FAILED) since the last call (non-blocking)."""
+
+    def flush(self) -> None:
+        """Start every fetch queued since the last call, as few batched copies as the transport allows.
+
+        `poll()` flushes too; calling this right after admitting a burst of fetches just saves the wait
+        until the next poll. Never blocks."""
 
     @abstractmethod
     def status(self, request_id: str) -> TransferStatus | None:

@@ -24,6 +24,11 @@ class CopyStream:
             with torch.cuda.stream(self._stream):
                 yield
 
+    @property
+    def raw(self) -> torch.cuda.Stream | None:
+        """The CUDA stream itself (None on CPU), for event waits and records."""
+        return self._stream
+
     def synchronize(self) -> None:
         if self._stream is not None:
             self._stream.synchronize()

@@ -1,32 +1,42 @@
-"""ipc transport (same host, CUDA): the receiver copies the sender's blocks GPU-to-GPU itself.
+"""ipc transport (same host, CUDA): the receiver copies the sender's blocks GPU-to-GPU itself, in batches,
+without a per-request round trip.
 
 The sender exports its whole cache once through CUDA IPC (torch's own `reduce_tensor`, the mechanism
 torch.multiprocessing uses) and puts the handle in its endpoint; each receiver opens it once per sender
-and keeps the mapping. Per request only control messages cross ZMQ: fetch -> the sender checks the
-publication, waits for the engine's writes to those blocks and stretches the lease over the receiver's
-deadline -> `ready` -> the receiver gathers src blocks from the mapped cache and scatters them into its
-own on its copy stream, synchronizes, and acks. Nothing is read after the deadline has passed.
+and keeps the mapping. `publish()` waits until the engine's writes to the blocks are done (they are by
+then: the prefill engine has already read the sampled first token back) and returns a publication
+endpoint that binds the read to this request: its id, the sender's pid and the lease's end (Unix time).
 
-Caveat: `cancel()` cannot wait for a copy running in another process; it is meant for aborted requests,
-whose decode side is aborted too, so a copy racing with block reuse there is never used.
+The receiver needs nothing more from the sender. `fetch()` only queues; `flush()` (and `poll()`) issues
+ONE gather/scatter per sender for every queued fetch on the receiver's copy stream, behind the engine's
+pending work on the destination blocks, and records an event; `poll()` reports the batch DONE once the
+event has fired and posts one `done` message per sender (which releases the publications there). So a
+hand-off costs the engine thread two tensor launches per batch, and neither engine ever waits on the
+other. A copy that would start or end past the lease (minus a margin), or whose sender process is gone,
+fails instead: the sender may have reused the blocks, so the decode worker recomputes.
+
+`cancel()` cannot stop a copy running in another process; it is meant for aborted requests, whose decode
+side is aborted too, so a copy racing with block reuse there is never used.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from .base import Endpoint
+from .base import Endpoint, TransferResult, TransferStatus
 from .config import KVTransferConfig
 from .device import wait_event
 from .jobs import Job
-from .layout import CacheLayout, dtype_from_name, gather, scatter
+from .layout import CacheLayout, dtype_from_name, gather, parse_block_ids, scatter
 from .receiver import ZmqReceiver
-from .sender import Publication, ZmqSender
-from .wire import READY, FetchRequest, Header, ProtocolError, encode
+from .sender import FetchRejected, Publication, ZmqSender
+from .wire import DONE, FetchRequest, Header, ProtocolError, encode, encode_error
 
 _HANDLE_KEYS = (
     "size",
@@ -42,6 +52,11 @@ _HANDLE_KEYS = (
     "event_handle",
     "event_sync",
 )
+# A copy must end this long before the sender's lease does: covers the time between our clock read and
+# the copy's last write, and the sender's I/O thread noticing the expiry late is on the safe side.
+LEASE_MARGIN_S = 1.0
+# Largest gather buffer of one copy launch: bounds the transient memory a big batch takes.
+MAX_COPY_BYTES = 256 << 20
 
 
 def export_cache(kv_cache: torch.Tensor) -> dict[str, Any]:
@@ -84,6 +99,17 @@ def _require_cuda(kv_cache: object) -> None:
         raise ValueError("kv_cache must be a CUDA tensor for the ipc transport")
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process of this host with `pid` exists (it may belong to another user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class IpcSender(ZmqSender):
     transport = "ipc"
 
@@ -94,9 +120,24 @@ class IpcSender(ZmqSender):
     def _start_transport(self) -> Endpoint:
         return {"handle": export_cache(self._kv), "num_blocks": self._kv.shape[2]}
 
+    def _publication_endpoint(self, request_id: str, pub: Publication) -> Endpoint:
+        wait_event(pub.ready)  # receivers read without asking: the engine's writes must be done now
+        lease_end = time.time() + (pub.deadline - time.monotonic())
+        return {**self.endpoint(), "rid": request_id, "pid": os.getpid(), "expires_at": lease_end}
+
     def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
-        wait_event(pub.ready)  # the receiver reads straight from our cache: the engine's writes must be done
-        self._reply(ident, [encode(READY, req.request_id, req.xid)])
+        raise FetchRejected("ipc publications are read directly by the receiver; nothing to fetch")
+
+
+@dataclass(eq=False)
+class CopyBatch:
+    """Fetches from one sender copied by one set of launches; done when `event` has fired."""
+
+    address: str
+    jobs: list[Job]
+    event: torch.cuda.Event
+    expires_at: float  # the earliest lease end among the jobs (Unix time)
+    pid: int
 
 
 class IpcReceiver(ZmqReceiver):
@@ -105,34 +146,133 @@ class IpcReceiver(ZmqReceiver):
     def __init__(self, kv_cache: torch.Tensor, config: KVTransferConfig | None = None) -> None:
         _require_cuda(kv_cache)
         super().__init__(kv_cache, config)
-
-    def _start_transport(self) -> None:
+        self._queued: list[Job] = []  # engine thread only, like everything below
+        self._copying: list[CopyBatch] = []
         self._mapped: dict[bytes, torch.Tensor] = {}  # a sender's IPC handle -> its mapped cache
+
+    # ---- engine thread ----------------------------------------------------------------------------
+
+    def fetch(
+        self,
+        request_id: str,
+        sender_endpoint: Endpoint,
+        src_block_ids: list[int],
+        dst_block_ids: list[int],
+        timeout_s: float | None = None,
+    ) -> None:
+        if self._thread is None or self._closed:
+            raise RuntimeError(f"{type(self).__name__} is not running (call start(), not after close())")
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
+        self._book.begin(request_id)
+        job = Job(request_id, 0, sender_endpoint, src_block_ids, dst_block_ids, 0.0, time.monotonic())
+        error = self._validate(job, self._config.fetch_timeout_s if timeout_s is None else timeout_s)
+        if error:
+            self._fail_direct(job, error)
+            return
+        job.ready = torch.cuda.Event()
+        job.ready.record(torch.cuda.current_stream(self._kv.device))
+        self._queued.append(job)
+        self._book.set(request_id, TransferStatus.TRANSFERRING)
+
+    def flush(self) -> None:
+        queued, self._queued = self._queued, []
+        by_sender: dict[bytes, list[Job]] = {}
+        for job in queued:
+            by_sender.setdefault(job.endpoint["handle"]["handle"], []).append(job)
+        for jobs in by_sender.values():
+            self._copy(jobs)
+
+    def poll(self) -> list[TransferResult]:
+        self.flush()
+        still = []
+        for batch in self._copying:
+            if batch.event.query():
+                self._settle(batch)
+            else:
+                still.append(batch)
+        self._copying = still
+        return self._book.drain()
 
     def _validate_endpoint(self, endpoint: Endpoint) -> str | None:
         handle = endpoint.get("handle")
         if not isinstance(handle, dict) or any(k not in handle for k in _HANDLE_KEYS):
             return "ipc sender_endpoint needs a 'handle' map with the exported cache"
+        if not isinstance(endpoint.get("rid"), str) or not _is_number(endpoint.get("expires_at")):
+            return "ipc sender_endpoint must be the one publish() returned for this request"
+        if type(endpoint.get("pid")) is not int:
+            return "ipc sender_endpoint needs the sender's 'pid'"
         return None
 
-    def _on_reply(self, job: Job, header: Header, frames: list) -> None:
-        if header.kind != READY:
-            raise ProtocolError(f"unexpected {header.kind!r} message")
-        src = self._source(job)
-        if max(job.src) >= src.shape[2]:
-            raise ProtocolError(f"src block id {max(job.src)} is beyond the sender's {src.shape[2]} blocks")
-        wait_event(job.ready)
-        with self._stream.use():
-            device = self._kv.device
-            blocks = gather(src, torch.tensor(job.src, device=device))
-            scatter(self._kv, torch.tensor(job.dst, device=device), blocks)
-        self._stream.synchronize()
-        if time.monotonic() > job.deadline:  # past it the sender may have reused its blocks mid-copy
-            self._fail(job, f"timed out after {job.timeout_s:g} s (copy finished too late to trust)")
+    def _copy(self, jobs: list[Job]) -> None:
+        """One batched gather/scatter for `jobs` (all from one sender) on the copy stream."""
+        now = time.time()
+        live = [j for j in jobs if self._still_valid(j, now)]
+        if not live:
             return
-        job.progress = len(job.dst)
-        job.num_bytes = len(job.dst) * self._layout.block_bytes
-        self._complete(job)
+        try:
+            src = self._source(live[0])
+        except ProtocolError as e:
+            for job in live:
+                self._fail_direct(job, str(e))
+            return
+        live = [j for j in live if self._ids_fit(j, src.shape[2])]
+        if not live:
+            return
+        stream = self._stream.raw
+        with self._stream.use():
+            for job in live:
+                stream.wait_event(job.ready)  # the engine's earlier work on these dst blocks
+            src_ids = [b for j in live for b in j.src]
+            dst_ids = [b for j in live for b in j.dst]
+            step = max(1, MAX_COPY_BYTES // self._layout.block_bytes)
+            device = self._kv.device
+            for first in range(0, len(src_ids), step):
+                s = torch.tensor(src_ids[first : first + step], device=device)
+                d = torch.tensor(dst_ids[first : first + step], device=device)
+                scatter(self._kv, d, gather(src, s))
+            event = torch.cuda.Event()
+            event.record(stream)
+        expires = min(float(j.endpoint["expires_at"]) for j in live)
+        self._copying.append(CopyBatch(live[0].address, live, event, expires, live[0].endpoint["pid"]))
+
+    def _still_valid(self, job: Job, now: float) -> bool:
+        ep = job.endpoint
+        if ep["rid"] != job.request_id:
+            self._fail_direct(job, f"endpoint was published for request {ep['rid']!r}, not this one")
+        elif float(ep["expires_at"]) - LEASE_MARGIN_S <= now:
+            self._fail_direct(job, "the sender's lease ran out before the copy could start")
+        elif not process_alive(ep["pid"]):
+            self._fail_direct(job, f"sender process {ep['pid']} is gone", notify=False)
+        else:
+            return True
+        return False
+
+    def _ids_fit(self, job: Job, num_src_blocks: int) -> bool:
+        try:
+            parse_block_ids("src_block_ids", job.src, num_src_blocks)
+        except ValueError as e:
+            self._fail_direct(job, f"{e} (the sender has {num_src_blocks} blocks)")
+            return False
+        return True
+
+    def _settle(self, batch: CopyBatch) -> None:
+        if time.time() > batch.expires_at - LEASE_MARGIN_S or not process_alive(batch.pid):
+            for job in batch.jobs:  # the sender may have reused its blocks mid-copy
+                self._fail_direct(job, "copy finished after the sender's lease ended: not trusted")
+            return
+        rids = []
+        for job in batch.jobs:
+            job.progress = len(job.dst)
+            job.num_bytes = len(job.dst) * self._layout.block_bytes
+            self._book.finish(job, TransferStatus.DONE, None)
+            rids.append(job.request_id)
+        self._post(batch.address, [encode(DONE, "", 0, rids=rids)])
+
+    def _fail_direct(self, job: Job, error: str, notify: bool = True) -> None:
+        if notify and isinstance(job.endpoint, dict) and isinstance(job.endpoint.get("address"), str):
+            self._post(job.address, [encode_error(job.request_id, 0, error)])  # the sender releases now
+        self._book.finish(job, TransferStatus.FAILED, error)
 
     def _source(self, job: Job) -> torch.Tensor:
         key = job.endpoint["handle"]["handle"]
@@ -142,15 +282,28 @@ class IpcReceiver(ZmqReceiver):
                 src = open_cache(job.endpoint["handle"], self._kv.device)
             except Exception as e:
                 raise ProtocolError(f"cannot open the sender's CUDA IPC handle: {e}") from None
-            if src.dim() != 6 or CacheLayout.of(src).mismatch(self._layout):
-                raise ProtocolError(f"the sender's shared cache has shape {list(src.shape)}, {src.dtype}")
+            if src.dim() != 6:
+                raise ProtocolError(f"the sender's shared cache has shape {list(src.shape)}")
+            error = self._layout.mismatch(CacheLayout.of(src))
+            if error:
+                raise ProtocolError(error)
             self._mapped[key] = src
         return src
 
-    def _on_job_failed(self, job: Job) -> None:
-        # Unless the sender itself answered, it may be gone: drop the mapping rather than pin its memory.
-        if not job.state.get("sender_error"):
-            self._mapped.pop(job.endpoint["handle"]["handle"], None)
+    # ---- I/O thread -------------------------------------------------------------------------------
+
+    def _on_reply(self, job: Job, header: Header, frames: list) -> None:
+        raise ProtocolError(f"unexpected {header.kind!r} message: ipc fetches are never sent")
 
     def _shutdown_transport(self) -> None:
         self._mapped.clear()
+
+    def close(self) -> None:
+        super().close()
+        for job in self._queued + [j for b in self._copying for j in b.jobs]:
+            self._book.finish(job, TransferStatus.FAILED, "receiver closed")
+        self._queued, self._copying = [], []
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)

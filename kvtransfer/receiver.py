@@ -35,6 +35,7 @@ class ZmqReceiver(KVReceiver):
         self._config = config or KVTransferConfig(transport=self.transport)
         self._layout = CacheLayout.of(kv_cache)
         self._inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[str, list[bytes]]] = queue.SimpleQueue()  # (address, frames)
         self._book = StatusBook()
         self._xids = itertools.count(1)
         self._jobs: dict[str, Job] = {}  # I/O thread only
@@ -123,6 +124,7 @@ class ZmqReceiver(KVReceiver):
                     if sock == self._waker.fd:
                         self._waker.drain()
                         self._take_inbox()
+                        self._send_outbox()
                     else:
                         self._drain(sock)
                 self._tick()
@@ -137,6 +139,22 @@ class ZmqReceiver(KVReceiver):
         if self._jobs:
             wait = min(wait, min(j.deadline for j in self._jobs.values()) - time.monotonic())
         return max(0, int(wait * 1000))
+
+    def _post(self, address: str, frames: list[bytes]) -> None:
+        """Queue control frames for a sender (engine thread; the I/O thread owns the sockets)."""
+        self._outbox.put((address, frames))
+        self._waker.wake()
+
+    def _send_outbox(self) -> None:
+        while True:
+            try:
+                address, frames = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._send(self._dealer(address), frames)
+            except zmq.ZMQError as e:  # the sender then releases at lease expiry instead
+                logger.debug("kvtransfer receiver: cannot reach %s: %s", address, e)
 
     def _take_inbox(self) -> None:
         while True:

@@ -21,7 +21,7 @@ from .base import Endpoint, KVSender, Release, TransferStatus, check_kv_cache
 from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds, zmq_host
 from .device import CopyStream, host_buffer, record_event, wait_event
 from .layout import CacheLayout, gather, parse_block_ids
-from .wire import ACK, ERROR, FETCH, FetchRequest, Header, ProtocolError, decode, encode_error
+from .wire import ACK, DONE, ERROR, FETCH, FetchRequest, Header, ProtocolError, decode, encode_error
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class ZmqSender(KVSender):
             raise RuntimeError("endpoint() is known only after start()")
         return dict(self._endpoint)
 
-    def publish(self, request_id: str, src_block_ids: list[int], lease_s: float | None = None) -> None:
+    def publish(self, request_id: str, src_block_ids: list[int], lease_s: float | None = None) -> Endpoint:
         self._check_running()
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
@@ -111,6 +111,7 @@ class ZmqSender(KVSender):
             if request_id in self._pubs:
                 raise ValueError(f"request_id {request_id!r} is already published")
             self._pubs[request_id] = pub
+        return self._publication_endpoint(request_id, pub)
 
     def cancel(self, request_id: str) -> bool:
         with self._lock:
@@ -188,6 +189,8 @@ class ZmqSender(KVSender):
             self._on_fetch(frames[0], header)
         elif header.kind == ACK:
             self._end(header, TransferStatus.DONE, None)
+        elif header.kind == DONE:
+            self._end_unclaimed(header.get("rids", list), TransferStatus.DONE, None)
         elif header.kind == ERROR:
             self._end(header, TransferStatus.FAILED, f"receiver reported: {header.fields.get('error')!r}")
 
@@ -245,6 +248,17 @@ class ZmqSender(KVSender):
             pub = self._pubs.get(header.request_id)
             if pub is not None and pub.xid == header.xid:  # else stale, or for a request never claimed
                 self._end_locked(header.request_id, status, error)
+                return
+        if header.xid == 0:  # a receiver that reads without claiming (ipc) gave up on this publication
+            self._end_unclaimed([header.request_id], status, error)
+
+    def _end_unclaimed(self, request_ids: list, status: TransferStatus, error: str | None) -> None:
+        """End publications that receivers read without a fetch (no attempt number to match)."""
+        with self._lock:
+            for rid in request_ids:
+                pub = self._pubs.get(rid) if isinstance(rid, str) else None
+                if pub is not None and pub.xid is None:
+                    self._end_locked(rid, status, error)
 
     def _fail(self, request_id: str, error: str) -> None:
         with self._lock:
@@ -275,6 +289,10 @@ class ZmqSender(KVSender):
     def _start_transport(self) -> Endpoint:
         """Transport setup at start(); returns extra endpoint keys."""
         return {}
+
+    def _publication_endpoint(self, request_id: str, pub: Publication) -> Endpoint:
+        """The endpoint a notice for this publication carries (default: the sender's own)."""
+        return self.endpoint()
 
     def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
         raise NotImplementedError

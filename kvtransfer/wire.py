@@ -7,6 +7,7 @@ anything, so decoding validates every field and raises `ProtocolError`, never an
 receiver -> sender   fetch {rid, xid, src, layout, timeout, ...transport keys}
                      ack   {rid, xid}              (the blocks are copied: release DONE)
                      error {rid, xid, error}       (the receiver gave up: release FAILED)
+                     done  {rid: "", xid: 0, rids}  (ipc: these publications were copied: release DONE)
 sender -> receiver   data  {rid, xid, first, count} + one raw frame     (tcp)
                      ready {rid, xid, ...}                              (ipc, nccl)
                      error {rid, xid, error}
@@ -22,7 +23,7 @@ import msgpack
 from .config import validate_seconds
 from .layout import CacheLayout, parse_block_ids
 
-FETCH, ACK, ERROR, DATA, READY = "fetch", "ack", "error", "data", "ready"
+FETCH, ACK, ERROR, DATA, READY, DONE = "fetch", "ack", "error", "data", "ready", "done"
 MAX_ERROR_CHARS = 2000
 MAX_HEADER_BYTES = 1 << 20  # headers are small; a bigger one is garbage
 

@@ -54,10 +54,9 @@ class KVSenders:
 
     def publish(self, request_id: str, transport: str, block_ids: list[int]) -> Endpoint:
         """Pin `block_ids` for the request; returns the endpoint the decode worker pulls from."""
-        sender = self._senders[transport]
-        sender.publish(request_id, block_ids, self.lease_s)
+        endpoint = self._senders[transport].publish(request_id, block_ids, self.lease_s)
         self._transport_of[request_id] = transport
-        return sender.endpoint()
+        return endpoint
 
     def cancel(self, request_id: str) -> bool:
         """Drop a publication; when this returns nothing reads its blocks any more."""

@@ -171,10 +171,9 @@ def check_concurrent_transfers(proc: SenderProc, which: int, receiver, cache: to
     spec = proc.specs[which]
     before = cache.clone()
     rids = [f"{tag}-{spec.dtype}-{i}" for i in range(len(REQUESTS))]
-    for rid, (src, _) in zip(rids, REQUESTS, strict=True):
-        proc.publish(rid, src, which=which)
-    for rid, (src, dst) in zip(rids, REQUESTS, strict=True):
-        receiver.fetch(rid, proc.endpoints[which], src, dst, timeout_s=30)
+    endpoints = [proc.publish(rid, src, which=which) for rid, (src, _) in zip(rids, REQUESTS, strict=True)]
+    for rid, endpoint, (src, dst) in zip(rids, endpoints, REQUESTS, strict=True):
+        receiver.fetch(rid, endpoint, src, dst, timeout_s=30)
     results = wait_results(receiver, rids, timeout=40)
 
     expected = spec.make().to(cache.device)

@@ -45,17 +45,43 @@ def test_one_gpu_two_processes_bitwise(gpu_pool, receivers, transport, which):
 def test_ipc_failures_are_reported(gpu_pool, receivers):
     proc = gpu_pool("ipc")
     receiver = receivers("ipc", GPU0[0].with_(num_blocks=8).make())
-    receiver.fetch("ipc-unknown", proc.endpoints[0], [1], [1], timeout_s=10)
-    assert "unknown request_id" in wait_results(receiver, ["ipc-unknown"])["ipc-unknown"].error
+    # Only the endpoint publish() returned for this very request lets a receiver read the blocks.
+    receiver.fetch("ipc-static", proc.endpoints[0], [1], [1], timeout_s=10)
+    assert "publish() returned" in wait_results(receiver, ["ipc-static"])["ipc-static"].error
+    other = proc.publish("ipc-other", [1])
+    receiver.fetch("ipc-not-mine", other, [1], [1], timeout_s=10)
+    assert "not this one" in wait_results(receiver, ["ipc-not-mine"])["ipc-not-mine"].error
 
-    proc.publish("ipc-lease", [2], 0.3)
+    lapsed = proc.publish("ipc-lease", [2], 0.3)
     assert proc.wait_released(["ipc-lease"], timeout=5)["ipc-lease"][0] == "failed"
+    receiver.fetch("ipc-lease", lapsed, [2], [2], timeout_s=10)
+    assert "lease ran out" in wait_results(receiver, ["ipc-lease"])["ipc-lease"].error
 
-    proc.publish("ipc-dtype", [3, 4])
+    endpoint = proc.publish("ipc-dtype", [3, 4])
     mismatched = receivers("ipc", GPU0[1].with_(num_blocks=8).make())  # float32 vs the sender's bfloat16
-    mismatched.fetch("ipc-dtype", proc.endpoints[0], [3, 4], [0, 1], timeout_s=10)
+    mismatched.fetch("ipc-dtype", endpoint, [3, 4], [0, 1], timeout_s=10)
     assert "dtype mismatch" in wait_results(mismatched, ["ipc-dtype"])["ipc-dtype"].error
     assert proc.wait_released(["ipc-dtype"])["ipc-dtype"][0] == "failed"
+
+
+def test_ipc_batches_many_fetches_into_one_copy(gpu_pool, receivers):
+    """Fetches queued before a flush travel together, and each is still reported and released once."""
+    proc = gpu_pool("ipc")
+    cache = GPU0[0].with_(num_blocks=DST_BLOCKS, seed=3).make()
+    receiver = receivers("ipc", cache)
+    rids = [f"ipc-batch-{i}" for i in range(12)]
+    endpoints = [proc.publish(rid, [i, 47 - i]) for i, rid in enumerate(rids)]
+    for i, (rid, endpoint) in enumerate(zip(rids, endpoints, strict=True)):
+        receiver.fetch(rid, endpoint, [i, 47 - i], [2 * i, 2 * i + 1], timeout_s=30)
+    receiver.flush()
+    assert len(receiver._copying) == 1  # one batch for the one sender
+    results = wait_results(receiver, rids)
+    expected = GPU0[0].make()
+    for i, rid in enumerate(rids):
+        assert results[rid].status is TransferStatus.DONE, results[rid].error
+        assert torch.equal(cache[:, :, [2 * i, 2 * i + 1]], expected[:, :, [i, 47 - i]])
+    released = proc.wait_released(rids)
+    assert all(released[rid][0] == "done" for rid in rids), released
 
 
 @pytest.mark.parametrize("transport", ["ipc", pytest.param("nccl", marks=two_gpus)])
@@ -65,14 +91,14 @@ def test_gpu_killed_sender_fails_within_timeout(receivers, transport):
     try:
         device = "cuda:1" if transport == "nccl" else "cuda:0"
         receiver = receivers(transport, spec.with_(num_blocks=8, device=device).make())
-        proc.publish("before-kill", [1, 2])
-        receiver.fetch("before-kill", proc.endpoints[0], [1, 2], [0, 1], timeout_s=60)
+        endpoint = proc.publish("before-kill", [1, 2])
+        receiver.fetch("before-kill", endpoint, [1, 2], [0, 1], timeout_s=60)
         first = wait_results(receiver, ["before-kill"], timeout=70)["before-kill"]
         assert first.status is TransferStatus.DONE, first.error
-        proc.publish("after-kill", [3, 4])
+        endpoint = proc.publish("after-kill", [3, 4])
         proc.kill()
         t0 = time.monotonic()
-        receiver.fetch("after-kill", proc.endpoints[0], [3, 4], [2, 3], timeout_s=2.0)
+        receiver.fetch("after-kill", endpoint, [3, 4], [2, 3], timeout_s=2.0)
         result = wait_results(receiver, ["after-kill"], timeout=10)["after-kill"]
         assert result.status is TransferStatus.FAILED and result.error
         assert time.monotonic() - t0 < 4.0
