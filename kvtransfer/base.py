@@ -145,6 +145,7 @@ class KVReceiver(ABC):
 
         `poll()` flushes too; calling this right after admitting a burst of fetches just saves the wait
         until the next poll. Never blocks."""
+        return None  # transports that start each fetch as it comes have nothing queued
 
     @abstractmethod
     def status(self, request_id: str) -> TransferStatus | None:
