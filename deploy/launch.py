@@ -110,11 +110,22 @@ def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec
         argv = ["--model", plan.model, "--router-addr", inbox, "--host", host, "--worker-id", worker_id]
         argv += ["--kv-transport", plan.kv_transport, "--log-level", plan.log_level, *engine_argv(engine)]
         argv += list(plan.worker_argv)
-        env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if plan.backend == "local" and gpu is not None else {}
+        env = (
+            {"CUDA_VISIBLE_DEVICES": visible_devices(gpu, num_gpus)}
+            if plan.backend == "local" and gpu is not None
+            else {}
+        )
         if num_gpus == 0:
             env.update(cpu_thread_env(len(roles)))
         specs.append(WorkerSpec(role, worker_id, argv, num_gpus=share, env=env))
     return specs
+
+
+def visible_devices(gpu: int, num_gpus: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a worker placed on `gpu`: its own GPU first (so it is the worker's
+    cuda:0), then every other GPU of the host. The others must stay visible: CUDA IPC mappings of a
+    peer's KV cache and NCCL's peer-to-peer path both need the peer's GPU in the process."""
+    return ",".join(str((gpu + i) % num_gpus) for i in range(num_gpus))
 
 
 def cpu_thread_env(num_workers: int) -> dict[str, str]:

@@ -141,6 +141,9 @@ def test_worker_specs_forward_engine_flags_and_gpu_shares() -> None:
     assert argv[argv.index("--num-kvcache-blocks") + 1] == "64"
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.2"  # 0.6 shared three ways
     assert specs[1].num_gpus == pytest.approx(1 / 3) and specs[1].env == {"CUDA_VISIBLE_DEVICES": "0"}
+    two = worker_specs(plan, "tcp://127.0.0.1:5000", num_gpus=2)
+    # Each worker's own GPU comes first; the peer stays visible for CUDA IPC and NCCL peer-to-peer.
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in two] == ["0,1", "1,0", "0,1"]
     cpu = worker_specs(plan, "tcp://127.0.0.1:5000", num_gpus=0)
     # On the CPU the three workers split the cores (unless OMP_NUM_THREADS is set by the user).
     threads = os.environ.get("OMP_NUM_THREADS")
