@@ -1,8 +1,15 @@
-"""Transfer throughput between two processes: `python -m kvtransfer.bench --transport tcp --mb 64`.
+"""Transfer throughput between two processes, against the raw device-to-device copy rate.
+
+    python -m kvtransfer.bench --transport ipc --src-device cuda:0 --dst-device cuda:1 --tokens 1024 6144
+    python -m kvtransfer.bench --transport tcp --tokens 1024 6144          (CPU)
 
 A spawned process publishes blocks from its cache; this process fetches them into its own cache and
-times fetch() -> DONE from the engine's point of view (so control round trips are included). Prints one
-JSON line per run and a summary. The pipe to the sender process is benchmark plumbing only.
+times publish -> DONE from the engines' point of view (control messages included), for one prompt of
+each `--tokens` length and for `--batch` such prompts handed over together (what one prefill step hands
+one decode worker under load). The cache layout defaults to SmolLM2-135M's (30 layers, 3 KV heads of 64,
+blocks of 16 tokens, bf16). The raw rate is one large `copy_` from the source device to the destination
+device in this process, measured in the same run. Prints one JSON line per case and a table last. The
+pipe to the sender process is benchmark plumbing only.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import time
 import torch
 
 from . import KVTransferConfig, TransferStatus, create_receiver, create_sender
+from .layout import CacheLayout
 
 
 def _make_cache(args: argparse.Namespace, num_blocks: int, device: str) -> torch.Tensor:
@@ -28,74 +36,106 @@ def _sender(conn, args: argparse.Namespace, num_blocks: int) -> None:
     config = KVTransferConfig(transport=args.transport, chunk_bytes=args.chunk_mb << 20)
     sender = create_sender(args.transport, _make_cache(args, num_blocks, args.src_device), config)
     sender.start()
-    conn.send(sender.endpoint())
+    conn.send(True)
     while True:
         cmd = conn.recv()
         if cmd is None:
             break
-        sender.publish(*cmd)
-        conn.send(True)
+        conn.send([sender.publish(rid, ids, 60.0) for rid, ids in cmd])
         sender.poll_released()
     sender.close()
 
 
 def _parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--transport", default="tcp", choices=["tcp", "ipc", "nccl"])
-    p.add_argument("--mb", type=float, default=64.0, help="bytes per request, in MiB")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1024, 6144], help="prompt lengths")
+    p.add_argument("--batch", type=int, default=16, help="prompts handed over together")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--layers", type=int, default=30)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--heads", type=int, default=3)
+    p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--src-device", default="cpu")
     p.add_argument("--dst-device", default="cpu")
     p.add_argument("--chunk-mb", type=int, default=16)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json-out", default=None)
     return p.parse_args()
 
 
 def main() -> None:
     args = _parse_args()
-    itemsize = getattr(torch, args.dtype).itemsize
-    block_bytes = 2 * args.layers * args.block_size * args.heads * args.head_dim * itemsize
-    n = max(1, round(args.mb * (1 << 20) / block_bytes))
+    blocks_per = [-(-t // args.block_size) for t in args.tokens]
+    num_blocks = 2 * max(blocks_per) * args.batch  # src and dst ids interleave: a real gather
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=_sender, args=(child, args, 2 * n), daemon=True)
+    proc = ctx.Process(target=_sender, args=(child, args, num_blocks), daemon=True)
     proc.start()
-    endpoint = conn.recv()
-    receiver = create_receiver(args.transport, torch.zeros_like(_make_cache(args, 2 * n, args.dst_device)))
+    conn.recv()
+    cache = torch.zeros_like(_make_cache(args, num_blocks, args.dst_device))
+    receiver = create_receiver(args.transport, cache)
     receiver.start()
-    rates = [_timed_fetch(conn, receiver, endpoint, i, n) for i in range(args.repeat + 1)][1:]  # 0: warm-up
-    summary = {"transport": args.transport, "MiB": round(n * block_bytes / (1 << 20), 1), "blocks": n}
-    summary.update(median_GBps=round(statistics.median(rates), 3), best_GBps=round(max(rates), 3))
-    print(json.dumps(summary))
+    block_bytes = CacheLayout.of(cache).block_bytes
+    rows = [{"case": "raw copy", "GBps": raw_copy_GBps(args)}]
+    runs = iter(range(10**9))
+    for tokens, n in zip(args.tokens, blocks_per, strict=True):
+        for batch in sorted({1, args.batch}):
+            rates = [_timed(conn, receiver, next(runs), n, batch, block_bytes) for _ in range(args.repeat + 1)]
+            rows.append({"case": f"{args.transport} {tokens} tok x{batch}", "GBps": statistics.median(rates[1:])})
+            print(json.dumps(rows[-1]), flush=True)
     receiver.close()
     conn.send(None)
     proc.join(10)
+    _report(rows, args)
 
 
-def _timed_fetch(conn, receiver, endpoint: dict, i: int, n: int) -> float:
-    """Publish n blocks (every other one: a real gather, not one slice), fetch them; GB/s."""
-    src, dst = list(range(0, 2 * n, 2)), list(range(1, 2 * n, 2))
-    conn.send((f"bench-{i}", src, 60.0))
-    conn.recv()
+def _timed(conn, receiver, run: int, n: int, batch: int, block_bytes: int) -> float:
+    """Publish `batch` requests of n blocks each, fetch them all; GB/s over the whole hand-over."""
+    reqs = [(f"bench-{run}-{k}", list(range(2 * k * n, 2 * (k + 1) * n, 2))) for k in range(batch)]
     t0 = time.perf_counter()
-    receiver.fetch(f"bench-{i}", endpoint, src, dst, timeout_s=60.0)
-    result = _wait(receiver)
-    seconds = time.perf_counter() - t0
-    assert result.status is TransferStatus.DONE, result.error
-    print(json.dumps({"run": i, "bytes": result.num_bytes, "seconds": round(seconds, 5)}))
-    return result.num_bytes / seconds / 1e9
+    conn.send(reqs)
+    endpoints = conn.recv()
+    for (rid, src), endpoint in zip(reqs, endpoints, strict=True):
+        receiver.fetch(rid, endpoint, src, [b + 1 for b in src], timeout_s=60.0)
+    receiver.flush()
+    pending = {rid for rid, _ in reqs}
+    while pending:
+        for result in receiver.poll():
+            if result.status is not TransferStatus.DONE:
+                raise RuntimeError(f"{result.request_id}: {result.error}")
+            pending.discard(result.request_id)
+        time.sleep(0.0001)
+    return batch * n * block_bytes / (time.perf_counter() - t0) / 1e9
 
 
-def _wait(receiver):
-    while True:
-        results = receiver.poll()
-        if results:
-            return results[0]
-        time.sleep(0.0002)
+def raw_copy_GBps(args: argparse.Namespace, mib: int = 1024) -> float:
+    """One large copy from the source device to the destination device (bytes moved / time)."""
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=args.src_device)
+    dst = torch.empty_like(src, device=args.dst_device)
+    rates = []
+    for _ in range(4):
+        _sync(args)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        _sync(args)
+        rates.append(src.numel() / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(rates[1:])
+
+
+def _sync(args: argparse.Namespace) -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _report(rows: list[dict], args: argparse.Namespace) -> None:
+    raw = rows[0]["GBps"]
+    print(f"{'case':<28} {'GB/s':>8} {'of raw':>7}   ({args.src_device} -> {args.dst_device})")
+    for row in rows:
+        print(f"{row['case']:<28} {row['GBps']:>8.1f} {row['GBps'] / raw:>7.0%}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
