@@ -99,7 +99,8 @@ def render(table: list[dict], offline: float | None) -> str:
     for r in table:
         stages = " / ".join(f"{r['stages'][s]:.0f}" if s in r["stages"] else "-" for s in STAGES)
         lines.append(
-            f"| {r['setup']} | {r['workload']} | {r['tok_s']:,.0f} | {r['ttft'][0]:.0f} / {r['ttft'][1]:.0f} | "
+            f"| {r['setup']} | {r['workload']} | {r['tok_s']:,.0f} | "
+            f"{r['ttft'][0]:.0f} / {r['ttft'][1]:.0f} | "
             f"{r['tpot'][0]:.2f} / {r['tpot'][1]:.2f} | {r['kv'][0]:.2f} ({r['kv'][1]:.1f}) | {stages} | "
             f"{r['decisions']} | {r['failed']} |"
         )
@@ -119,7 +120,8 @@ def main() -> None:
         by[r["setup"]][r["workload"]] = r
     nccl = by.get("nccl", {}).get("random")
     if nccl and offline:
-        print(f"disaggregated H200x2 1P+1D: {nccl['tok_s']:,.0f} tok/s (offline one GPU: {offline:,.0f} tok/s)")
+        n, m = f"{nccl['tok_s']:,.0f}", f"{offline:,.0f}"
+        print(f"disaggregated H200x2 1P+1D: {n} tok/s (offline one GPU: {m} tok/s)")
 
 
 if __name__ == "__main__":

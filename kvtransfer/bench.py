@@ -81,8 +81,11 @@ def main() -> None:
     runs = iter(range(10**9))
     for tokens, n in zip(args.tokens, blocks_per, strict=True):
         for batch in sorted({1, args.batch}):
-            rates = [_timed(conn, receiver, next(runs), n, batch, block_bytes) for _ in range(args.repeat + 1)]
-            rows.append({"case": f"{args.transport} {tokens} tok x{batch}", "GBps": statistics.median(rates[1:])})
+            rates = [
+                _timed(conn, receiver, next(runs), n, batch, block_bytes) for _ in range(args.repeat + 1)
+            ]
+            case = f"{args.transport} {tokens} tok x{batch}"
+            rows.append({"case": case, "GBps": statistics.median(rates[1:])})
             print(json.dumps(rows[-1]), flush=True)
     receiver.close()
     conn.send(None)
