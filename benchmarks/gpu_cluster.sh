@@ -41,6 +41,20 @@ workload() {  # $1 workload, $2 json path
   esac
 }
 
+PROFILERS=()
+profile() {  # sample every process of the cluster for a few seconds (py-spy, collapsed stacks)
+  PROFILERS=()
+  for m in router prefill_worker decode_worker; do
+    for pid in $(pgrep -f -- "-m $m( |$)"); do
+      py-spy record --nonblocking -r 100 -d "${PROFILE_S:-4}" --format raw -o "$1.$m.$pid.txt" \
+          --pid "$pid" >/dev/null 2>&1 &
+      PROFILERS+=($!)
+    done
+  done
+  sleep 0.5
+}
+wait_profiles() { for p in "${PROFILERS[@]}"; do wait "$p"; done; PROFILERS=(); }
+
 run_setup() {
   local setup=$1 dir="$LOG/$1"
   mkdir -p "$dir"
@@ -55,7 +69,9 @@ run_setup() {
   $BENCH --base-url "$URL" --num-prompts 32 --input-len 512 --output-len 16 >/dev/null 2>&1  # warm-up
   for w in $WORKLOADS; do
     curl -s "${URL%/v1}/metrics" > "$dir/$w.metrics.before"
+    [ -n "${PROFILE:-}" ] && profile "$dir/$w"
     workload "$w" "$dir/$w.json" > "$dir/$w.txt" 2>&1
+    wait_profiles
     curl -s "${URL%/v1}/metrics" > "$dir/$w.metrics.after"
     echo "$setup/$w: $(grep -m1 -i 'output tok' "$dir/$w.txt")"
   done
@@ -72,4 +88,5 @@ for setup in $SETUPS; do
     run_setup "$setup"
   fi
 done
-python3 benchmarks/cluster_table.py "$LOG"
+python3 benchmarks/cluster_table.py "$LOG" | tee "$LOG/table.md"
+tar czf "$LOG.tgz" -C "$(dirname "$LOG")" "$(basename "$LOG")" 2>/dev/null
