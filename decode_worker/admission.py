@@ -16,16 +16,7 @@ def sequence_from_request(engine: LLMEngine, req: DecodeRequest) -> Sequence:
     first completion token. Raises ValueError (naming the problem) for a request this engine cannot run."""
     params = sampling_from_wire(req.sampling)
     token_ids = [*req.prompt_token_ids, req.first_token_id]
-    engine.validate_token_ids(token_ids)
-    seq = Sequence(
-        token_ids,
-        params,
-        engine.config.kvcache_block_size,
-        req.request_id,
-        num_prompt_tokens=len(req.prompt_token_ids),
-    )
-    engine.scheduler.validate(seq)
-    return seq
+    return engine.make_sequence(token_ids, params, req.request_id, len(req.prompt_token_ids))
 
 
 def transferable(req: DecodeRequest, block_size: int) -> bool:
