@@ -1,13 +1,27 @@
 """The decode role's request handling (the engine loop itself is common/worker/service.py).
 
-A request's life here: DecodeRequest -> Sequence(prompt + first token) -> wait in `pending` until the
-cache has room for the prompt's blocks (never dropped) -> engine.reserve_transfer -> receiver fetch
--> DONE: engine.complete_transfer (joins the decode batch) / FAILED: engine.fail_transfer (the
-engine recomputes the prompt here) -> one TokenOutput per request per step, index = completion
-position of its token (the first token, index 0, came from the prefill worker).
+Two commands start a request here:
+* DecodeRequest (from a prefill worker) -> Sequence(prompt + first token) -> wait in `pending` until
+  the cache has room for the prompt's blocks (never dropped) -> engine.reserve_transfer -> receiver
+  fetch -> DONE: engine.complete_transfer (joins the decode batch) / FAILED: engine.fail_transfer
+  (the engine recomputes the prompt here). Tokens are sent from index 1 (index 0, the first token,
+  came from the prefill worker).
+* GenerateRequest (from the router, no disaggregation) -> Sequence(prompt) -> engine.add_sequence:
+  the prompt is computed here, reusing this worker's cached prefix, and tokens are sent from index 0;
+  the first message carries `cached_tokens` (the prefix hit). Until that first token it fails as a
+  prefill worker would (RequestFailed, e.g. a deadline), afterwards it ends as a decode does.
+Either way: one TokenOutput per request per step, index = completion position of its first token.
 
 Aborting a sequence whose transfer is in flight is deferred until the receiver reports it: until
 then the transfer may still write its destination blocks, so they must not go back to the pool.
+
+Mixed workers (`MixedRole`, `--role mixed`) are this role under another name, with engine role
+"mixed". The scheduler treats "mixed" like "decode" (only "prefill" hands sequences off), so the
+prefix cache works the same: a GenerateRequest's prompt is matched against it, and transferred prompts
+are registered on arrival. What "mixed" changes is outside the engine: the worker registers as
+prefill- and decode-capable, and it publishes its cache events and answers snapshots like a prefill
+worker, so the router's prefix index covers it. A mixed worker still accepts DecodeRequests; it does
+not take PrefillRequests (handing blocks off is the prefill role's job).
 """
 
 from __future__ import annotations
@@ -17,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from common.llm_engine import StepResult
-from common.messages import DecodeRequest, Message, TokenOutput
+from common.messages import DecodeRequest, GenerateRequest, Message, TokenOutput
 from common.sequence import Sequence, SequenceStatus
 from common.worker.outputs import finish_reason, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
@@ -31,18 +45,18 @@ TRANSFER_POLL_S = 0.002  # a waiting transfer delays the second token: look ofte
 
 @dataclass
 class DecodeJob:
-    request: DecodeRequest
+    request: DecodeRequest | GenerateRequest
     seq: Sequence
+    next_index: int  # completion position of the next token to send
     kv_bytes: int = 0
     kv_seconds: float = 0.0
     kv_reported: bool = False
-    next_index: int = 1  # completion position of the next token to send (0 came from the prefill worker)
     abort_when_settled: bool = False  # aborted while its transfer may still write the blocks
 
 
 class DecodeRole(WorkerRole):
     name = "decode"
-    request_types = (DecodeRequest,)
+    request_types = (DecodeRequest, GenerateRequest)
     jobs: dict[str, DecodeJob]
     kv: KVReceiverSet | None
 
@@ -60,17 +74,21 @@ class DecodeRole(WorkerRole):
     # ---- commands ------------------------------------------------------------------------------
 
     def submit(self, msg: Message) -> None:
-        assert isinstance(msg, DecodeRequest)
+        assert isinstance(msg, self.request_types)
         rid = msg.request_id
         if rid in self.jobs:
-            log.warning("ignoring duplicate DecodeRequest %s", rid)
+            log.warning("ignoring duplicate %s %s", msg.TYPE, rid)
             return
         try:
             seq = sequence_from_request(self.engine, msg)
-        except ValueError as e:
+        except ValueError as e:  # the same request would fail on every worker
             self.ctx.fail(rid, str(e), retryable=False)
             return
-        self.jobs[rid] = DecodeJob(msg, seq)
+        if isinstance(msg, GenerateRequest):
+            self.jobs[rid] = DecodeJob(msg, seq, next_index=0)
+            self.engine.add_sequence(seq)
+            return
+        self.jobs[rid] = DecodeJob(msg, seq, next_index=1)
         if transferable(msg, self.engine.block_size):
             self.pending.append(rid)
             self._admit_pending()
@@ -121,7 +139,10 @@ class DecodeRole(WorkerRole):
             if deadline is None or deadline >= now or job.abort_when_settled:
                 continue
             self.abort(rid)
-            self.ctx.finish_aborted(rid, job.next_index, len(job.request.prompt_token_ids))
+            if job.next_index == 0:  # nothing sent yet: fail as a prefill worker would
+                self.ctx.fail(rid, "deadline exceeded before the first token", retryable=False)
+            else:
+                self.ctx.finish_aborted(rid, job.next_index, len(job.request.prompt_token_ids))
 
     def poll_interval(self) -> float | None:
         transfers = self.engine.load_report().num_transferring
@@ -174,10 +195,18 @@ class DecodeRole(WorkerRole):
             token_ids=token_ids,
             finish_reason=finish_reason(seq) if finished else None,
             num_prompt_tokens=seq.num_prompt_tokens,
-            cached_tokens=0,
+            cached_tokens=seq.num_prefix_hit_tokens if job.next_index == 0 else 0,
             logprobs=wire_logprobs(seq, len(token_ids)),
             kv_transfer_bytes=kv_bytes,
             kv_transfer_seconds=kv_seconds,
         )
         job.next_index += len(token_ids)
         self.ctx.channels.to_router(msg)
+
+
+class MixedRole(DecodeRole):
+    """A decode worker registered as "mixed": prefill- and decode-capable, with a published prefix
+    cache (see the module docstring)."""
+
+    name = "mixed"
+    publishes_events = True
