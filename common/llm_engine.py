@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from common import run_ahead
 from common.block_manager import BlockManager
@@ -17,6 +19,9 @@ from common.sampling_params import SamplingParams
 from common.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from common.sequence import Sequence
 from common.speculative import NgramProposer, Proposer, SpeculativeConfig
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +44,18 @@ class StepResult:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_preempted: int = 0
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """How full the engine is right now (what a worker's heartbeat reports)."""
+
+    num_free_blocks: int
+    num_total_blocks: int
+    num_waiting: int
+    num_running: int
+    num_transferring: int
+    queued_prefill_tokens: int
 
 
 class LLMEngine:
@@ -84,11 +101,14 @@ class LLMEngine:
         self._pending_free: list[Sequence] = []
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> LLMEngine:
+    def from_config(cls, config: EngineConfig, runner_cls: type[ModelRunner] = ModelRunner) -> LLMEngine:
+        """The one way to build an engine: model, KV cache and (when configured) the speculative
+        proposer. `runner_cls` lets a caller size the KV cache its own way (cluster workers sharing a
+        GPU pass `SharedGpuRunner`); everything else is built the same for every caller."""
         model_config = ModelConfig.from_dir(config.model)
         max_model_len = resolve_max_model_len(config, model_config)
         platform = resolve_platform(config.device)
-        runner = ModelRunner.load(config, model_config, platform, max_model_len)
+        runner = runner_cls.load(config, model_config, platform, max_model_len)
         proposer = None
         if config.speculative == "draft":
             proposer = build_draft_proposer(config, model_config, runner, max_model_len)
@@ -96,13 +116,22 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     def make_sequence(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        num_prompt_tokens: int | None = None,
     ) -> Sequence:
-        """Validate a request and wrap it in a Sequence (raises ValueError; nothing is queued)."""
+        """Validate a request and wrap it in a Sequence (raises ValueError; nothing is queued).
+
+        `num_prompt_tokens` (default: all of `prompt_token_ids`) puts the prompt/completion boundary
+        earlier, for a sequence that arrives with completion tokens already sampled elsewhere."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         self.validate_token_ids(prompt_token_ids)
-        seq = Sequence(prompt_token_ids, params, self.config.kvcache_block_size, request_id)
+        seq = Sequence(
+            prompt_token_ids, params, self.config.kvcache_block_size, request_id, num_prompt_tokens
+        )
         self.scheduler.validate(seq)
         return seq
 
@@ -118,7 +147,7 @@ class LLMEngine:
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
     ) -> Sequence:
         seq = self.make_sequence(prompt_token_ids, params, request_id)
-        self.scheduler.add(seq)
+        self.add_sequence(seq)
         return seq
 
     def abort(self, request_ids: list[str]) -> list[Sequence]:
@@ -197,6 +226,59 @@ class LLMEngine:
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.block_manager.drain_events()
+
+    # ---- worker roles --------------------------------------------------------------------------
+    # The cluster roles (prefill_worker, decode_worker, common/worker) use only the verbs below and
+    # the request methods above, never the scheduler, block manager or runner directly: these
+    # delegate, so the engine's internals can change without touching the roles.
+
+    @property
+    def block_size(self) -> int:
+        return self.config.kvcache_block_size
+
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """The KV cache tensor the KV transfer reads (prefill) or writes (decode) blocks of."""
+        return self.runner.kv_cache
+
+    def add_sequence(self, seq: Sequence) -> None:
+        """Queue a sequence made by `make_sequence` (its prompt is computed here)."""
+        self.scheduler.add(seq)
+
+    def cached_hashes(self) -> list[int]:
+        """Hashes of every full block the prefix cache holds now (for a snapshot)."""
+        return self.block_manager.cached_hashes()
+
+    def prompt_block_ids(self, seq: Sequence) -> list[int]:
+        """The physical blocks that hold `seq`'s prompt (the last one may be partly filled)."""
+        return seq.block_table[: math.ceil(seq.num_prompt_tokens / self.block_size)]
+
+    def reserve_transfer(self, seq: Sequence) -> bool:
+        """Allocate blocks for the prompt KV that a transfer will write; False while there is no room."""
+        return self.scheduler.reserve_for_transfer(seq)
+
+    def complete_transfer(self, seq: Sequence) -> None:
+        """The reserved blocks hold the prompt's KV: the sequence joins the running batch."""
+        self.scheduler.complete_transfer(seq)
+
+    def fail_transfer(self, seq: Sequence) -> None:
+        """The transfer will not arrive: free the reserved blocks and compute the prompt here."""
+        self.scheduler.fail_transfer(seq)
+
+    def release_handoff(self, seq: Sequence) -> None:
+        """Prefill role: the receiver has its copy; unpin the blocks (they stay in the prefix cache)."""
+        self.scheduler.release(seq)
+
+    def load_report(self) -> EngineLoad:
+        sched, bm = self.scheduler, self.block_manager
+        return EngineLoad(
+            num_free_blocks=bm.num_free_blocks,
+            num_total_blocks=bm.num_blocks,
+            num_waiting=len(sched.waiting),
+            num_running=len(sched.running),
+            num_transferring=len(sched.transferring),
+            queued_prefill_tokens=sched.queued_prefill_tokens,
+        )
 
 
 def speculative_config(config: EngineConfig) -> SpeculativeConfig:

@@ -1,31 +1,26 @@
-"""From a DecodeRequest to a Sequence whose prompt KV is about to arrive."""
+"""From a command (DecodeRequest or GenerateRequest) to the Sequence the engine runs."""
 
 from __future__ import annotations
 
 import math
 
 from common.llm_engine import LLMEngine
-from common.messages import DecodeRequest
+from common.messages import DecodeRequest, GenerateRequest
 from common.sequence import Sequence
 from common.worker.outputs import sampling_from_wire
 
 
-def sequence_from_request(engine: LLMEngine, req: DecodeRequest) -> Sequence:
-    """The prompt plus the first token (sampled by the prefill worker), with the prompt/completion
-    boundary after the prompt, so max_tokens, penalties and positions count the first token as the
-    first completion token. Raises ValueError (naming the problem) for a request this engine cannot run."""
+def sequence_from_request(engine: LLMEngine, req: DecodeRequest | GenerateRequest) -> Sequence:
+    """Raises ValueError (naming the problem) for a request this engine cannot run.
+
+    GenerateRequest: the prompt, computed here. DecodeRequest: the prompt plus the first token
+    (sampled by the prefill worker), with the prompt/completion boundary after the prompt, so
+    max_tokens, penalties and positions count the first token as the first completion token."""
     params = sampling_from_wire(req.sampling)
+    if isinstance(req, GenerateRequest):
+        return engine.make_sequence(req.prompt_token_ids, params, req.request_id)
     token_ids = [*req.prompt_token_ids, req.first_token_id]
-    engine.validate_token_ids(token_ids)
-    seq = Sequence(
-        token_ids,
-        params,
-        engine.config.kvcache_block_size,
-        req.request_id,
-        num_prompt_tokens=len(req.prompt_token_ids),
-    )
-    engine.scheduler.validate(seq)
-    return seq
+    return engine.make_sequence(token_ids, params, req.request_id, len(req.prompt_token_ids))
 
 
 def transferable(req: DecodeRequest, block_size: int) -> bool:

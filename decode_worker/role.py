@@ -1,13 +1,27 @@
 """The decode role's request handling (the engine loop itself is common/worker/service.py).
 
-A request's life here: DecodeRequest -> Sequence(prompt + first token) -> wait in `pending` until the
-cache has room for the prompt's blocks (never dropped) -> scheduler.reserve_for_transfer ->
-receiver.fetch -> DONE: complete_transfer (joins the decode batch) / FAILED: fail_transfer (the
-engine recomputes the prompt here) -> one TokenOutput per request per step, index = completion
-position of its token (the first token, index 0, came from the prefill worker).
+Two commands start a request here:
+* DecodeRequest (from a prefill worker) -> Sequence(prompt + first token) -> wait in `pending` until
+  the cache has room for the prompt's blocks (never dropped) -> engine.reserve_transfer -> receiver
+  fetch -> DONE: engine.complete_transfer (joins the decode batch) / FAILED: engine.fail_transfer
+  (the engine recomputes the prompt here). Tokens are sent from index 1 (index 0, the first token,
+  came from the prefill worker).
+* GenerateRequest (from the router, no disaggregation) -> Sequence(prompt) -> engine.add_sequence:
+  the prompt is computed here, reusing this worker's cached prefix, and tokens are sent from index 0;
+  the first message carries `cached_tokens` (the prefix hit). Until that first token it fails as a
+  prefill worker would (RequestFailed, e.g. a deadline), afterwards it ends as a decode does.
+Either way: one TokenOutput per request per step, index = completion position of its first token.
 
 Aborting a sequence whose transfer is in flight is deferred until the receiver reports it: until
 then the transfer may still write its destination blocks, so they must not go back to the pool.
+
+Mixed workers (`MixedRole`, `--role mixed`) are this role under another name, with engine role
+"mixed". The scheduler treats "mixed" like "decode" (only "prefill" hands sequences off), so the
+prefix cache works the same: a GenerateRequest's prompt is matched against it, and transferred prompts
+are registered on arrival. What "mixed" changes is outside the engine: the worker registers as
+prefill- and decode-capable, and it publishes its cache events and answers snapshots like a prefill
+worker, so the router's prefix index covers it. A mixed worker still accepts DecodeRequests; it does
+not take PrefillRequests (handing blocks off is the prefill role's job).
 """
 
 from __future__ import annotations
@@ -16,14 +30,14 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
-from common.llm_engine import LLMEngine, StepResult
-from common.messages import DecodeRequest, Message, TokenOutput
+from common.llm_engine import StepResult
+from common.messages import DecodeRequest, GenerateRequest, Message, TokenOutput
 from common.sequence import Sequence, SequenceStatus
 from common.worker.outputs import finish_reason, wire_logprobs
-from common.worker.role import LoadReport, WorkerContext, WorkerRole
+from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
-from decode_worker.receivers import KVReceivers
-from kvtransfer import TransferResult, TransferStatus
+from kvtransfer import KVTransferConfig, TransferResult, TransferStatus
+from kvtransfer.peers import KVReceiverSet
 
 log = logging.getLogger(__name__)
 TRANSFER_POLL_S = 0.002  # a waiting transfer delays the second token: look often while one is in flight
@@ -31,57 +45,56 @@ TRANSFER_POLL_S = 0.002  # a waiting transfer delays the second token: look ofte
 
 @dataclass
 class DecodeJob:
-    request: DecodeRequest
+    request: DecodeRequest | GenerateRequest
     seq: Sequence
+    next_index: int  # completion position of the next token to send
     kv_bytes: int = 0
     kv_seconds: float = 0.0
     kv_reported: bool = False
-    next_index: int = 1  # completion position of the next token to send (0 came from the prefill worker)
     abort_when_settled: bool = False  # aborted while its transfer may still write the blocks
 
 
 class DecodeRole(WorkerRole):
     name = "decode"
-    request_type = DecodeRequest
+    request_types = (DecodeRequest, GenerateRequest)
+    jobs: dict[str, DecodeJob]
+    kv: KVReceiverSet | None
 
     def __init__(self) -> None:
-        self.jobs: dict[str, DecodeJob] = {}
+        super().__init__()
         self.pending: deque[str] = deque()  # waiting for room to reserve the prompt's blocks, FIFO
-        self.receivers: KVReceivers | None = None
 
-    def start(self, ctx: WorkerContext) -> dict:
-        self.ctx = ctx
-        self.engine: LLMEngine = ctx.engine
+    def open_kv(self, ctx: WorkerContext) -> KVReceiverSet:
         cfg = ctx.config
-        kv_cache = self.engine.runner.kv_cache
-        self.receivers = KVReceivers(cfg.kv_transport, kv_cache, ctx.host, cfg.kv_fetch_timeout_s)
-        self.receivers.start()
-        return self.receivers.summary()
-
-    def close(self) -> None:
-        if self.receivers is not None:
-            self.receivers.close()
+        config = KVTransferConfig(
+            transport=cfg.kv_transport, host=ctx.host, fetch_timeout_s=cfg.kv_fetch_timeout_s
+        )
+        return KVReceiverSet(ctx.engine.kv_cache, config)
 
     # ---- commands ------------------------------------------------------------------------------
 
     def submit(self, msg: Message) -> None:
-        assert isinstance(msg, DecodeRequest)
+        assert isinstance(msg, self.request_types)
         rid = msg.request_id
         if rid in self.jobs:
-            log.warning("ignoring duplicate DecodeRequest %s", rid)
+            log.warning("ignoring duplicate %s %s", msg.TYPE, rid)
             return
         try:
             seq = sequence_from_request(self.engine, msg)
-        except ValueError as e:
+        except ValueError as e:  # the same request would fail on every worker
             self.ctx.fail(rid, str(e), retryable=False)
             return
-        self.jobs[rid] = DecodeJob(msg, seq)
-        if transferable(msg, self.engine.config.kvcache_block_size):
+        if isinstance(msg, GenerateRequest):
+            self.jobs[rid] = DecodeJob(msg, seq, next_index=0)
+            self.engine.add_sequence(seq)
+            return
+        self.jobs[rid] = DecodeJob(msg, seq, next_index=1)
+        if transferable(msg, self.engine.block_size):
             self.pending.append(rid)
             self._admit_pending()
         else:
             log.warning("%s: src_block_ids do not cover the prompt; recomputing it here", rid)
-            self.engine.scheduler.add(seq)
+            self.engine.add_sequence(seq)
 
     def abort(self, request_id: str) -> bool:
         job = self.jobs.get(request_id)
@@ -97,14 +110,10 @@ class DecodeRole(WorkerRole):
             self.engine.abort([request_id])
         return True
 
-    def snapshot(self, msg: Message) -> None:
-        # The router only mirrors prefill workers' caches; a decode worker has nothing to report.
-        log.debug("ignoring %s: decode workers publish no cache index", msg.TYPE)
-
     # ---- the loop ------------------------------------------------------------------------------
 
     def poll(self) -> None:
-        for result in self.receivers.poll():
+        for result in self.kv.poll():
             self._on_transfer(result)
         self._admit_pending()
         self.receivers.flush()
@@ -125,58 +134,41 @@ class DecodeRole(WorkerRole):
             if rid in finished:
                 del self.jobs[rid]
 
-    def after_iteration(self) -> None:
-        # No one subscribes to a decode worker's cache events; drain them so they do not pile up.
-        self.engine.drain_kv_events()
-
     def expire(self, now: float) -> None:
         for rid, job in list(self.jobs.items()):
             deadline = job.request.deadline
             if deadline is None or deadline >= now or job.abort_when_settled:
                 continue
             self.abort(rid)
-            self.ctx.finish_aborted(rid, job.next_index, len(job.request.prompt_token_ids))
+            if job.next_index == 0:  # nothing sent yet: fail as a prefill worker would
+                self.ctx.fail(rid, "deadline exceeded before the first token", retryable=False)
+            else:
+                self.ctx.finish_aborted(rid, job.next_index, len(job.request.prompt_token_ids))
 
     def poll_interval(self) -> float | None:
-        return TRANSFER_POLL_S if self.engine.scheduler.transferring or self.pending else None
+        transfers = self.engine.load_report().num_transferring
+        return TRANSFER_POLL_S if transfers or self.pending else None
 
-    def load(self) -> LoadReport:
-        sched, bm = self.engine.scheduler, self.engine.block_manager
-        return LoadReport(
-            num_free_blocks=bm.num_free_blocks,
-            num_total_blocks=bm.num_blocks,
-            num_waiting=len(sched.waiting) + len(self.pending) + len(sched.transferring),
-            num_running=len(sched.running),
-            queued_prefill_tokens=sched.queued_prefill_tokens,
-        )
-
-    def fail_all(self, error: str) -> None:
-        for rid in list(self.jobs):
-            self.ctx.fail(rid, error, retryable=True)
-            try:
-                self.abort(rid)
-            except Exception:  # the engine may be inconsistent: at least forget the request
-                log.exception("could not abort %s", rid)
-                self.jobs.pop(rid, None)
+    def num_queued(self) -> int:
+        return len(self.pending)
 
     # ---- helpers -------------------------------------------------------------------------------
 
     def _admit_pending(self) -> None:
-        sched = self.engine.scheduler
         while self.pending:
             job = self.jobs[self.pending[0]]
-            if not sched.reserve_for_transfer(job.seq):
+            if not self.engine.reserve_transfer(job.seq):
                 return  # no room yet: retried after the next step frees blocks
             self.pending.popleft()
             self._start_fetch(job)
 
     def _start_fetch(self, job: DecodeJob) -> None:
         req, seq = job.request, job.seq
-        dst = seq.block_table[: len(req.src_block_ids)]
-        error = self.receivers.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst)
+        dst = self.engine.prompt_block_ids(seq)  # as many as src_block_ids: see `transferable`
+        error = self.kv.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst)
         if error is not None:
             log.warning("%s: cannot fetch KV (%s); recomputing the prompt here", req.request_id, error)
-            self.engine.scheduler.fail_transfer(seq)
+            self.engine.fail_transfer(seq)
 
     def _on_transfer(self, result: TransferResult) -> None:
         job = self.jobs.get(result.request_id)
@@ -187,10 +179,10 @@ class DecodeRole(WorkerRole):
             self.engine.abort([result.request_id])
         elif result.status is TransferStatus.DONE:
             job.kv_bytes, job.kv_seconds = result.num_bytes, result.seconds
-            self.engine.scheduler.complete_transfer(job.seq)
+            self.engine.complete_transfer(job.seq)
         else:
             log.warning("%s: KV transfer failed (%s); recomputing here", result.request_id, result.error)
-            self.engine.scheduler.fail_transfer(job.seq)
+            self.engine.fail_transfer(job.seq)
 
     def _send_tokens(self, job: DecodeJob, token_ids: list[int], finished: bool) -> None:
         seq = job.seq
@@ -204,10 +196,18 @@ class DecodeRole(WorkerRole):
             token_ids=token_ids,
             finish_reason=finish_reason(seq) if finished else None,
             num_prompt_tokens=seq.num_prompt_tokens,
-            cached_tokens=0,
+            cached_tokens=seq.num_prefix_hit_tokens if job.next_index == 0 else 0,
             logprobs=wire_logprobs(seq, len(token_ids)),
             kv_transfer_bytes=kv_bytes,
             kv_transfer_seconds=kv_seconds,
         )
         job.next_index += len(token_ids)
         self.ctx.channels.to_router(msg)
+
+
+class MixedRole(DecodeRole):
+    """A decode worker registered as "mixed": prefill- and decode-capable, with a published prefix
+    cache (see the module docstring)."""
+
+    name = "mixed"
+    publishes_events = True

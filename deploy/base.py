@@ -1,10 +1,11 @@
 """The worker-backend contract shared by the launcher and its backends (local processes, Ray).
 
 A backend starts one worker per `WorkerSpec` and hands back a `WorkerHandle`. A worker is the
-command line `python -m {prefill_worker|decode_worker} {argv}`; under Ray the same `main(argv)`
-runs inside an actor. Invariants: `start` returns without waiting for the worker to be ready
-(readiness is the router's `/health`); `stop` is idempotent, escalates to a kill after `grace_s`,
-and leaves no orphan process; `shutdown` stops everything the backend started.
+command line `python -m {spec.module} {argv}` (a mixed worker is a decode_worker started with
+`--role mixed`); under Ray an actor supervises the same command. Invariants: `start` returns
+without waiting for the worker to be ready (readiness is the router's `/health`); `stop` is
+idempotent, escalates to a kill after `grace_s`, and leaves no orphan process; `shutdown` stops
+everything the backend started.
 """
 
 from __future__ import annotations
@@ -12,25 +13,28 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+# The module that serves each role (`--role ROLE` picks it within the module).
+WORKER_MODULES = {"prefill": "prefill_worker", "decode": "decode_worker", "mixed": "decode_worker"}
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    role: str  # "prefill" | "decode"
+    role: str  # "prefill" | "decode" | "mixed"
     worker_id: str
-    argv: list[str]  # arguments after `python -m {role}_worker`
+    argv: list[str]  # arguments after `python -m {module}`
     num_gpus: float = 0.0  # GPU share (several workers may share one GPU)
     env: dict[str, str] = field(default_factory=dict)
     module_override: str | None = None  # run this module instead (tests use a stand-in worker)
 
     def __post_init__(self) -> None:
-        if self.role not in ("prefill", "decode"):
-            raise ValueError(f"role must be 'prefill' or 'decode', got {self.role!r}")
+        if self.role not in WORKER_MODULES:
+            raise ValueError(f"role must be one of {tuple(WORKER_MODULES)}, got {self.role!r}")
         if self.num_gpus < 0:
             raise ValueError(f"num_gpus must be >= 0, got {self.num_gpus}")
 
     @property
     def module(self) -> str:
-        return self.module_override or f"{self.role}_worker"
+        return self.module_override or WORKER_MODULES[self.role]
 
 
 class WorkerHandle(ABC):

@@ -1,6 +1,6 @@
-"""`python -m deploy.launch`: start a router and N prefill + M decode workers, serve until Ctrl-C.
+"""`python -m deploy.launch`: start a router and N prefill + M decode + K mixed workers, serve until Ctrl-C.
 
-    python -m deploy.launch [--model PATH] --prefill N --decode M [--host H] [--port P]
+    python -m deploy.launch [--model PATH] --prefill N --decode M [--mixed K] [--host H] [--port P]
         [--backend ray|local] [--kv-transport auto|ipc|nccl|tcp] [--routing prefix|round_robin]
         [--gpus-per-worker F] [--log-dir DIR] [--api-key KEY] [--protect-status] [engine flags]
 
@@ -8,9 +8,7 @@ Order: resolve the model (the default model when --model is absent) -> router su
 its ready file, which names the inbox) -> workers through the backend -> wait until /health is 200
 and lists every worker live -> print "pdserve ready: URL/v1" once -> serve until SIGINT/SIGTERM (or
 the router dies) -> stop the workers and the router (no process is left behind, see local_backend).
-GPU sharing: with CUDA, N+M workers on G GPUs each get a 1/ceil((N+M)/G) share (or
---gpus-per-worker) and `--gpu-memory-utilization` scaled by it (each worker sizes its KV cache from its
-own share: common/worker/engine_factory.py).
+What is started, with which flags and GPU shares (mixed workers, validation), is planned in plan.py.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import sys
@@ -28,113 +25,16 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.engine_args import add_engine_args, engine_argv, engine_overrides
-from deploy.base import WorkerBackend, WorkerHandle, WorkerSpec
+from common.engine_args import add_engine_args, engine_overrides
+from deploy.base import WorkerBackend, WorkerHandle
 from deploy.local_backend import signal_group, spawn, stop_processes
 from deploy.passthrough import ROUTER_FLAGS, WORKER_FLAGS, add_passthrough_args, passthrough_argv
+from deploy.plan import BACKENDS, LaunchPlan, worker_specs
 from router.config import API_KEY_ENV
 
 log = logging.getLogger("deploy.launch")
-BACKENDS = ("ray", "local")
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    model: str
-    num_prefill: int = 1
-    num_decode: int = 1
-    host: str = "127.0.0.1"
-    port: int = 8000
-    backend: str = "ray"
-    kv_transport: str = "auto"
-    routing: str = "prefix"
-    gpus_per_worker: float | None = None
-    engine: dict = field(default_factory=dict)  # explicit engine flags, forwarded to every worker
-    advertise_host: str | None = None  # where workers reach the router (default: host, or loopback)
-    ray_address: str | None = None
-    log_dir: str | None = None
-    log_level: str = "info"
-    startup_timeout_s: float = 600.0
-    api_key: str | None = field(default=None, repr=False)  # for the router; never logged
-    protect_status: bool = False
-    router_argv: tuple[str, ...] = ()  # extra router flags (deploy.passthrough)
-    worker_argv: tuple[str, ...] = ()  # extra flags for every worker
-
-    def __post_init__(self) -> None:
-        for name in ("num_prefill", "num_decode"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.gpus_per_worker is not None and not 0 < self.gpus_per_worker <= 1:
-            raise ValueError(f"gpus_per_worker must be in (0, 1], got {self.gpus_per_worker}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.protect_status and not self.api_key:
-            raise ValueError(
-                "protect_status needs api_key: there is no key to protect the status routes with"
-            )
-
-    @property
-    def inbox_host(self) -> str:
-        if self.advertise_host:
-            return self.advertise_host
-        return "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
-
-
-def gpu_layout(num_workers: int, num_gpus: int, per_worker: float | None) -> list[tuple[float, int | None]]:
-    """(GPU share, GPU index for local placement) per worker; no GPUs -> (0.0, None) each."""
-    if num_gpus == 0:
-        return [(0.0, None)] * num_workers
-    share = per_worker if per_worker is not None else 1.0 / math.ceil(num_workers / num_gpus)
-    return [(share, i % num_gpus) for i in range(num_workers)]
-
-
-def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec]:
-    roles = ["prefill"] * plan.num_prefill + ["decode"] * plan.num_decode
-    counts = {"prefill": 0, "decode": 0}
-    base_util = plan.engine.get("gpu_memory_utilization", 0.9)
-    # Ray picks the node and GPU itself, so there workers find their own address ("auto").
-    host = "auto" if plan.backend == "ray" else plan.inbox_host
-    specs = []
-    for role, (share, gpu) in zip(roles, gpu_layout(len(roles), num_gpus, plan.gpus_per_worker), strict=True):
-        worker_id = f"{role}-{counts[role]}"
-        counts[role] += 1
-        engine = dict(plan.engine)
-        if share:
-            engine["gpu_memory_utilization"] = round(base_util * share, 4)
-        argv = ["--model", plan.model, "--router-addr", inbox, "--host", host, "--worker-id", worker_id]
-        argv += ["--kv-transport", plan.kv_transport, "--log-level", plan.log_level, *engine_argv(engine)]
-        argv += list(plan.worker_argv)
-        env = (
-            {"CUDA_VISIBLE_DEVICES": visible_devices(gpu, num_gpus)}
-            if plan.backend == "local" and gpu is not None
-            else {}
-        )
-        if num_gpus == 0:
-            env.update(cpu_thread_env(len(roles)))
-        specs.append(WorkerSpec(role, worker_id, argv, num_gpus=share, env=env))
-    return specs
-
-
-def visible_devices(gpu: int, num_gpus: int) -> str:
-    """CUDA_VISIBLE_DEVICES for a worker placed on `gpu`: its own GPU first (so it is the worker's
-    cuda:0), then every other GPU of the host. The others must stay visible: CUDA IPC mappings of a
-    peer's KV cache and NCCL's peer-to-peer path both need the peer's GPU in the process."""
-    return ",".join(str((gpu + i) % num_gpus) for i in range(num_gpus))
-
-
-def cpu_thread_env(num_workers: int) -> dict[str, str]:
-    """On the CPU, split the cores between the workers: each torch process otherwise starts one thread
-    per core, and N workers spinning N x cores threads on the same cores run many times slower.
-    An explicit OMP_NUM_THREADS in the launcher's environment wins."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return {}
-    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // num_workers))}
 
 
 def make_backend(plan: LaunchPlan) -> WorkerBackend:
@@ -258,6 +158,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
     p.add_argument("--model", default=None, help="HF model directory (default: the default model)")
     p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
+    p.add_argument("--mixed", type=int, default=0, help="number of mixed (prefill + decode) workers")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
     p.add_argument("--advertise-host", default=None, help="address workers use to reach the router")
@@ -280,6 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
             model=resolve_model(args.model),
             num_prefill=args.prefill,
             num_decode=args.decode,
+            num_mixed=args.mixed,
             host=args.host,
             port=args.port,
             backend=args.backend,

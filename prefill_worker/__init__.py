@@ -17,4 +17,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     from common.worker.main import run_worker
     from prefill_worker.role import PrefillRole
 
-    return run_worker(PrefillRole, argv)
+    return run_worker({"prefill": PrefillRole}, argv)

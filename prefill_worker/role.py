@@ -4,25 +4,23 @@ A request's life here: PrefillRequest -> engine (role "prefill") -> first token 
   * finished already (EOS / stop token / max_tokens == 1 / max_model_len): one TokenOutput with
     finish_reason; no decode worker is involved and the engine has freed the blocks;
   * otherwise: TokenOutput(index 0) to the router at once, then publish the prompt's blocks and send
-    DecodeRequest to the decode worker. The blocks stay pinned (scheduler.handed_off) until the sender
-    reports the publication released (DONE: acknowledged; FAILED: lease expired or transfer failed —
-    the decode worker then recomputes), and then fall into the prefix-cache LRU.
+    DecodeRequest to the decode worker. The blocks stay pinned (handed off) until the sender reports
+    the publication released (DONE: acknowledged; FAILED: lease expired or transfer failed — the
+    decode worker then recomputes); `engine.release_handoff` then drops them into the prefix-cache LRU.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
-from common.llm_engine import LLMEngine, StepResult
+from common.llm_engine import StepResult
 from common.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
 from common.sequence import Sequence
 from common.worker.outputs import finish_reason, sampling_from_wire, wire_logprobs
-from common.worker.role import LoadReport, WorkerContext, WorkerRole
-from kvtransfer import TransferStatus
-from prefill_worker.events import EventPublisher
-from prefill_worker.senders import KVSenders
+from common.worker.role import WorkerContext, WorkerRole
+from kvtransfer import KVTransferConfig, TransferStatus
+from kvtransfer.peers import KVSenderSet
 
 log = logging.getLogger(__name__)
 RELEASE_POLL_S = 0.01  # how often to look for acknowledged hand-offs while otherwise idle
@@ -37,25 +35,15 @@ class PrefillJob:
 
 class PrefillRole(WorkerRole):
     name = "prefill"
-    request_type = PrefillRequest
+    request_types = (PrefillRequest,)
     publishes_events = True
+    jobs: dict[str, PrefillJob]
+    kv: KVSenderSet | None
 
-    def __init__(self) -> None:
-        self.jobs: dict[str, PrefillJob] = {}
-        self.senders: KVSenders | None = None
-
-    def start(self, ctx: WorkerContext) -> dict:
-        self.ctx = ctx
-        self.engine: LLMEngine = ctx.engine
-        self.events = EventPublisher(ctx.worker_id, ctx.channels)
+    def open_kv(self, ctx: WorkerContext) -> KVSenderSet:
         cfg = ctx.config
-        self.senders = KVSenders(cfg.kv_transport, self.engine.runner.kv_cache, ctx.host, cfg.kv_lease_s)
-        self.senders.start()
-        return self.senders.summary()
-
-    def close(self) -> None:
-        if self.senders is not None:
-            self.senders.close()
+        config = KVTransferConfig(transport=cfg.kv_transport, host=ctx.host, lease_s=cfg.kv_lease_s)
+        return KVSenderSet(ctx.engine.kv_cache, config)
 
     # ---- commands ------------------------------------------------------------------------------
 
@@ -77,13 +65,9 @@ class PrefillRole(WorkerRole):
         job = self.jobs.pop(request_id, None)
         if job is None:
             return False
-        self.senders.cancel(request_id)  # first: nothing may read the blocks once they are freed
+        self.kv.cancel(request_id)  # first: nothing may read the blocks once they are freed
         self.engine.abort([request_id])
         return True
-
-    def snapshot(self, msg: Message) -> None:
-        hashes = self.engine.block_manager.cached_hashes()
-        self.events.snapshot(self.engine.drain_kv_events(), hashes)
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -100,16 +84,13 @@ class PrefillRole(WorkerRole):
                 self._hand_off(job, update.new_token_id)
 
     def poll(self) -> None:
-        for release in self.senders.poll_released():
+        for release in self.kv.poll_released():
             job = self.jobs.pop(release.request_id, None)
             if job is None:
                 continue
             if release.status is TransferStatus.FAILED:
                 log.warning("hand-off of %s ended without ack: %s", release.request_id, release.error)
-            self.engine.scheduler.release(job.seq)
-
-    def after_iteration(self) -> None:
-        self.events.flush(self.engine.drain_kv_events())
+            self.engine.release_handoff(job.seq)
 
     def expire(self, now: float) -> None:
         # Handed-off requests are the decode worker's to expire; their blocks go with the lease.
@@ -121,25 +102,6 @@ class PrefillRole(WorkerRole):
 
     def poll_interval(self) -> float | None:
         return RELEASE_POLL_S if self.jobs else None
-
-    def load(self) -> LoadReport:
-        sched, bm = self.engine.scheduler, self.engine.block_manager
-        return LoadReport(
-            num_free_blocks=bm.num_free_blocks,
-            num_total_blocks=bm.num_blocks,
-            num_waiting=len(sched.waiting),
-            num_running=len(sched.running),
-            queued_prefill_tokens=sched.queued_prefill_tokens,
-        )
-
-    def fail_all(self, error: str) -> None:
-        for rid in list(self.jobs):
-            self.ctx.fail(rid, error, retryable=True)
-            try:
-                self.abort(rid)
-            except Exception:  # the engine may be inconsistent: at least forget the request
-                log.exception("could not abort %s", rid)
-                self.jobs.pop(rid, None)
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -159,15 +121,13 @@ class PrefillRole(WorkerRole):
 
     def _hand_off(self, job: PrefillJob, token: int) -> None:
         req, seq = job.request, job.seq
-        num_blocks = math.ceil(seq.num_prompt_tokens / self.engine.config.kvcache_block_size)
-        blocks = seq.block_table[:num_blocks]
-        transport = self.senders.choose(req.decode_command_addr)
+        blocks = self.engine.prompt_block_ids(seq)
         try:
-            endpoint = self.senders.publish(req.request_id, transport, blocks)
+            endpoint = self.kv.publish(req.request_id, req.decode_command_addr, blocks)
         except (ValueError, RuntimeError) as e:  # our own bug or a closed sender: do not pin forever
             log.error("cannot publish %s: %s", req.request_id, e)
             del self.jobs[req.request_id]
-            self.engine.scheduler.release(seq)
+            self.engine.release_handoff(seq)
             self.ctx.fail(req.request_id, f"KV hand-off failed: {e}", retryable=True)
             return
         job.handed_off = True

@@ -1,4 +1,4 @@
-"""The worker service both cluster roles share (prefill_worker/ and decode_worker/ never import each other).
+"""The worker service every cluster role shares (prefill_worker/ and decode_worker/ never import each other).
 
 A worker process is one `WorkerService`: it loads an engine, binds its sockets through `WorkerChannels`
 (one I/O thread owns every ZMQ socket: command PULL, router PUSH, events PUB, peer PUSHes; it also sends

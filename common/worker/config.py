@@ -1,7 +1,10 @@
 """Worker configuration (a validated frozen dataclass, no I/O) and the shared worker command line.
 
-python -m {prefill,decode}_worker --router-addr tcp://H:P [--model PATH] [--host H|auto]
+python -m {prefill,decode}_worker --router-addr tcp://H:P [--role ROLE] [--model PATH] [--host H|auto]
     [--worker-id ID] [--kv-transport auto|tcp|ipc|nccl] [--kv-lease-s S] [engine flags]
+
+`--role` picks among the roles a worker module serves: prefill_worker serves "prefill",
+decode_worker serves "decode" (the default) and "mixed" (see decode_worker/role.py).
 """
 
 from __future__ import annotations
@@ -50,8 +53,6 @@ class WorkerConfig:
             raise ValueError(f"host must be an address peers can dial (or 'auto'), got {self.host!r}")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
-        if self.engine.role not in ("prefill", "decode"):
-            raise ValueError(f"engine.role must be 'prefill' or 'decode', got {self.engine.role!r}")
         for name in ("kv_lease_s", "kv_fetch_timeout_s", "heartbeat_interval_s", "register_interval_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -68,8 +69,11 @@ class WorkerConfig:
         return self.model_name or os.path.basename(os.path.normpath(self.engine.model))
 
 
-def build_worker_parser(role: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m {role}_worker", description=f"pdserve {role} worker")
+def build_worker_parser(roles: Sequence[str]) -> argparse.ArgumentParser:
+    """The command line of a worker module serving `roles` (the first is the default)."""
+    module = f"{roles[0]}_worker"
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=f"pdserve {'/'.join(roles)} worker")
+    p.add_argument("--role", choices=roles, default=roles[0], help="the role this worker serves")
     p.add_argument("--model", default=None, help="HF model directory (default: the default model)")
     p.add_argument("--router-addr", required=True, help="the router's inbox, tcp://host:port")
     p.add_argument(
@@ -86,12 +90,13 @@ def build_worker_parser(role: str) -> argparse.ArgumentParser:
     return p
 
 
-def parse_worker_args(argv: Sequence[str] | None, role: str) -> tuple[WorkerConfig, str]:
-    """(WorkerConfig, log level) from the command line; exits with status 2 on a bad value."""
+def parse_worker_args(argv: Sequence[str] | None, roles: Sequence[str]) -> tuple[WorkerConfig, str]:
+    """(WorkerConfig, log level) for a worker module serving `roles`; exits with status 2 on a bad value."""
     from common.default_model import resolve_model
 
-    parser = build_worker_parser(role)
+    parser = build_worker_parser(roles)
     args = parser.parse_args(argv)
+    role = args.role
     try:
         args.model = resolve_model(args.model)
         config = WorkerConfig(

@@ -7,6 +7,8 @@ they start together, whatever the race leaves). A worker's runner therefore budg
 memory its own process holds (weights, workspaces): `share * total - own - activation reserve`, which
 does not depend on what the other workers are doing at that moment. The launcher keeps the shares of
 one GPU summing to at most `--gpu-memory-utilization`.
+
+Everything else (model, speculative proposer, ...) is built by `LLMEngine.from_config`, the one builder.
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ import logging
 import torch
 
 from common.config import EngineConfig
-from common.device import resolve_platform
-from common.llm_engine import LLMEngine, resolve_max_model_len
-from common.model_config import ModelConfig
+from common.llm_engine import LLMEngine
 from common.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -27,17 +27,12 @@ log = logging.getLogger(__name__)
 def build_engine(config: EngineConfig) -> LLMEngine:
     if config.tensor_parallel_size != 1:
         raise ValueError("tensor_parallel_size: cluster workers run a single rank for now (use 1)")
-    platform = resolve_platform(config.device)
-    if not platform.is_cuda or config.num_kvcache_blocks is not None:
-        return LLMEngine.from_config(config)
-    model_config = ModelConfig.from_dir(config.model)
-    max_model_len = resolve_max_model_len(config, model_config)
-    runner = SharedGpuRunner.load(config, model_config, platform, max_model_len)
-    return LLMEngine(config, model_config, runner)
+    return LLMEngine.from_config(config, runner_cls=SharedGpuRunner)
 
 
 class SharedGpuRunner(ModelRunner):
-    """A ModelRunner whose KV cache is sized from this process's own share of the GPU."""
+    """A ModelRunner whose KV cache is sized from this process's own share of the GPU (on the CPU, or
+    with an explicit `num_kvcache_blocks`, it sizes the cache exactly as a ModelRunner does)."""
 
     def num_blocks_for_memory(self) -> int:
         if self.config.num_kvcache_blocks is not None or not self.platform.is_cuda:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from common.worker.config import parse_worker_args
 from common.worker.role import WorkerRole
@@ -14,10 +14,11 @@ from common.worker.service import WorkerService
 log = logging.getLogger(__name__)
 
 
-def run_worker(make_role: Callable[[], WorkerRole], argv: Sequence[str] | None = None) -> int:
-    """Run one worker in this process; returns the exit status (0 after a clean shutdown)."""
-    role = make_role()
-    config, log_level = parse_worker_args(argv, role.name)
+def run_worker(roles: Mapping[str, Callable[[], WorkerRole]], argv: Sequence[str] | None = None) -> int:
+    """Run one worker in this process, in the role `--role` picks from `roles` (role name -> factory;
+    the first is the default); returns the exit status (0 after a clean shutdown)."""
+    config, log_level = parse_worker_args(argv, list(roles))
+    role = roles[config.role]()
     logging.basicConfig(
         level=log_level.upper(), format=f"%(asctime)s %(levelname)s {config.worker_id} %(name)s: %(message)s"
     )

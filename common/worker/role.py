@@ -1,21 +1,26 @@
-"""What the engine loop asks of a role (prefill or decode), and what it hands the role to work with.
+"""What the engine loop asks of a role (prefill, decode, mixed), and what it hands the role to work with.
 
 Every hook runs in the engine loop's thread, so a role's state needs no locks; a role talks to the
-outside only through `ctx.channels` (queued messages) and its KV sender/receiver (non-blocking calls).
+outside only through `ctx.channels` (queued messages), its KV side (a `KVSide`: the kvtransfer sender
+or receiver set, non-blocking calls) and the engine's worker-role verbs (common/llm_engine.py).
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from common.messages import Message, RequestFailed, TokenOutput
+from common.worker.events import EventPublisher
 
 if TYPE_CHECKING:
     from common.llm_engine import LLMEngine, StepResult
     from common.worker.channels import WorkerChannels
     from common.worker.config import WorkerConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,26 +54,69 @@ class WorkerContext:
         self.channels.to_router(msg)
 
 
-class WorkerRole(ABC):
-    name: ClassVar[str]  # "prefill" | "decode"
-    request_type: ClassVar[type[Message]]  # the command that starts a request on this role
-    publishes_events: ClassVar[bool] = False
+class KVSide(Protocol):
+    """A role's KV transfer endpoints (kvtransfer.peers.KVSenderSet / KVReceiverSet)."""
 
-    @abstractmethod
+    def start(self) -> None: ...
+
+    def summary(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+class WorkerRole(ABC):
+    """One worker role. `jobs` maps request id -> the role's record of a request it holds; the base
+    class implements what every role does the same way (KV side start/close, cache events, load
+    figures, failing everything after an engine error)."""
+
+    name: ClassVar[str]  # "prefill" | "decode" | "mixed" (the engine role and the registered role)
+    request_types: ClassVar[tuple[type[Message], ...]]  # the commands that start a request here
+    publishes_events: ClassVar[bool] = False  # publish prefix-cache events and answer snapshots
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Any] = {}
+        self.kv: KVSide | None = None
+        self.events: EventPublisher | None = None
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
     def start(self, ctx: WorkerContext) -> dict:
         """Start the KV transfer side; returns the `kv_endpoint` summary for the registration."""
+        self.ctx = ctx
+        self.engine: LLMEngine = ctx.engine
+        if self.publishes_events:
+            self.events = EventPublisher(ctx.worker_id, ctx.channels)
+        self.kv = self.open_kv(ctx)
+        self.kv.start()
+        return self.kv.summary()
+
+    @abstractmethod
+    def open_kv(self, ctx: WorkerContext) -> KVSide:
+        """The role's (not yet started) KV sender or receiver set."""
+
+    def close(self) -> None:
+        """Stop the KV transfer side (idempotent)."""
+        if self.kv is not None:
+            self.kv.close()
+
+    # ---- commands ------------------------------------------------------------------------------
 
     @abstractmethod
     def submit(self, msg: Message) -> None:
-        """A new request (already checked against the abort memory)."""
+        """A new request (one of `request_types`, already checked against the abort memory)."""
 
     @abstractmethod
     def abort(self, request_id: str) -> bool:
         """Drop the request and free its blocks; False if unknown. Must be idempotent."""
 
-    @abstractmethod
     def snapshot(self, msg: Message) -> None:
-        """Answer a SnapshotRequest (only prefill workers hold an index the router mirrors)."""
+        """Answer a SnapshotRequest (only roles that publish cache events hold an index to mirror)."""
+        if self.events is None:
+            log.debug("ignoring %s: this %s worker publishes no cache index", msg.TYPE, self.name)
+            return
+        self.events.snapshot(self.engine.drain_kv_events(), self.engine.cached_hashes())
+
+    # ---- the loop ------------------------------------------------------------------------------
 
     @abstractmethod
     def poll(self) -> None:
@@ -82,21 +130,36 @@ class WorkerRole(ABC):
     def expire(self, now: float) -> None:
         """Abort requests whose deadline (Unix time) is before `now`."""
 
-    @abstractmethod
     def after_iteration(self) -> None:
-        """End of one loop turn (e.g. publish cache events)."""
+        """End of one loop turn: publish the step's cache events (or drop them: nobody listens)."""
+        events = self.engine.drain_kv_events()
+        if self.events is not None:
+            self.events.flush(events)
 
     @abstractmethod
     def poll_interval(self) -> float | None:
         """How soon `poll` has something to do while the engine is idle (None: only on commands)."""
 
-    @abstractmethod
-    def load(self) -> LoadReport: ...
+    def num_queued(self) -> int:
+        """Requests the role holds back from the engine (e.g. waiting for room to reserve blocks)."""
+        return 0
 
-    @abstractmethod
+    def load(self) -> LoadReport:
+        figures = self.engine.load_report()
+        return LoadReport(
+            num_free_blocks=figures.num_free_blocks,
+            num_total_blocks=figures.num_total_blocks,
+            num_waiting=figures.num_waiting + figures.num_transferring + self.num_queued(),
+            num_running=figures.num_running,
+            queued_prefill_tokens=figures.queued_prefill_tokens,
+        )
+
     def fail_all(self, error: str) -> None:
         """The engine broke: fail every request (retryably) and forget it."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Stop the KV transfer side."""
+        for rid in list(self.jobs):
+            self.ctx.fail(rid, error, retryable=True)
+            try:
+                self.abort(rid)
+            except Exception:  # the engine may be inconsistent: at least forget the request
+                log.exception("could not abort %s", rid)
+                self.jobs.pop(rid, None)

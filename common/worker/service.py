@@ -128,7 +128,7 @@ class WorkerService:
         if isinstance(msg, Abort):
             self.aborts.remember(msg.request_id, time.time())
             self.role.abort(msg.request_id)
-        elif isinstance(msg, self.role.request_type):
+        elif isinstance(msg, self.role.request_types):
             if self.aborts.was_aborted(msg.request_id, time.time()):
                 log.info("dropping %s: already aborted", msg.request_id)
             else:
@@ -158,7 +158,7 @@ class WorkerService:
 
     def _registration(self, host: str, addresses: BoundAddresses, kv_endpoint: dict) -> WorkerRegister:
         cfg, engine = self.config, self.engine
-        block_size = cfg.engine.kvcache_block_size
+        block_size = engine.block_size
         return WorkerRegister(
             worker_id=cfg.worker_id,
             role=cfg.role,
@@ -169,7 +169,7 @@ class WorkerService:
             kv_endpoint=kv_endpoint,
             block_size=block_size,
             probe_hash=probe_hash(block_size),
-            num_kv_blocks=engine.block_manager.num_blocks,
+            num_kv_blocks=engine.load_report().num_total_blocks,
             max_model_len=engine.max_model_len,
             max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
             model_name=cfg.served_model_name,

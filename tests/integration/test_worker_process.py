@@ -1,6 +1,7 @@
 """One worker process (`python -m {prefill,decode}_worker`, tiny random model) against a stand-in router
-inbox: registration and its parity fields, heartbeats, snapshots, garbage on the command socket, and a
-clean exit (status 0) on Shutdown and on SIGTERM."""
+inbox: registration and its parity fields, heartbeats, snapshots, garbage on the command socket, a
+mixed worker generating over its real command socket, and a clean exit (status 0) on Shutdown and on
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import time
 import pytest
 import zmq
 
-from common.hashing import probe_hash
+from common import LLM, SamplingParams
+from common.hashing import block_hashes, probe_hash
 from common.messages import (
     Abort,
+    GenerateRequest,
     Shutdown,
     Snapshot,
     SnapshotRequest,
+    TokenOutput,
     WorkerHeartbeat,
     WorkerRegister,
     decode,
@@ -42,9 +46,19 @@ def inbox():
     ctx.term()
 
 
-def start_worker(role: str, model: str, router_addr: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", f"{role}_worker", "--model", model, "--router-addr", router_addr]
-    cmd += ["--worker-id", f"{role}-x", "--num-kvcache-blocks", "16", "--log-level", "warning"]
+def start_worker(module: str, model: str, router_addr: str, role: str | None = None) -> subprocess.Popen:
+    role = role or module
+    cmd = [sys.executable, "-m", f"{module}_worker", "--model", model, "--router-addr", router_addr]
+    cmd += [
+        "--role",
+        role,
+        "--worker-id",
+        f"{role}-x",
+        "--num-kvcache-blocks",
+        "16",
+        "--log-level",
+        "warning",
+    ]
     return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -92,6 +106,33 @@ def test_prefill_worker_answers_snapshots_and_exits_on_sigterm(tiny_model_dirs, 
         snap = receive(pull, Snapshot, proc)
         assert (snap.worker_id, snap.seq, snap.hashes) == ("prefill-x", 0, [])
         proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_mixed_worker_generates_over_its_command_socket(tiny_model_dirs, inbox) -> None:
+    pull, push = inbox
+    model = tiny_model_dirs["qwen2"]
+    proc = start_worker("decode", model, pull.getsockopt_string(zmq.LAST_ENDPOINT), role="mixed")
+    try:
+        reg = receive(pull, WorkerRegister, proc)
+        assert (reg.worker_id, reg.role) == ("mixed-x", "mixed")
+        assert reg.events_addr.startswith("tcp://127.0.0.1:")  # its cache is published like a prefill's
+        push.connect(reg.command_addr)
+        prompt = [(i * 37 + 11) % 500 for i in range(40)]
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+        push.send(encode(GenerateRequest("g1", prompt, params.to_dict(), None)))
+        outs = [receive(pull, TokenOutput, proc)]
+        while outs[-1].finish_reason is None:
+            outs.append(receive(pull, TokenOutput, proc))
+        assert [o.index for o in outs][0] == 0 and outs[-1].finish_reason == "length"
+        expected = LLM(model, num_kvcache_blocks=16).generate([prompt], params, use_tqdm=False)
+        assert [t for o in outs for t in o.token_ids] == expected[0]["token_ids"]
+        push.send(encode(SnapshotRequest("mixed-x")))
+        assert set(block_hashes(prompt, 16)) <= set(receive(pull, Snapshot, proc).hashes)
+        push.send(encode(Shutdown("test over")))
         assert proc.wait(timeout=20) == 0
     finally:
         proc.kill()

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from deploy.base import WorkerSpec
-from deploy.launch import LaunchPlan, gpu_layout, worker_specs
 from deploy.local_backend import REPO_ROOT, LocalBackend, child_env
+from deploy.plan import LaunchPlan, gpu_layout, worker_specs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,9 +154,35 @@ def test_worker_specs_forward_engine_flags_and_gpu_shares() -> None:
     assert ray[0].argv[ray[0].argv.index("--host") + 1] == "auto"  # each node finds its own address
 
 
+def test_mixed_workers_are_decode_workers_with_their_own_role_and_gpu_share() -> None:
+    plan = LaunchPlan("/m", num_prefill=1, num_decode=1, num_mixed=2, backend="local")
+    specs = worker_specs(plan, "tcp://127.0.0.1:5000", num_gpus=2)
+    assert [(s.role, s.worker_id, s.module) for s in specs] == [
+        ("prefill", "prefill-0", "prefill_worker"),
+        ("decode", "decode-0", "decode_worker"),
+        ("mixed", "mixed-0", "decode_worker"),
+        ("mixed", "mixed-1", "decode_worker"),
+    ]
+    assert [s.argv[s.argv.index("--role") + 1] for s in specs] == ["prefill", "decode", "mixed", "mixed"]
+    per_gpu: dict[str, float] = {}
+    for s in specs:
+        util = float(s.argv[s.argv.index("--gpu-memory-utilization") + 1])
+        per_gpu[s.env["CUDA_VISIBLE_DEVICES"]] = per_gpu.get(s.env["CUDA_VISIBLE_DEVICES"], 0.0) + util
+        assert s.num_gpus == 0.5
+    assert per_gpu == pytest.approx({"0": 0.9, "1": 0.9})  # each GPU's shares sum to the default 0.9
+    alone = worker_specs(LaunchPlan("/m", num_prefill=0, num_decode=0, num_mixed=2), "tcp://h:1", 0)
+    assert [s.worker_id for s in alone] == ["mixed-0", "mixed-1"]
+
+
 def test_launch_plan_validation() -> None:
     with pytest.raises(ValueError, match="num_decode"):
         LaunchPlan("/m", num_decode=0)
+    with pytest.raises(ValueError, match="could decode"):
+        LaunchPlan("/m", num_prefill=2, num_decode=0, num_mixed=0)
+    for bad in ({"num_mixed": -1}, {"num_prefill": -1}, {"num_decode": 1.5}, {"num_mixed": True}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be a non-negative int"):
+            LaunchPlan("/m", **bad)
+    assert LaunchPlan("/m", num_prefill=0, num_decode=1).roles == ["decode"]  # decode workers prefill too
     with pytest.raises(ValueError, match="backend"):
         LaunchPlan("/m", backend="k8s")
     with pytest.raises(ValueError, match="gpus_per_worker"):

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from common.default_model import prepare_default_model
-from deploy.launch import parse_args, worker_specs
+from deploy.launch import parse_args
+from deploy.plan import worker_specs
 
 
 def test_given_flags_reach_router_and_workers():
@@ -20,3 +23,13 @@ def test_given_flags_reach_router_and_workers():
 def test_absent_flags_leave_child_defaults_alone():
     plan = parse_args(["--model", str(prepare_default_model(progress=False))])
     assert plan.router_argv == () and plan.worker_argv == ()
+
+
+def test_mixed_flag(capsys):
+    model = str(prepare_default_model(progress=False))
+    plan = parse_args(["--model", model, "--prefill", "0", "--decode", "0", "--mixed", "2"])
+    assert (plan.num_prefill, plan.num_decode, plan.num_mixed) == (0, 0, 2)
+    assert parse_args(["--model", model]).num_mixed == 0
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--model", model, "--decode", "0"])
+    assert exc.value.code == 2 and "could decode" in capsys.readouterr().err

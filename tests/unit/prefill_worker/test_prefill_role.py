@@ -82,7 +82,7 @@ def test_abort_of_a_handed_off_request_unpins_its_blocks(prefill) -> None:
     prefill.handle(Abort("r1"))  # idempotent
     assert not handed_off(prefill)
     assert prefill.engine.block_manager.num_free_blocks == free
-    assert prefill.role.senders.poll_released() == []  # cancelled: no release follows
+    assert prefill.role.kv.poll_released() == []  # cancelled: no release follows
 
 
 def test_expired_lease_releases_the_blocks(tiny_model_dirs) -> None:

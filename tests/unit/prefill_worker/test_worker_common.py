@@ -73,11 +73,11 @@ def test_bad_engine_values_name_the_field() -> None:
 def test_worker_cli_rejects_bad_values(tmp_path, capsys) -> None:
     (tmp_path / "config.json").write_text("{}")
     base = ["--model", str(tmp_path), "--router-addr", "tcp://127.0.0.1:5555"]
-    config, level = parse_worker_args([*base, "--worker-id", "p0", "--max-num-seqs", "4"], "prefill")
+    config, level = parse_worker_args([*base, "--worker-id", "p0", "--max-num-seqs", "4"], ("prefill",))
     assert (config.worker_id, config.role, config.engine.max_num_seqs, level) == ("p0", "prefill", 4, "info")
     for bad, field in ([["--host", "0.0.0.0"], "host"], [["--kv-lease-s", "-1"], "kv_lease_s"]):
         with pytest.raises(SystemExit) as exc:
-            parse_worker_args([*base, *bad], "prefill")
+            parse_worker_args([*base, *bad], ("prefill",))
         assert exc.value.code == 2 and field in capsys.readouterr().err
 
 
@@ -86,8 +86,20 @@ def test_worker_config_validation() -> None:
     assert WorkerConfig("d0", "tcp://h:1", engine).served_model_name == "m"
     with pytest.raises(ValueError, match="router_addr"):
         WorkerConfig("d0", "h:1", engine)
-    with pytest.raises(ValueError, match="engine.role"):
-        WorkerConfig("d0", "tcp://h:1", EngineConfig("/m"))
+    assert WorkerConfig("m0", "tcp://h:1", EngineConfig("/m", role="mixed")).role == "mixed"
+
+
+def test_worker_cli_role_picks_among_the_modules_roles(tmp_path, capsys) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    base = ["--model", str(tmp_path), "--router-addr", "tcp://127.0.0.1:5555"]
+    roles = ("decode", "mixed")
+    assert parse_worker_args(base, roles)[0].role == "decode"  # the module's first role by default
+    config, _ = parse_worker_args([*base, "--role", "mixed"], roles)
+    assert (config.role, config.engine.role) == ("mixed", "mixed")
+    assert config.worker_id.startswith("mixed-")
+    with pytest.raises(SystemExit) as exc:
+        parse_worker_args([*base, "--role", "prefill"], roles)  # the decode module cannot be one
+    assert exc.value.code == 2 and "--role" in capsys.readouterr().err
 
 
 # ---- abort memory, addresses ----------------------------------------------------------------------

@@ -1,11 +1,16 @@
 """Prefix-cache events to the router: numbered batches (1, 2, ...) and snapshots that name the last
-batch they reflect, as the protocol in router/__init__.py asks."""
+batch they reflect, as the protocol in router/__init__.py asks. Used by every role that publishes
+its cache (prefill and mixed workers)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from common.kv_events import KVEvent
 from common.messages import KVEventBatch, Snapshot
-from common.worker.channels import WorkerChannels
+
+if TYPE_CHECKING:
+    from common.worker.channels import WorkerChannels
 
 
 class EventPublisher:
