@@ -116,7 +116,7 @@ class DecodeRole(WorkerRole):
         for result in self.kv.poll():
             self._on_transfer(result)
         self._admit_pending()
-        self.receivers.flush()
+        self.kv.flush()
 
     def on_step(self, result: StepResult) -> None:
         # One message per request per step. Positions are counted here rather than read off the

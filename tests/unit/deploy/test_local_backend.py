@@ -167,7 +167,8 @@ def test_mixed_workers_are_decode_workers_with_their_own_role_and_gpu_share() ->
     per_gpu: dict[str, float] = {}
     for s in specs:
         util = float(s.argv[s.argv.index("--gpu-memory-utilization") + 1])
-        per_gpu[s.env["CUDA_VISIBLE_DEVICES"]] = per_gpu.get(s.env["CUDA_VISIBLE_DEVICES"], 0.0) + util
+        own_gpu = s.env["CUDA_VISIBLE_DEVICES"].split(",")[0]  # the worker's own GPU comes first
+        per_gpu[own_gpu] = per_gpu.get(own_gpu, 0.0) + util
         assert s.num_gpus == 0.5
     assert per_gpu == pytest.approx({"0": 0.9, "1": 0.9})  # each GPU's shares sum to the default 0.9
     alone = worker_specs(LaunchPlan("/m", num_prefill=0, num_decode=0, num_mixed=2), "tcp://h:1", 0)
