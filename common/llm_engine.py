@@ -81,7 +81,6 @@ class LLMEngine:
             # Proposals are read from the host-side tokens, which run-ahead leaves as placeholders.
             self.async_scheduling = False
         self._in_flight: run_ahead.InFlightStep | None = None
-        self._pending_free: list[Sequence] = []
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -150,14 +149,8 @@ class LLMEngine:
             and not any(map(run_ahead.needs_host_tokens, batch.seqs))
         ):
             self._in_flight = run_ahead.start(batch.seqs, handle)
-            self._pending_free, self._in_flight.free_after = [], self._pending_free
         else:
-            out = handle.result()
-            for seq, lp in zip(batch.seqs, out.logprobs, strict=True):
-                if lp is not None:
-                    seq.logprobs.append(lp)
-            updates += self.scheduler.postprocess(batch, out.token_ids, out.all_samples)
-            self._free_pending()
+            updates += self.scheduler.update_from_output(batch.seqs, handle.result())
         result.updates = updates
         self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
         result.num_prefill_tokens = batch.num_prefill_tokens
@@ -168,17 +161,7 @@ class LLMEngine:
         if self._in_flight is None:
             return []
         step, self._in_flight = self._in_flight, None
-        updates = run_ahead.resolve(step, self.scheduler, launched)
-        self._pending_free += step.free_after
-        if not launched:
-            self._free_pending()
-        return updates
-
-    def _free_pending(self) -> None:
-        """Blocks of sequences finished while a later step was in flight; that step is done now."""
-        for seq in self._pending_free:
-            self.block_manager.free(seq)
-        self._pending_free = []
+        return run_ahead.resolve(step, self.scheduler, launched)
 
     def _account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
         tm = self.timings

@@ -12,9 +12,9 @@ A request's life here: PrefillRequest -> engine (role "prefill") -> first token 
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
+from common.blocks import blocks_for
 from common.llm_engine import LLMEngine, StepResult
 from common.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
 from common.sequence import Sequence
@@ -159,7 +159,7 @@ class PrefillRole(WorkerRole):
 
     def _hand_off(self, job: PrefillJob, token: int) -> None:
         req, seq = job.request, job.seq
-        num_blocks = math.ceil(seq.num_prompt_tokens / self.engine.config.kvcache_block_size)
+        num_blocks = blocks_for(seq.num_prompt_tokens, self.engine.config.kvcache_block_size)
         blocks = seq.block_table[:num_blocks]
         transport = self.senders.choose(req.decode_command_addr)
         try:
