@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from common.blocks import blocks_for
 from common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from common.sequence import Sequence
 
@@ -82,11 +83,11 @@ class BlockManager:
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Fresh blocks the table must grow by to hold `num_tokens` tokens."""
         have = len(seq.block_table)
-        return max(0, (num_tokens + self.block_size - 1) // self.block_size - have)
+        return max(0, blocks_for(num_tokens, self.block_size) - have)
 
     def can_admit(self, seq: Sequence, match: PrefixMatch, num_tokens: int) -> bool:
         revived = sum(1 for b in match.block_ids if self.blocks[b].ref_count == 0)
-        total = (num_tokens + self.block_size - 1) // self.block_size
+        total = blocks_for(num_tokens, self.block_size)
         return total - len(match.block_ids) <= self.num_free_blocks - revived
 
     # ---- mutations -----------------------------------------------------------------------------
@@ -100,7 +101,7 @@ class BlockManager:
                 del self.free_queue[block_id]
             block.ref_count += 1
             seq.block_table.append(block_id)
-        seq.num_cached_tokens = match.num_tokens
+        seq.set_cached_prefix(match.num_tokens)
         seq.num_registered_blocks = len(match.block_ids)
         self.stats.queried_tokens += len(seq)
         self.stats.hit_tokens += match.num_tokens

@@ -32,9 +32,9 @@ class DraftModelProposer(Proposer):
             return []
         drafts: list[int] = []
         for _ in range(room):
-            mirror.num_scheduled_tokens = len(mirror) - mirror.num_cached_tokens
-            token = self.runner.run([mirror], is_decode=False).token_ids[0]
-            mirror.num_cached_tokens = len(mirror)
+            mirror.schedule(mirror.num_uncomputed_tokens)
+            token = self.runner.run([mirror], is_decode=False).sampled[0][0]
+            mirror.commit_scheduled()
             mirror.append_token(token)
             drafts.append(token)
         # The drafts stay in the mirror: the next sync keeps the KV of those the target accepts.
@@ -54,8 +54,9 @@ class DraftModelProposer(Proposer):
             )
             self.mirrors[seq.seq_id] = mirror
         same = _common_prefix(mirror.token_ids, seq.token_ids)
-        mirror.token_ids = list(seq.token_ids)
-        mirror.num_cached_tokens = min(mirror.num_cached_tokens, same, len(seq) - 1)
+        mirror.truncate(same)
+        mirror.append_tokens(seq.token_ids[same:])
+        mirror.rollback_cache(len(mirror) - 1)  # the proposal's first pass computes at least one token
         return mirror
 
 

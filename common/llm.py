@@ -8,10 +8,33 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from common.config import EngineConfig
+from common.detokenizer import Decoder, IncrementalDetokenizer
 from common.llm_engine import LLMEngine
 from common.sampling_params import SamplingParams
-from common.sequence import FinishReason, Sequence
+from common.scheduler import SeqUpdate
+from common.sequence import Sequence
 from common.tokenizer import load_tokenizer
+
+
+class _StopStrings:
+    """Stop strings of one sequence, checked incrementally as its tokens arrive (the router's rule:
+    not before `min_tokens`; the text ends before the stop string; the output ends at the token that
+    completed it)."""
+
+    def __init__(self, decoder: Decoder, params: SamplingParams) -> None:
+        # No prompt context: the cut text is then a prefix of what a full decode of the tokens gives.
+        self.detok = IncrementalDetokenizer(decoder, stop=params.stop)
+        self.min_tokens = params.min_tokens
+        self.num_tokens = 0  # completion tokens seen; when stopped, those the output keeps
+
+    @property
+    def stopped(self) -> bool:
+        return self.detok.stopped is not None
+
+    def add(self, token: int) -> bool:
+        """Feed the next completion token; True if it completes a stop string."""
+        self.num_tokens += 1
+        return self.detok.add([token], check_stop=self.num_tokens >= self.min_tokens).stop is not None
 
 
 @dataclass
@@ -20,7 +43,7 @@ class _Pending:
 
     index: int
     seqs: list[Sequence] = field(default_factory=list)
-    texts: dict[int, str] = field(default_factory=dict)  # seq_id -> text cut at a stop string
+    stops: dict[int, _StopStrings] = field(default_factory=dict)  # seq_id -> its stop strings, if any
 
 
 class LLM:
@@ -53,7 +76,7 @@ class LLM:
         seqs_per_prompt = [
             self._make_seqs(ids, sp, i) for i, (ids, sp) in enumerate(zip(token_lists, params, strict=True))
         ]
-        pending = [_Pending(i, seqs) for i, seqs in enumerate(seqs_per_prompt)]
+        pending = [_Pending(i, seqs, self._stop_strings(seqs)) for i, seqs in enumerate(seqs_per_prompt)]
         by_id = {s.seq_id: p for p in pending for s in p.seqs}
         for p in pending:
             for seq in p.seqs:
@@ -115,34 +138,45 @@ class LLM:
                 decode_tps = result.num_decode_tokens / dt
             bar.set_postfix(prefill=f"{prefill_tps:.0f}tok/s", decode=f"{decode_tps:.0f}tok/s")
             for update in result.updates:
-                if self._check_stop_strings(by_id[update.seq.seq_id], update.seq) or update.finished:
+                if self._apply(by_id[update.seq.seq_id], update):
                     bar.update(1)
         bar.close()
 
-    def _check_stop_strings(self, pending: _Pending, seq: Sequence) -> bool:
-        """Stop a sequence whose text contains a stop string; True if this finished it."""
-        stops = seq.sampling_params.stop
-        if not stops or seq.is_finished or self.tokenizer is None:
+    def _stop_strings(self, seqs: list[Sequence]) -> dict[int, _StopStrings]:
+        if self.tokenizer is None:  # no text, so no stop strings (token-id prompts only)
+            return {}
+        return {
+            s.seq_id: _StopStrings(self.tokenizer, s.sampling_params) for s in seqs if s.sampling_params.stop
+        }
+
+    def _apply(self, pending: _Pending, update: SeqUpdate) -> bool:
+        """Check one new token against the stop strings; True when this update ends the sequence.
+
+        A stop string ends the output like the router's does: the engine is told to abort the
+        request (as the router sends `Abort`), and the result reports "stop"."""
+        stops = pending.stops.get(update.seq.seq_id)
+        if stops is None:
+            return update.finished
+        if stops.stopped:  # tokens of an accepted draft run past the stop string
             return False
-        text = self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-        if cut < 0:
-            return False
-        pending.texts[seq.seq_id] = text[:cut]
-        self.engine.abort([seq.request_id])
-        seq.finish_reason = FinishReason.STOP
-        return True
+        if stops.add(update.new_token_id):
+            if not update.finished:
+                self.engine.abort([update.seq.request_id])
+            return True
+        return update.finished
 
     def _result(self, pending: _Pending) -> dict:
         outs = []
         for seq in pending.seqs:
-            ids = seq.completion_token_ids
-            text = pending.texts.get(seq.seq_id)
-            if text is None and self.tokenizer is not None:
+            ids, text, reason = seq.completion_token_ids, None, _reason(seq)
+            stops = pending.stops.get(seq.seq_id)
+            if stops is not None and stops.stopped:
+                ids, text, reason = ids[: stops.num_tokens], stops.detok.text, "stop"
+            elif self.tokenizer is not None:
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            out = {"text": text, "token_ids": ids, "finish_reason": _reason(seq)}
+            out = {"text": text, "token_ids": ids, "finish_reason": reason}
             if seq.sampling_params.logprobs is not None:
-                out["logprobs"] = seq.logprobs
+                out["logprobs"] = seq.logprobs[: len(ids)]
             outs.append(out)
         first = dict(outs[0])
         if len(outs) > 1:

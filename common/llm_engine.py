@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common import run_ahead
 from common.block_manager import BlockManager
+from common.blocks import blocks_for
 from common.config import EngineConfig
 from common.device import resolve_platform
 from common.kv_events import KVEvent
@@ -98,7 +98,6 @@ class LLMEngine:
             # Proposals are read from the host-side tokens, which run-ahead leaves as placeholders.
             self.async_scheduling = False
         self._in_flight: run_ahead.InFlightStep | None = None
-        self._pending_free: list[Sequence] = []
 
     @classmethod
     def from_config(cls, config: EngineConfig, runner_cls: type[ModelRunner] = ModelRunner) -> LLMEngine:
@@ -179,14 +178,8 @@ class LLMEngine:
             and not any(map(run_ahead.needs_host_tokens, batch.seqs))
         ):
             self._in_flight = run_ahead.start(batch.seqs, handle)
-            self._pending_free, self._in_flight.free_after = [], self._pending_free
         else:
-            out = handle.result()
-            for seq, lp in zip(batch.seqs, out.logprobs, strict=True):
-                if lp is not None:
-                    seq.logprobs.append(lp)
-            updates += self.scheduler.postprocess(batch, out.token_ids, out.all_samples)
-            self._free_pending()
+            updates += self.scheduler.update_from_output(batch.seqs, handle.result())
         result.updates = updates
         self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
         result.num_prefill_tokens = batch.num_prefill_tokens
@@ -197,17 +190,7 @@ class LLMEngine:
         if self._in_flight is None:
             return []
         step, self._in_flight = self._in_flight, None
-        updates = run_ahead.resolve(step, self.scheduler, launched)
-        self._pending_free += step.free_after
-        if not launched:
-            self._free_pending()
-        return updates
-
-    def _free_pending(self) -> None:
-        """Blocks of sequences finished while a later step was in flight; that step is done now."""
-        for seq in self._pending_free:
-            self.block_manager.free(seq)
-        self._pending_free = []
+        return run_ahead.resolve(step, self.scheduler, launched)
 
     def _account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
         tm = self.timings
@@ -251,7 +234,7 @@ class LLMEngine:
 
     def prompt_block_ids(self, seq: Sequence) -> list[int]:
         """The physical blocks that hold `seq`'s prompt (the last one may be partly filled)."""
-        return seq.block_table[: math.ceil(seq.num_prompt_tokens / self.block_size)]
+        return seq.block_table[: blocks_for(seq.num_prompt_tokens, self.block_size)]
 
     def reserve_transfer(self, seq: Sequence) -> bool:
         """Allocate blocks for the prompt KV that a transfer will write; False while there is no room."""

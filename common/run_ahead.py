@@ -6,33 +6,31 @@ the device and feed step k+1 directly (the host-side token is a placeholder, -1)
 post-processes step k while the device computes step k+1.
 
 Invariants:
-* At most one step is in flight; `resolve` waits for it and replaces each placeholder.
+* At most one step is in flight; `resolve` waits for it and hands its tokens to
+  `Scheduler.update_from_output`, which replaces each placeholder like any other sampled token.
 * Only pure decode steps run ahead, and only when the next batch is exactly the in-flight sequences
   (no waiting requests, nothing that needs token values on the host first: logprobs, penalties, or a
   sequence that will stop by length at its in-flight token).
 * A sequence that turns out to have finished at step k was already launched in step k+1: its extra
-  token is discarded, and its blocks are freed only after step k+1 has completed (the device is
-  still writing its KV). Prefix-cache hashes are registered only once tokens are real.
+  token is discarded, and the scheduler frees its blocks only after step k+1 has completed (the
+  device is still writing its KV). Prefix-cache hashes are registered only once tokens are real.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from common.runner.model_runner import StepHandle
 from common.scheduler import Scheduler, SeqUpdate
 from common.sequence import Sequence, SequenceStatus
-
-PLACEHOLDER = -1
+from common.stopping import length_exhausted
 
 
 @dataclass
 class InFlightStep:
-    seqs: list[Sequence]
-    positions: list[int]  # index of each sequence's placeholder in its token_ids
-    rows: dict[int, int]  # seq_id -> row of this step's sampled tokens
+    seqs: list[Sequence]  # the launched batch, in batch order (rows of its sampled tokens)
+    rows: dict[int, int]  # seq_id -> row, for the sequences that got a placeholder
     handle: StepHandle
-    free_after: list[Sequence] = field(default_factory=list)  # finished, blocks still being written
 
 
 def needs_host_tokens(seq: Sequence) -> bool:
@@ -40,25 +38,26 @@ def needs_host_tokens(seq: Sequence) -> bool:
 
 
 def start(seqs: list[Sequence], handle: StepHandle) -> InFlightStep:
-    """Advance the launched sequences as if their tokens were known, appending placeholders."""
-    live = [s for s in seqs if s.status == SequenceStatus.RUNNING]
-    rows = {s.seq_id: i for i, s in enumerate(seqs)}
-    for seq in live:
-        seq.num_cached_tokens += seq.num_scheduled_tokens
-        seq.num_scheduled_tokens = 0
-        seq.append_token(PLACEHOLDER)
-        seq.num_pending_tokens += 1
-    return InFlightStep(live, [len(s) - 1 for s in live], {s.seq_id: rows[s.seq_id] for s in live}, handle)
+    """Advance the launched sequences as if their tokens were known, appending placeholders.
+
+    A sequence that finished after this step was launched gets none: its sampled token is dropped."""
+    rows = {}
+    for i, seq in enumerate(seqs):
+        if seq.status == SequenceStatus.RUNNING:
+            seq.commit_scheduled()
+            seq.append_placeholder()
+            rows[seq.seq_id] = i
+    return InFlightStep(list(seqs), rows, handle)
 
 
 def can_run_ahead(step: InFlightStep | None, scheduler: Scheduler) -> bool:
     if step is None or scheduler.waiting:
         return False
-    in_flight = {s.seq_id for s in step.seqs}
+    max_len = scheduler.config.max_model_len
     for seq in scheduler.running:
-        if seq.seq_id not in in_flight or seq.num_pending_tokens != 1 or needs_host_tokens(seq):
+        if seq.seq_id not in step.rows or seq.num_pending_tokens != 1 or needs_host_tokens(seq):
             return False
-        if scheduler.length_exhausted(seq, len(seq)):
+        if length_exhausted(seq, len(seq), max_len):
             return False
     return True
 
@@ -68,34 +67,9 @@ def src_rows(step: InFlightStep, seqs: list[Sequence]) -> list[int]:
 
 
 def resolve(step: InFlightStep, scheduler: Scheduler, launched: set[int]) -> list[SeqUpdate]:
-    """Wait for the in-flight tokens, replace placeholders, apply stop conditions.
+    """Wait for the in-flight tokens and hand them to the scheduler, which replaces the placeholders
+    and applies stop conditions (`Scheduler.update_from_output`).
 
     `launched`: ids of sequences in a step launched after this one (their blocks must outlive it).
     """
-    tokens = step.handle.result().token_ids
-    for seq in step.free_after:
-        scheduler.block_manager.free(seq)
-    updates, deferred = [], []
-    for seq, pos in zip(step.seqs, step.positions, strict=True):
-        token = tokens[step.rows[seq.seq_id]]
-        if seq.status == SequenceStatus.FINISHED:  # aborted meanwhile: its token is dropped
-            del seq.token_ids[pos:]
-            seq.num_pending_tokens = 0
-            continue
-        seq.token_ids[pos] = token
-        seq.num_pending_tokens -= 1
-        if seq.block_table:
-            scheduler.block_manager.commit(seq)
-        reason = scheduler.stop_reason(seq, token, length=pos + 1)
-        if reason is None:
-            updates.append(SeqUpdate(seq, token, finished=False))
-            continue
-        in_next = seq.seq_id in launched
-        del seq.token_ids[pos + 1 :]
-        seq.num_pending_tokens = 0
-        scheduler.finish(seq, reason, free_blocks=not in_next)
-        if in_next:
-            deferred.append(seq)
-        updates.append(SeqUpdate(seq, token, finished=True))
-    step.free_after = deferred
-    return updates
+    return scheduler.update_from_output(step.seqs, step.handle.result(), launched)

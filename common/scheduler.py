@@ -15,13 +15,15 @@ them locally if the transfer fails.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import count
 
 from common.block_manager import BlockManager
+from common.runner.output import RunnerOutput
 from common.sequence import FinishReason, Sequence, SequenceStatus
-from common.speculative import SpecStats, accept_drafts, drop_drafts
+from common.speculative import SpecStats, accept_drafts
+from common.stopping import stop_reason
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Scheduler:
         self._admit_counter = count()
         self.proposer = None  # speculative decoding: an object with propose(seq) -> draft tokens
         self.spec_stats = SpecStats()
+        self._deferred_free: list[Sequence] = []  # finished while a launched step writes their KV
 
     # ---- intake --------------------------------------------------------------------------------
     def validate(self, seq: Sequence) -> None:
@@ -155,13 +158,11 @@ class Scheduler:
             return
         if len(self.running) > self.proposer.config.max_batch or budget < 2:
             return
-        drafts = self.proposer.propose(seq)[: budget - 1]
-        seq.token_ids.extend(drafts)
-        seq.num_draft_tokens = len(drafts)
+        seq.add_drafts(self.proposer.propose(seq)[: budget - 1])
 
     @staticmethod
     def _put(batch: ScheduledBatch, seq: Sequence, n: int) -> None:
-        seq.num_scheduled_tokens = n
+        seq.schedule(n)
         batch.seqs.append(seq)
         if seq.num_draft_tokens:
             batch.num_decode_tokens += n
@@ -172,7 +173,7 @@ class Scheduler:
             batch.num_prefill_tokens += n
 
     def _preempt(self, seq: Sequence) -> None:
-        drop_drafts(seq)
+        seq.drop_drafts()
         if self.proposer is not None:
             self.proposer.release(seq)
         self.running.remove(seq)
@@ -182,94 +183,82 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # ---- after the model ran -------------------------------------------------------------------
-    def postprocess(
-        self,
-        batch: ScheduledBatch,
-        sampled: list[int | None],
-        all_samples: dict[int, list[int]] | None = None,
+    def update_from_output(
+        self, seqs: list[Sequence], output: RunnerOutput, in_flight: Collection[int] = ()
     ) -> list[SeqUpdate]:
-        """Advance cache counters and append sampled tokens (None: mid-prompt chunk, no sample).
+        """Apply one launched step's output to its sequences (batch order): the only place sampled
+        tokens are applied, stops checked, blocks committed and finished sequences' blocks freed.
 
-        `all_samples[i]`: every sampled position of batch entry i when it verified drafts."""
-        updates = []
-        for i, (seq, token) in enumerate(zip(batch.seqs, sampled, strict=True)):
-            if seq.status != SequenceStatus.RUNNING:  # finished while the step ran
+        A synchronous step's sequences commit their scheduled tokens here; a verifying sequence keeps
+        the drafts its samples confirm; a run-ahead step's token fills its placeholder (its cache was
+        committed at launch). A sequence finished while the step ran (aborted) drops its tokens.
+        `in_flight`: ids of sequences in a step launched after this one. One of them that finishes
+        here keeps its blocks, which the device is still writing, until the next call: that call's
+        output comes from that step or a later one, so the step has completed by then.
+        """
+        self._free_deferred()
+        updates: list[SeqUpdate] = []
+        for seq, tokens, logprobs in zip(seqs, output.sampled, output.logprobs, strict=True):
+            if seq.is_finished:
+                seq.truncate(len(seq) - seq.num_pending_tokens)
                 continue
-            if seq.num_draft_tokens:
-                updates += self._verify(seq, (all_samples or {}).get(i, [token]))
-                continue
-            seq.num_cached_tokens += seq.num_scheduled_tokens
-            seq.num_scheduled_tokens = 0
+            new_tokens = self._place(seq, tokens)
             self.block_manager.commit(seq)
-            if token is None:
-                continue
-            seq.append_token(token)
-            updates.append(self._after_token(seq, token))
+            if new_tokens and logprobs is not None:
+                seq.logprobs.append(logprobs)
+            updates += self._check_stops(seq, new_tokens, defer_free=seq.seq_id in in_flight)
         return updates
 
-    def _verify(self, seq: Sequence, samples: list[int]) -> list[SeqUpdate]:
-        """Keep the drafts the target's samples confirm, plus one sampled token (see common.speculative)."""
-        base, new_tokens = accept_drafts(seq, samples, self.spec_stats)
-        self.block_manager.commit(seq)
+    def _place(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        """Advance `seq`'s cache past this step and put the sampled tokens in; returns the new ones."""
+        if seq.num_pending_tokens:
+            seq.resolve_placeholder(tokens[0])
+            return tokens
+        if seq.num_draft_tokens:
+            return accept_drafts(seq, tokens, self.spec_stats)
+        seq.commit_scheduled()
+        seq.append_tokens(tokens)
+        return tokens
+
+    def _check_stops(self, seq: Sequence, new_tokens: list[int], defer_free: bool) -> list[SeqUpdate]:
+        """One update per new token; the first stop ends `seq` there (later tokens are dropped)."""
+        first, cfg = len(seq) - seq.num_pending_tokens - len(new_tokens), self.config
         updates = []
         for j, token in enumerate(new_tokens):
-            reason = self.stop_reason(seq, token, length=base + j + 1)
-            if reason is None:
-                updates.append(SeqUpdate(seq, token, finished=False))
-                continue
-            del seq.token_ids[base + j + 1 :]  # never emit past a stop inside an accepted run
-            self.finish(seq, reason)
-            updates.append(SeqUpdate(seq, token, finished=True))
-            break
-        return updates
-
-    def _after_token(self, seq: Sequence, token: int) -> SeqUpdate:
-        reason = self.stop_reason(seq, token)
-        if reason is not None:
-            self._finish(seq, reason)
-            return SeqUpdate(seq, token, finished=True)
-        if self.config.role == "prefill":
+            reason = stop_reason(seq, token, first + j + 1, cfg.eos_token_ids, cfg.max_model_len)
+            if reason is not None:
+                seq.truncate(first + j + 1)
+                self.finish(seq, reason, defer_free)
+                updates.append(SeqUpdate(seq, token, finished=True))
+                return updates
+            updates.append(SeqUpdate(seq, token, finished=False))
+        if updates and self.config.role == "prefill":
             self.running.remove(seq)
             seq.status = SequenceStatus.HANDED_OFF
             self.handed_off[seq.seq_id] = seq
-            return SeqUpdate(seq, token, finished=False, handed_off=True)
-        return SeqUpdate(seq, token, finished=False)
+            updates[-1] = SeqUpdate(seq, updates[-1].new_token_id, finished=False, handed_off=True)
+        return updates
 
-    def stop_reason(self, seq: Sequence, token: int, length: int | None = None) -> FinishReason | None:
-        """Why `token`, ending the first `length` tokens of `seq` (default: all), finishes it."""
-        params = seq.sampling_params
-        length = len(seq) if length is None else length
-        completion = length - seq.num_prompt_tokens
-        if token in params.stop_token_ids and completion >= params.min_tokens:
-            return FinishReason.STOP
-        eos = not params.ignore_eos and token in self.config.eos_token_ids
-        if eos and completion >= params.min_tokens:
-            return FinishReason.STOP
-        if self.length_exhausted(seq, length):
-            return FinishReason.LENGTH
-        return None
-
-    def length_exhausted(self, seq: Sequence, length: int) -> bool:
-        """The first `length` tokens of `seq` use up its max_tokens or the model's context."""
-        completion = length - seq.num_prompt_tokens
-        return completion >= seq.sampling_params.max_tokens or length >= self.config.max_model_len
-
-    def finish(self, seq: Sequence, reason: FinishReason, free_blocks: bool = True) -> None:
-        """Finish a sequence wherever it is. `free_blocks=False` leaves the blocks to the caller,
-        for a sequence the device is still writing KV for (a run-ahead step in flight)."""
+    def finish(self, seq: Sequence, reason: FinishReason, defer_free: bool = False) -> None:
+        """Finish a sequence wherever it is. `defer_free`: a launched step still writes its KV, so its
+        blocks are freed by the next `update_from_output`."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        if free_blocks:
+        if defer_free:
+            self._deferred_free.append(seq)
+        else:
             self.block_manager.free(seq)
         if self.proposer is not None:
             self.proposer.release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        self.finish(seq, reason)
+    def _free_deferred(self) -> None:
+        for seq in self._deferred_free:
+            self.block_manager.free(seq)
+        self._deferred_free = []
 
     # ---- aborts and hand-offs ------------------------------------------------------------------
     def abort(self, request_ids: Iterable[str]) -> list[Sequence]:
@@ -281,7 +270,7 @@ class Scheduler:
                 self.waiting.remove(seq)
             self.transferring.pop(seq.seq_id, None)
             self.handed_off.pop(seq.seq_id, None)
-            self._finish(seq, FinishReason.ABORT)
+            self.finish(seq, FinishReason.ABORT)
         return aborted
 
     def _all_live(self) -> list[Sequence]:
@@ -290,7 +279,7 @@ class Scheduler:
     def release(self, seq: Sequence) -> None:
         """Prefill role: the decode side has its copy; unpin the blocks (they stay cached)."""
         if self.handed_off.pop(seq.seq_id, None) is not None:
-            self._finish(seq, FinishReason.STOP if seq.finish_reason is None else seq.finish_reason)
+            self.finish(seq, FinishReason.STOP if seq.finish_reason is None else seq.finish_reason)
 
     def reserve_for_transfer(self, seq: Sequence) -> bool:
         """Decode role: allocate blocks for the prompt's KV; False if the cache is full right now."""
@@ -304,7 +293,7 @@ class Scheduler:
     def complete_transfer(self, seq: Sequence) -> None:
         """The prompt's KV arrived: the sequence joins the running batch at its first decode step."""
         self.transferring.pop(seq.seq_id)
-        seq.num_cached_tokens = seq.num_prompt_tokens
+        seq.set_cached_prefix(seq.num_prompt_tokens)
         self.block_manager.commit(seq)
         seq.status = SequenceStatus.RUNNING
         seq.admit_order = next(self._admit_counter)

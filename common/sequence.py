@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from itertools import count
+from typing import TYPE_CHECKING
 
+from common.blocks import blocks_for
 from common.hashing import extend_block_hashes
 from common.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+# Host-side stand-in for a token sampled by a run-ahead step whose value is still on the device.
+PLACEHOLDER = -1
 
 
 class SequenceStatus(enum.Enum):
@@ -29,9 +38,16 @@ _seq_ids = count()
 class Sequence:
     """Token ids (prompt + generated), block table and how many tokens the cache already holds.
 
-    Invariants: `num_cached_tokens <= len(token_ids)`; the block table covers at least
-    `num_cached_tokens + num_scheduled_tokens` slots while running; `block_hashes[i]` is the chained
-    hash of full block i of `token_ids` (computed lazily, only ever for tokens that exist).
+    Invariants: `num_cached_tokens + num_scheduled_tokens <= len(token_ids)`; the block table covers
+    at least that many slots while running; `block_hashes[i]` is the chained hash of full block i of
+    `token_ids` (computed lazily, only ever for tokens that exist); the last `num_pending_tokens`
+    tokens are run-ahead placeholders and the last `num_draft_tokens` are unverified speculative
+    proposals (never both at once).
+
+    Ownership: tokens and the cache counters change only through the verbs below (`schedule`,
+    `commit_scheduled`, `append_token(s)`, `truncate`, `rollback_cache`, the placeholder and draft
+    verbs), which keep those invariants. `block_table` and `num_registered_blocks` are written only
+    by the BlockManager, `status`, `finish_reason` and the admission counters only by the Scheduler.
     """
 
     def __init__(
@@ -62,7 +78,9 @@ class Sequence:
         self.num_draft_tokens = 0  # trailing speculative proposals being verified this step
         self.spec_backoff = 0  # speculative decoding: current back-off after rejected proposals
         self.spec_skip_steps = 0  # decode steps left before proposing again
-        self.logprobs: list[dict] = []
+        self.logprobs: list[dict] = []  # one entry per sampled token when sampling_params.logprobs is set
+        # A seeded request's own random stream for its whole life (created by the runner on first use).
+        self.generator: torch.Generator | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -96,7 +114,7 @@ class Sequence:
 
     @property
     def num_blocks_needed(self) -> int:
-        return (len(self.token_ids) + self.block_size - 1) // self.block_size
+        return blocks_for(len(self.token_ids), self.block_size)
 
     @property
     def is_finished(self) -> bool:
@@ -108,8 +126,82 @@ class Sequence:
         extend_block_hashes(self.block_hashes, self.token_ids[:limit], self.block_size)
         return self.block_hashes[: limit // self.block_size]
 
+    # ---- verbs: the only writers of the token list and the cache counters -------------------------
+    def schedule(self, num_tokens: int) -> None:
+        """This step computes the next `num_tokens` uncached tokens."""
+        if not 0 <= num_tokens <= self.num_uncomputed_tokens:
+            raise ValueError(f"num_tokens must be in [0, {self.num_uncomputed_tokens}], got {num_tokens}")
+        self.num_scheduled_tokens = num_tokens
+
+    def commit_scheduled(self) -> None:
+        """The scheduled tokens' KV is computed (or is being computed by a launched step)."""
+        self.num_cached_tokens += self.num_scheduled_tokens
+        self.num_scheduled_tokens = 0
+
+    def set_cached_prefix(self, num_tokens: int) -> None:
+        """The first `num_tokens` tokens' KV is already in the cache (a prefix hit at admission, or a
+        finished KV transfer)."""
+        if not 0 <= num_tokens <= len(self.token_ids):
+            raise ValueError(f"num_tokens must be in [0, {len(self.token_ids)}], got {num_tokens}")
+        self.num_cached_tokens = num_tokens
+        self.num_scheduled_tokens = 0
+
+    def rollback_cache(self, num_tokens: int) -> None:
+        """Treat KV past the first `num_tokens` tokens as stale (rejected drafts, a diverged draft
+        mirror): it is recomputed, overwriting it before it is read. Block hashes only ever cover
+        cached tokens, so no block changes hands."""
+        self.num_cached_tokens = min(self.num_cached_tokens, num_tokens)
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def append_tokens(self, token_ids: Iterable[int]) -> None:
+        self.token_ids.extend(token_ids)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens (a stop inside an accepted run, rejected drafts, an aborted
+        run-ahead step's placeholder). The cache, the hashes and the trailing draft / placeholder
+        counts shrink with them."""
+        removed = len(self.token_ids) - length
+        if removed <= 0:
+            return
+        del self.token_ids[length:]
+        del self.block_hashes[length // self.block_size :]
+        self.rollback_cache(length)
+        self.num_scheduled_tokens = min(self.num_scheduled_tokens, length - self.num_cached_tokens)
+        self.num_draft_tokens = max(0, self.num_draft_tokens - removed)
+        self.num_pending_tokens = max(0, self.num_pending_tokens - removed)
+
+    def append_placeholder(self) -> None:
+        """Run-ahead: the next token is sampled on the device and known on the host only later."""
+        self.token_ids.append(PLACEHOLDER)
+        self.num_pending_tokens += 1
+
+    def resolve_placeholder(self, token_id: int) -> int:
+        """The oldest placeholder's value arrived; returns the token's position."""
+        if self.num_pending_tokens == 0:
+            raise ValueError(f"sequence {self.seq_id} has no pending placeholder")
+        position = len(self.token_ids) - self.num_pending_tokens
+        self.token_ids[position] = token_id
+        self.num_pending_tokens -= 1
+        return position
+
+    def add_drafts(self, drafts: list[int]) -> None:
+        """Speculative proposals, verified by the next forward pass."""
+        self.token_ids.extend(drafts)
+        self.num_draft_tokens = len(drafts)
+
+    def drop_drafts(self) -> None:
+        """Forget unverified proposals (the sequence is being preempted)."""
+        self.truncate(len(self.token_ids) - self.num_draft_tokens)
+
+    def keep_drafts(self, num_accepted: int) -> None:
+        """After verification: the first `num_accepted` drafts become real tokens (their KV, computed
+        by the verifying pass, is valid); the rest are dropped with their KV."""
+        base = len(self.token_ids) - self.num_draft_tokens
+        self.commit_scheduled()
+        self.truncate(base + num_accepted)
+        self.num_draft_tokens = 0
 
     def reset_for_recompute(self) -> None:
         """Forget cache placement (after preemption or a failed transfer); tokens are kept."""

@@ -113,30 +113,19 @@ class SpecStats:
         return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
 
 
-def drop_drafts(seq: Sequence) -> None:
-    """Forget unverified proposals (the sequence is being preempted)."""
-    if seq.num_draft_tokens:
-        del seq.token_ids[len(seq) - seq.num_draft_tokens :]
-        seq.num_draft_tokens = 0
-
-
-def accept_drafts(seq: Sequence, samples: list[int], stats: SpecStats) -> tuple[int, list[int]]:
-    """Roll `seq` back to its confirmed drafts plus one sampled token; returns (length before the
-    drafts, the new tokens in order). The accepted drafts' KV is valid, the rejected positions' is
-    overwritten before it is read, so only `num_cached_tokens` moves."""
-    base = len(seq) - seq.num_draft_tokens
-    drafts = seq.token_ids[base:]
+def accept_drafts(seq: Sequence, samples: list[int], stats: SpecStats) -> list[int]:
+    """Keep the drafts `samples` confirm plus one sampled token; returns the new tokens in order.
+    The accepted drafts' KV is valid, the rejected positions' is overwritten before it is read, so
+    only the cache counter moves (`Sequence.keep_drafts`)."""
+    drafts = seq.token_ids[len(seq) - seq.num_draft_tokens :]
     accepted = accepted_length(drafts, samples)
-    del seq.token_ids[base + accepted :]
-    seq.num_draft_tokens = 0
-    seq.num_scheduled_tokens = 0
-    seq.num_cached_tokens = base + accepted
+    seq.keep_drafts(accepted)
     seq.append_token(samples[accepted])
     stats.proposed += len(drafts)
     stats.accepted += accepted
     stats.verify_steps += 1
     _back_off(seq, accepted)
-    return base, drafts[:accepted] + [samples[accepted]]
+    return drafts[:accepted] + [samples[accepted]]
 
 
 def _back_off(seq: Sequence, accepted: int) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-
+from common.blocks import blocks_for
 from common.llm_engine import LLMEngine
 from common.messages import DecodeRequest, GenerateRequest
 from common.sequence import Sequence
@@ -25,4 +24,4 @@ def sequence_from_request(engine: LLMEngine, req: DecodeRequest | GenerateReques
 
 def transferable(req: DecodeRequest, block_size: int) -> bool:
     """The sender's blocks cover exactly the prompt (else the transfer is skipped: recompute)."""
-    return len(req.src_block_ids) == math.ceil(len(req.prompt_token_ids) / block_size)
+    return len(req.src_block_ids) == blocks_for(len(req.prompt_token_ids), block_size)

@@ -22,6 +22,8 @@ import time
 
 import torch
 
+from common.blocks import blocks_for
+
 from . import KVTransferConfig, TransferStatus, create_receiver, create_sender
 from .layout import CacheLayout
 
@@ -66,7 +68,7 @@ def _parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = _parse_args()
-    blocks_per = [-(-t // args.block_size) for t in args.tokens]
+    blocks_per = [blocks_for(t, args.block_size) for t in args.tokens]
     num_blocks = 2 * max(blocks_per) * args.batch  # src and dst ids interleave: a real gather
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()

@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from common.blocks import blocks_for
+
 ROUTING_POLICIES = ("prefix", "round_robin")
 
 
@@ -47,7 +49,7 @@ class DecodeLoad:
 
     def can_hold(self, num_tokens: int) -> bool:
         """Whether this worker could ever hold a sequence of `num_tokens` tokens."""
-        blocks_needed = -(-num_tokens // self.block_size)
+        blocks_needed = blocks_for(num_tokens, self.block_size)
         return num_tokens <= self.max_model_len and blocks_needed <= self.num_total_blocks
 
 

@@ -21,12 +21,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
+from common.blocks import blocks_for
+from common.detokenizer import IncrementalDetokenizer
 from common.hashing import block_hashes
 from common.messages import Abort, PrefillRequest, RequestFailed, TokenOutput
 from common.sampling_params import SamplingParams
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
-from router.detokenizer import IncrementalDetokenizer
 from router.errors import APIError
 from router.load_tracker import Assignment
 from router.policy import Choice, RoutingPolicy
@@ -150,7 +151,7 @@ class RequestLifecycle:
         wire_id = seq.request_id if attempt == 0 else f"{seq.request_id}~retry{attempt}"
         dispatch = _Dispatch(wire_id, prefill.worker_id, decode.worker_id, self.cluster.open_stream(wire_id))
         new_tokens = max(len(prompt) - prefill.cached_blocks * block_size, 1)
-        num_blocks = -(-len(prompt) // block_size)
+        num_blocks = blocks_for(len(prompt), block_size)
         self.registry.loads.assign(
             Assignment(wire_id, prefill.worker_id, decode.worker_id, new_tokens, num_blocks)
         )
@@ -258,7 +259,7 @@ class RequestLifecycle:
 
 def _replayable(sampling: SamplingParams) -> bool:
     """Whether a retry regenerates the same tokens: greedy, or seeded (each worker seeds afresh)."""
-    return sampling.temperature == 0 or sampling.seed is not None
+    return sampling.greedy or sampling.seed is not None
 
 
 def _worker_failed(reason: str) -> APIError:

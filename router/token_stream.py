@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from common.detokenizer import IncrementalDetokenizer
 from common.messages import TokenOutput
 from common.sampling_params import SamplingParams
-from router.detokenizer import IncrementalDetokenizer
 
 
 class TokenReorderBuffer:

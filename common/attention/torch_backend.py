@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from common.attention.base import AttentionBackend, AttentionMetadata
+from common.blocks import blocks_for
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -53,7 +54,7 @@ class TorchAttentionBackend(AttentionBackend):
             q_lo, q_hi = starts[i], starts[i + 1]
             if q_hi == q_lo:
                 continue
-            n_blocks = (seq_len + block_size - 1) // block_size
+            n_blocks = blocks_for(seq_len, block_size)
             blocks = meta.block_tables[i, :n_blocks].long()
             k = k_cache[blocks].flatten(0, 1)[:seq_len]
             v = v_cache[blocks].flatten(0, 1)[:seq_len]

@@ -125,8 +125,8 @@ def prepare_sampling(
         top_k=_optional_column([max(p.top_k, 0) for p in params], 0, torch.int64, device),
         top_p=_optional_column([p.top_p for p in params], 1.0, torch.float32, device),
         min_p=_optional_column([p.min_p for p in params], 0.0, torch.float32, device),
-        all_greedy=all(t == 0 for t in temps),
-        any_greedy=any(t == 0 for t in temps),
+        all_greedy=all(p.greedy for p in params),
+        any_greedy=any(p.greedy for p in params),
         generators=[_generator(s, device) for s in seqs] if any(p.seed is not None for p in params) else [],
         num_logprobs=[p.logprobs for p in params] if any(p.logprobs is not None for p in params) else None,
     )
@@ -154,14 +154,12 @@ def _optional_column(values: list, neutral, dtype: torch.dtype, device: torch.de
 def _generator(seq: Sequence, device: torch.device) -> torch.Generator | None:
     """A seeded request owns a generator for its whole life, so its draws do not depend on the batch."""
     seed = seq.sampling_params.seed
-    if seed is None or seq.sampling_params.temperature == 0:
+    if seed is None or seq.sampling_params.greedy:
         return None
-    gen = getattr(seq, "generator", None)
-    if gen is None:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed)
-        seq.generator = gen
-    return gen
+    if seq.generator is None:
+        seq.generator = torch.Generator(device=device)
+        seq.generator.manual_seed(seed)
+    return seq.generator
 
 
 def _add_penalties(batch: SamplingBatch, seqs: list[Sequence], vocab_size: int, device: torch.device) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from common.attention import create_backend, resolve_backend_name
 from common.attention.context import ForwardContext, set_forward_context
+from common.blocks import blocks_for
 from common.config import EngineConfig
 from common.device import DevicePlatform
 from common.layers.attention import Attention
@@ -18,22 +19,13 @@ from common.models import build_model
 from common.parallel import use_group
 from common.runner.cuda_graph import DecodeGraphs
 from common.runner.inputs import StepInputs, plan_step, prepare_sampling, prepare_step
+from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
 from common.runner.tp_group import TPGroup, start_group
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RunnerOutput:
-    """One entry per sequence of the batch: the sampled token, or None for a mid-prompt chunk."""
-
-    token_ids: list[int | None]
-    logprobs: list[dict | None]
-    # Sequences that sampled several positions (speculative verification): batch index -> samples.
-    all_samples: dict[int, list[int]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -111,9 +103,9 @@ class ModelRunner:
         seqs, next_block = [], 0
         for n in (17, 40):
             seq = Sequence(list(range(1, n + 1)), SamplingParams(temperature=0), self.block_size)
-            blocks = -(-n // self.block_size)
+            blocks = blocks_for(n, self.block_size)
             seq.block_table = list(range(next_block, next_block + blocks))
-            seq.num_scheduled_tokens = n
+            seq.schedule(n)
             next_block += blocks
             seqs.append(seq)
         self.run(seqs, is_decode=False)
@@ -123,7 +115,7 @@ class ModelRunner:
             self.model,
             self.backend,
             self.config.max_num_seqs,
-            -(-self.max_model_len // self.block_size),
+            blocks_for(self.max_model_len, self.block_size),
             self.max_model_len,
             self.block_size,
             self.device,
@@ -293,17 +285,14 @@ class StepHandle:
         self.num_seqs, self.sample_index, self.host, self.logprobs = num_seqs, sample_index, host, logprobs
 
     def result(self) -> RunnerOutput:
-        tokens: list[int | None] = [None] * self.num_seqs
+        sampled: list[list[int]] = [[] for _ in range(self.num_seqs)]
         logprobs: list[dict | None] = [None] * self.num_seqs
         if self.host is None:
-            return RunnerOutput(tokens, logprobs)
+            return RunnerOutput(sampled, logprobs)
         if self.host.ready is not None:
             self.host.ready.synchronize()
-        samples: dict[int, list[int]] = {}
         for row, (i, tok) in enumerate(zip(self.sample_index, self.host.tokens.tolist(), strict=True)):
-            if tokens[i] is not None:
-                samples.setdefault(i, [tokens[i]]).append(tok)
-            tokens[i] = tok
+            sampled[i].append(tok)
             if self.logprobs is not None:
                 logprobs[i] = self.logprobs[row]
-        return RunnerOutput(tokens, logprobs, samples)
+        return RunnerOutput(sampled, logprobs)

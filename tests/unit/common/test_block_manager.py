@@ -22,7 +22,8 @@ def _run_prompt(bm: BlockManager, seq: Sequence) -> None:
     match = bm.match_prefix(seq)
     assert bm.can_admit(seq, match, len(seq))
     bm.admit(seq, match, len(seq))
-    seq.num_cached_tokens = len(seq)
+    seq.schedule(seq.num_uncomputed_tokens)
+    seq.commit_scheduled()
     bm.commit(seq)
 
 
@@ -86,12 +87,14 @@ def test_stored_events_carry_parent_and_cleared():
     seq = _seq(list(range(6)))
     match = bm.match_prefix(seq)
     bm.admit(seq, match, 6)
-    seq.num_cached_tokens = 6
+    seq.schedule(6)
+    seq.commit_scheduled()
     bm.commit(seq)
     for t in (6, 7, 8):  # decode two tokens: block 1 becomes full after 8 tokens
         seq.append_token(t)
     assert bm.grow(seq, 9)
-    seq.num_cached_tokens = 8
+    seq.schedule(2)
+    seq.commit_scheduled()  # 8 tokens cached, the 9th not yet
     bm.commit(seq)
     hashes = block_hashes(list(range(9)), BS)
     assert bm.drain_events() == [BlockStored((hashes[0],), None), BlockStored((hashes[1],), hashes[0])]

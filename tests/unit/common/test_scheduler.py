@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from common.block_manager import BlockManager
+from common.runner.output import RunnerOutput
 from common.sampling_params import SamplingParams
-from common.scheduler import Scheduler, SchedulerConfig
+from common.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SeqUpdate
 from common.sequence import FinishReason, Sequence, SequenceStatus
 
 BS = 4
@@ -23,13 +24,19 @@ def _seq(n: int, start: int = 10, **params) -> Sequence:
     return Sequence(list(range(start, start + n)), SamplingParams(**params), BS)
 
 
+def _apply(s: Scheduler, batch: ScheduledBatch, sampled: list[int | None]) -> list[SeqUpdate]:
+    """Feed one token per sequence (None: a mid-prompt chunk samples nothing)."""
+    output = RunnerOutput([[] if t is None else [t] for t in sampled], [None] * len(sampled))
+    return s.update_from_output(batch.seqs, output)
+
+
 def _step(s: Scheduler, token: int = 7):
     batch = s.schedule()
     plan = [(seq.seq_id, seq.num_scheduled_tokens) for seq in batch.seqs]
     sampled = [
         token if seq.num_cached_tokens + seq.num_scheduled_tokens == len(seq) else None for seq in batch.seqs
     ]
-    return batch, plan, s.postprocess(batch, sampled)
+    return batch, plan, _apply(s, batch, sampled)
 
 
 def test_chunked_prefill_respects_budget_for_every_prompt():
@@ -90,11 +97,11 @@ def test_finish_on_eos_max_tokens_and_stop_ids():
     for q in (a, b, c):
         s.add(q)
     batch = s.schedule()
-    updates = s.postprocess(batch, [5, EOS, 9])
+    updates = _apply(s, batch, [5, EOS, 9])
     finished = {u.seq.seq_id: u.seq.finish_reason for u in updates if u.finished}
     assert finished == {b.seq_id: FinishReason.STOP, c.seq_id: FinishReason.STOP}
     batch = s.schedule()
-    updates = s.postprocess(batch, [5])
+    updates = _apply(s, batch, [5])
     assert updates[0].finished and a.finish_reason == FinishReason.LENGTH
     assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
 
@@ -106,9 +113,9 @@ def test_ignore_eos_and_min_tokens():
     s.add(a)
     s.add(b)
     batch = s.schedule()
-    assert not any(u.finished for u in s.postprocess(batch, [EOS, EOS]))
+    assert not any(u.finished for u in _apply(s, batch, [EOS, EOS]))
     batch = s.schedule()
-    updates = s.postprocess(batch, [EOS, EOS])
+    updates = _apply(s, batch, [EOS, EOS])
     assert [u.finished for u in updates] == [False, True]
 
 

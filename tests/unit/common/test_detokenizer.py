@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from router.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from common.default_model import prepare_default_model
+from common.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 from router.tokenizer import ModelTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> ModelTokenizer:
+    return ModelTokenizer.from_dir(prepare_default_model(progress=False))
+
 
 TEXTS = [
     "Hello 😀 world",

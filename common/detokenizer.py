@@ -1,4 +1,4 @@
-"""Incremental detokenization with stop strings.
+"""Incremental detokenization with stop strings (torch-free: the router and the offline `LLM` share it).
 
 Text is produced by decoding a small sliding window of tokens (the vLLM method): decode
 tokens[prefix:read] and tokens[prefix:], and the difference is the new text. Two things are held back:

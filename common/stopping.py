@@ -1,0 +1,31 @@
+"""When a sampled token ends a sequence: a stop token id or EOS (once `min_tokens` are generated),
+`max_tokens`, or the model's context length. Stop strings are text: the detokenizing layer applies
+them (`common.detokenizer`)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from common.sequence import FinishReason, Sequence
+
+
+def stop_reason(
+    seq: Sequence, token: int, length: int, eos_token_ids: Collection[int], max_model_len: int
+) -> FinishReason | None:
+    """Why `token`, ending the first `length` tokens of `seq`, finishes it (None: it goes on)."""
+    params = seq.sampling_params
+    completion = length - seq.num_prompt_tokens
+    if token in params.stop_token_ids and completion >= params.min_tokens:
+        return FinishReason.STOP
+    eos = not params.ignore_eos and token in eos_token_ids
+    if eos and completion >= params.min_tokens:
+        return FinishReason.STOP
+    if length_exhausted(seq, length, max_model_len):
+        return FinishReason.LENGTH
+    return None
+
+
+def length_exhausted(seq: Sequence, length: int, max_model_len: int) -> bool:
+    """The first `length` tokens of `seq` use up its max_tokens or the model's context."""
+    completion = length - seq.num_prompt_tokens
+    return completion >= seq.sampling_params.max_tokens or length >= max_model_len
