@@ -6,7 +6,8 @@ import enum
 from itertools import count
 
 from common.hashing import extend_block_hashes
-from common.sampling_params import SamplingParams
+from common.logprobs import TokenLogprob
+from common.sampling_params import FinishReason, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -15,12 +16,6 @@ class SequenceStatus(enum.Enum):
     TRANSFERRING = "transferring"  # decode role: blocks allocated, KV arriving from a prefill worker
     HANDED_OFF = "handed_off"  # prefill role: first token sampled, blocks pinned for the transfer
     FINISHED = "finished"
-
-
-class FinishReason(enum.Enum):
-    STOP = "stop"  # EOS or a stop token id (stop strings are applied by the detokenizing layer)
-    LENGTH = "length"  # max_tokens or max_model_len reached
-    ABORT = "abort"
 
 
 _seq_ids = count()
@@ -62,7 +57,7 @@ class Sequence:
         self.num_draft_tokens = 0  # trailing speculative proposals being verified this step
         self.spec_backoff = 0  # speculative decoding: current back-off after rejected proposals
         self.spec_skip_steps = 0  # decode steps left before proposing again
-        self.logprobs: list[dict] = []
+        self.logprobs: list[TokenLogprob] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)

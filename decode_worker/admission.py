@@ -7,19 +7,17 @@ import math
 from common.llm_engine import LLMEngine
 from common.messages import DecodeRequest
 from common.sequence import Sequence
-from common.worker.outputs import sampling_from_wire
 
 
 def sequence_from_request(engine: LLMEngine, req: DecodeRequest) -> Sequence:
     """The prompt plus the first token (sampled by the prefill worker), with the prompt/completion
     boundary after the prompt, so max_tokens, penalties and positions count the first token as the
     first completion token. Raises ValueError (naming the problem) for a request this engine cannot run."""
-    params = sampling_from_wire(req.sampling)
     token_ids = [*req.prompt_token_ids, req.first_token_id]
     engine.validate_token_ids(token_ids)
     seq = Sequence(
         token_ids,
-        params,
+        req.sampling,
         engine.config.kvcache_block_size,
         req.request_id,
         num_prompt_tokens=len(req.prompt_token_ids),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.engine_args import add_engine_args, engine_argv, engine_overrides
+from common.worker.net import WILDCARD_HOSTS
 from deploy.base import WorkerBackend, WorkerHandle, WorkerSpec
 from deploy.local_backend import signal_group, spawn, stop_processes
 from deploy.passthrough import ROUTER_FLAGS, WORKER_FLAGS, add_passthrough_args, passthrough_argv
@@ -39,7 +40,6 @@ from router.config import API_KEY_ENV
 
 log = logging.getLogger("deploy.launch")
 BACKENDS = ("ray", "local")
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 @dataclass(frozen=True)

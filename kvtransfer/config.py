@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from common.worker.net import WILDCARD_HOSTS
+
 TRANSPORTS = ("tcp", "ipc", "nccl")
 TRANSPORT_CHOICES = (*TRANSPORTS, "auto")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
-WILDCARD_HOSTS = ("0.0.0.0", "*", "::")
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,11 @@ from typing import Any, ClassVar
 import torch
 import zmq
 
+from common.worker.waker import Waker
+
 from .base import Endpoint, KVReceiver, TransferResult, TransferStatus, check_kv_cache
 from .config import KVTransferConfig, validate_seconds
-from .device import CopyStream, Waker, record_event
+from .device import CopyStream, record_event
 from .jobs import Job, StatusBook
 from .layout import CacheLayout, parse_block_ids
 from .wire import ACK, ERROR, FetchRequest, ProtocolError, decode, encode, encode_error

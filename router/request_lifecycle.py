@@ -157,9 +157,8 @@ class RequestLifecycle:
         decode_info = self.registry.get(decode.worker_id)
         assert decode_info is not None  # it came from decode_loads() just now
         deadline = self._wall_deadline(seq)
-        sampling = seq.sampling.to_dict()
         msg = PrefillRequest(
-            wire_id, prompt, sampling, decode.worker_id, decode_info.reg.command_addr, deadline
+            wire_id, prompt, seq.sampling, decode.worker_id, decode_info.reg.command_addr, deadline
         )
         if not await self.cluster.send(prefill.worker_id, msg):
             dispatch.queue.put_nowait(RequestFailed(wire_id, prefill.worker_id, "cannot reach worker", True))
