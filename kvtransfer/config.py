@@ -73,8 +73,7 @@ def zmq_host(host: str) -> str:
 
 def validate_seconds(name: str, value: object) -> str | None:
     """The error for a bad duration (used on values that arrive at runtime), or None."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = number and math.isfinite(value) and value > 0
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
     return None if ok else f"{name} must be a positive finite number of seconds, got {value!r}"
 
 

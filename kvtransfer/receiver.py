@@ -240,7 +240,9 @@ class ZmqReceiver(KVReceiver):
         self._on_job_failed(job)
         self._finish(job, TransferStatus.FAILED, error)
 
-    def _send(self, sock: zmq.Socket, frames: list) -> bool:
+    def _send(self, sock: zmq.Socket | None, frames: list) -> bool:
+        if sock is None:  # the job never got a connection: nobody to tell
+            return False
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK)
             return True

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
 
 from common.hashing import block_hashes
@@ -97,7 +97,7 @@ class RequestLifecycle:
         self.metrics = metrics
         self._clock = clock
 
-    async def generate(self, seq: SequenceRequest) -> AsyncIterator[tuple[SequenceUpdate, SequenceOutput]]:
+    async def generate(self, seq: SequenceRequest) -> AsyncGenerator[tuple[SequenceUpdate, SequenceOutput]]:
         """Yields each update with the sequence's accumulated output; the last update has finish_reason."""
         excluded: set[str] = set()
         output = SequenceOutput(self._detokenizer(seq), seq.sampling)
@@ -182,7 +182,7 @@ class RequestLifecycle:
 
     async def _collect(
         self, seq: SequenceRequest, dispatch: _Dispatch, output: SequenceOutput, seen: list[int]
-    ) -> AsyncIterator[SequenceUpdate]:
+    ) -> AsyncGenerator[SequenceUpdate]:
         reorder = TokenReorderBuffer()
         ended_by_worker = False
         try:
