@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Literal, get_args
 
+# What an engine (and so a worker) does: prefill and decode in one place, or one half of the pair.
 Role = Literal["mixed", "prefill", "decode"]
-ROLES = ("mixed", "prefill", "decode")
+ROLES: tuple[Role, ...] = get_args(Role)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")

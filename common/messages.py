@@ -1,28 +1,34 @@
-"""Typed wire messages between the router and the workers (msgpack, never pickle).
+"""Typed wire messages between the router and the workers (msgpack, never pickle), and their protocol.
 
 Every message is a dataclass with a class-level `TYPE` tag. `encode(msg)` packs `{"type": TYPE, **fields}`
-with msgpack; `decode(data)` checks the tag, the field names and every field's type (nested values are
-plain msgpack types) and raises `MessageError` -- a `ValueError` naming the field -- for anything
-malformed, whatever the bytes. Constructing a message validates it the same way, so a bad message
-fails where it is built rather than on the far side of a socket.
+with msgpack; `decode(data)` checks the tag, the field names and every field's type and raises
+`MessageError` -- a `ValueError` naming the field -- for anything malformed, whatever the bytes.
+Constructing a message validates it the same way, so a bad message fails where it is built rather than
+on the far side of a socket.
 
 Conventions: block hashes are uint64 ints (see `common.hashing`); times (`sent_at`, `deadline`) are
-absolute Unix times from `time.time()` because they cross processes and hosts; `sampling` is
-`SamplingParams.to_dict()`; `kv_endpoint` is opaque to the router and owned by `kvtransfer`.
-The full protocol (who sends what, on which socket) is documented in `router/__init__.py`.
+absolute Unix times from `time.time()` because they cross processes and hosts; `kv_endpoint` is opaque
+to the router and owned by `kvtransfer`. Nested values are typed, one definition each, shared by
+every process: `sampling` is a `SamplingParams`, `events` are `common.kv_events.KVEvent`s, `logprobs`
+are `common.logprobs.TokenLogprob`s, `finish_reason` is a `FinishReason`, `role` a `common.config.Role`
+(how they travel: `common.wire_fields`).
+
+The protocol -- who sends what, on which socket, and when -- is written out in
+`docs/protocol.md`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
 import msgpack
 
-from common.wire_fields import (  # noqa: F401 - ROLES etc. are re-exported
-    EVENT_FIELDS,
-    FINISH_REASONS,
-    ROLES,
+from common.config import Role
+from common.kv_events import KVEvent
+from common.logprobs import TokenLogprob
+from common.sampling_params import FinishReason, SamplingParams
+from common.wire_fields import (
     Count,
     Hash,
     Hashes,
@@ -32,11 +38,8 @@ from common.wire_fields import (  # noqa: F401 - ROLES etc. are re-exported
     Prompt,
     TokenIds,
     at_least,
-    check_event,
-    check_logprobs,
     field_checkers,
-    non_empty,
-    one_of,
+    wire_form,
 )
 
 
@@ -54,13 +57,26 @@ class Message:
         """Invariants across fields; raise MessageError naming the field."""
 
 
+class WorkRequest(Message):
+    """Base of the commands that make a worker take on a request. Workers only ever see n == 1 (the
+    router fans a request out into n); a malformed one that still names its request is answered with
+    `RequestFailed` rather than silence (see `decode`)."""
+
+    request_id: str
+    sampling: SamplingParams
+
+    def validate(self) -> None:
+        if self.sampling.n != 1:
+            raise MessageError(f"sampling.n must be 1 on the wire, got {self.sampling.n}")
+
+
 @dataclass
 class WorkerRegister(Message):
     """Worker -> router inbox, once at start (re-sending it unchanged is an idempotent refresh)."""
 
     TYPE: ClassVar[str] = "worker_register"
     worker_id: Id
-    role: Annotated[str, one_of(*ROLES)]
+    role: Role
     host: str
     pid: Count
     command_addr: Id
@@ -89,20 +105,20 @@ class WorkerHeartbeat(Message):
 
 
 @dataclass
-class PrefillRequest(Message):
+class PrefillRequest(WorkRequest):
     """Router -> prefill worker command socket: compute the prompt's KV and the first token."""
 
     TYPE: ClassVar[str] = "prefill_request"
     request_id: Id
     prompt_token_ids: Prompt
-    sampling: dict
+    sampling: SamplingParams
     decode_worker_id: Id
     decode_command_addr: Id
     deadline: float | None
 
 
 @dataclass
-class GenerateRequest(Message):
+class GenerateRequest(WorkRequest):
     """Router -> decode or mixed worker command socket: prefill the prompt here, then decode it.
 
     The worker computes the prompt itself (no KV transfer) and streams every completion token,
@@ -112,19 +128,19 @@ class GenerateRequest(Message):
     TYPE: ClassVar[str] = "generate_request"
     request_id: Id
     prompt_token_ids: Prompt
-    sampling: dict
+    sampling: SamplingParams
     deadline: float | None
 
 
 @dataclass
-class DecodeRequest(Message):
+class DecodeRequest(WorkRequest):
     """Prefill worker -> decode worker command socket: continue a sequence whose KV is being sent."""
 
     TYPE: ClassVar[str] = "decode_request"
     request_id: Id
     prompt_token_ids: Prompt
     first_token_id: Count
-    sampling: dict
+    sampling: SamplingParams
     kv_endpoint: dict
     src_block_ids: Annotated[list[int], at_least(0)]
     prefill_worker_id: Id
@@ -136,8 +152,8 @@ class TokenOutput(Message):
     """Any worker -> router inbox: generated tokens of one request.
 
     `index` is the completion position of token_ids[0] (prefill sends 0, decode 1..). A message with
-    `finish_reason` set is the request's last; only then may token_ids be empty. `logprobs`, when
-    present, has one entry per token: {"logprob": float, "top": [[token_id, logprob], ...]}.
+    `finish_reason` set is the request's last; only then may token_ids be empty. `logprobs`, when the
+    request asked for them, has one entry per token.
     """
 
     TYPE: ClassVar[str] = "token_output"
@@ -145,18 +161,19 @@ class TokenOutput(Message):
     worker_id: Id
     index: Count
     token_ids: TokenIds
-    finish_reason: Annotated[str | None, one_of(*FINISH_REASONS)]
+    finish_reason: FinishReason | None
     num_prompt_tokens: Count
     cached_tokens: Count
-    logprobs: list | None = None
+    logprobs: list[TokenLogprob] | None = None
     kv_transfer_bytes: Count = 0
     kv_transfer_seconds: Annotated[float, at_least(0)] = 0.0
 
     def validate(self) -> None:
         if not self.token_ids and self.finish_reason is None:
             raise MessageError("token_ids must not be empty unless finish_reason is set")
-        if self.logprobs is not None:
-            check_logprobs(self.logprobs, len(self.token_ids))
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            n, got = len(self.token_ids), len(self.logprobs)
+            raise MessageError(f"logprobs must have one entry per token ({n}), got {got}")
 
 
 @dataclass
@@ -184,20 +201,13 @@ class Abort(Message):
 
 @dataclass
 class KVEventBatch(Message):
-    """Prefill worker PUB socket -> router SUB: cache events, `seq` = previous batch's seq + 1 (first 1).
-
-    Events, applied in order: {"kind": "stored", "hashes": [...], "parent": int | None},
-    {"kind": "removed", "hashes": [...]}, {"kind": "cleared"}. Use the helpers below to build them.
-    """
+    """Prefill (or mixed) worker PUB socket -> router SUB: the block manager's cache events, applied in
+    order; `seq` = previous batch's seq + 1 (the first batch after the process starts is 1)."""
 
     TYPE: ClassVar[str] = "kv_event_batch"
     worker_id: Id
     seq: Positive
-    events: list[dict]
-
-    def validate(self) -> None:
-        for i, event in enumerate(self.events):
-            check_event(event, f"events[{i}]")
+    events: list[KVEvent]
 
 
 @dataclass
@@ -226,34 +236,30 @@ class Shutdown(Message):
     reason: str = ""
 
 
-MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in Message.__subclasses__()}
+def _concrete(base: type[Message]) -> list[type[Message]]:
+    below = base.__subclasses__()
+    return [c for c in below if c.TYPE] + [c for sub in below for c in _concrete(sub)]
 
 
-def stored_event(hashes: list[int], parent: int | None) -> dict:
-    return {"kind": "stored", "hashes": list(hashes), "parent": parent}
-
-
-def removed_event(hashes: list[int]) -> dict:
-    return {"kind": "removed", "hashes": list(hashes)}
-
-
-def cleared_event() -> dict:
-    return {"kind": "cleared"}
+MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in _concrete(Message)}
 
 
 def encode(msg: Message) -> bytes:
     """msgpack of {"type": tag, **fields}; the message was validated when it was built."""
     if not isinstance(msg, Message) or MESSAGE_TYPES.get(msg.TYPE) is not type(msg):
         raise MessageError(f"not a wire message: {type(msg).__name__}")
-    payload = {"type": msg.TYPE, **{f.name: getattr(msg, f.name) for f in fields(msg)}}  # type: ignore[arg-type]
+    payload = {"type": msg.TYPE, **{name: getattr(msg, name) for name, _ in field_checkers(type(msg))}}
     try:
-        return msgpack.packb(payload, use_bin_type=True)
+        return msgpack.packb(payload, use_bin_type=True, default=wire_form)
     except (TypeError, ValueError, OverflowError) as e:  # a field mutated after construction
         raise MessageError(f"cannot encode {msg.TYPE}: {e}") from None
 
 
 def decode(data: bytes) -> Message:
-    """Parse and validate one message; any malformed input raises MessageError, nothing else."""
+    """Parse and validate one message; any malformed input raises MessageError, nothing else.
+
+    When a malformed command that starts work still carries a usable `request_id`, the error's
+    `request_id` is set, so the receiver can fail that request instead of leaving it hanging."""
     try:
         payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises several unrelated types for garbage input
@@ -264,7 +270,17 @@ def decode(data: bytes) -> Message:
     cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
     if cls is None:
         raise MessageError(f"type: unknown message type {tag!r}")
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    try:
+        return _build(cls, payload)
+    except MessageError as e:
+        request_id = payload.get("request_id")
+        if issubclass(cls, WorkRequest) and type(request_id) is str and request_id:
+            e.request_id = request_id
+        raise
+
+
+def _build(cls: type[Message], payload: dict) -> Message:
+    names = {name for name, _ in field_checkers(cls)}
     unknown = [k for k in payload if k not in names]
     if unknown:
         raise MessageError(f"{cls.TYPE}: unknown field {unknown[0]!r}")

@@ -1,8 +1,21 @@
-"""Per-request sampling parameters, validated with ValueError naming the field."""
+"""Per-request sampling parameters, validated with ValueError naming the field, and why a sequence stopped.
+
+Torch-free: the router builds these, and wire messages carry them as typed values (`common.messages`).
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field
+
+
+class FinishReason(enum.StrEnum):
+    """Why a sequence stopped. The values are what the wire and the OpenAI API carry (a StrEnum, so a
+    reason equals its string)."""
+
+    STOP = "stop"  # EOS, a stop token id, or a stop string (applied by the detokenizing layer)
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"
 
 
 @dataclass
@@ -71,6 +84,7 @@ class SamplingParams:
         return self.logprobs is not None or bool(penalties)
 
     def to_dict(self) -> dict:
+        """The field map (the same map a wire message carries for its `sampling` value)."""
         return asdict(self)
 
     @classmethod

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from common.blocks import blocks_for
 from common.hashing import extend_block_hashes
-from common.sampling_params import SamplingParams
+from common.logprobs import TokenLogprob
+from common.sampling_params import FinishReason, SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -24,12 +25,6 @@ class SequenceStatus(enum.Enum):
     TRANSFERRING = "transferring"  # decode role: blocks allocated, KV arriving from a prefill worker
     HANDED_OFF = "handed_off"  # prefill role: first token sampled, blocks pinned for the transfer
     FINISHED = "finished"
-
-
-class FinishReason(enum.Enum):
-    STOP = "stop"  # EOS or a stop token id (stop strings are applied by the detokenizing layer)
-    LENGTH = "length"  # max_tokens or max_model_len reached
-    ABORT = "abort"
 
 
 _seq_ids = count()
@@ -78,7 +73,7 @@ class Sequence:
         self.num_draft_tokens = 0  # trailing speculative proposals being verified this step
         self.spec_backoff = 0  # speculative decoding: current back-off after rejected proposals
         self.spec_skip_steps = 0  # decode steps left before proposing again
-        self.logprobs: list[dict] = []  # one entry per sampled token when sampling_params.logprobs is set
+        self.logprobs: list[TokenLogprob] = []
         # A seeded request's own random stream for its whole life (created by the runner on first use).
         self.generator: torch.Generator | None = None
 

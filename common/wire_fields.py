@@ -1,38 +1,45 @@
-"""Field checking for the wire messages in `common.messages`.
+"""Field checking for the wire messages in `common.messages` and for the typed values they carry.
 
-Constraints are attached to message fields with `typing.Annotated` and compiled once per message
-class into one checker per field; every failure is a `MessageError` (a `ValueError`) naming the field.
+Constraints are attached to fields with `typing.Annotated` and compiled once per class into one checker
+per field; every failure is a `MessageError` (a `ValueError`) naming the field.
+
+Nested values are typed, never loose dicts: a message's `sampling` is a `SamplingParams`, its `events`
+are `KVEvent`s, its `logprobs` are `TokenLogprob`s, its `finish_reason` is a `FinishReason`. A nested
+dataclass (a "record") travels as a msgpack map of its fields (`wire_form`); one with a `KIND` class
+variable also carries it as "kind", which is how the members of a union are told apart. Decoding a map
+checks its keys and each field's type, then builds the value, whose own constructor checks the rest
+(e.g. SamplingParams' ranges). A record handed to a message's constructor is checked field by field the
+same way, so a bad value fails where the message is built. Enums travel as their values.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import fields
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 _INT_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
-ROLES = ("prefill", "decode", "mixed")
-FINISH_REASONS = ("stop", "length", "abort")
-EVENT_FIELDS = {"stored": {"kind", "hashes", "parent"}, "removed": {"kind", "hashes"}, "cleared": {"kind"}}
 
 
 class MessageError(ValueError):
-    """A message that cannot be encoded or decoded; the text names the offending field."""
+    """A message that cannot be encoded or decoded; the text names the offending field.
+
+    `request_id` is set by `common.messages.decode` when a malformed request still names its request."""
+
+    request_id: str | None = None
 
 
-# Field constraints, attached with typing.Annotated and checked on construction. On a list, _min applies
-# to each element while non_empty is about the list itself.
+# Field constraints, attached with typing.Annotated and checked on construction. On a list or tuple,
+# at_least applies to each element while non_empty is about the sequence itself.
 def at_least(low: int) -> Callable[[str, Any], None]:
     def check(name: str, value: Any) -> None:
-        if (
-            isinstance(value, list)
-            and value
-            and min(value) < low
-            or not isinstance(value, list)
-            and value < low
-        ):
+        if isinstance(value, list | tuple):
+            if value and min(value) < low:
+                raise MessageError(f"{name} must be >= {low}")
+        elif value < low:
             raise MessageError(f"{name} must be >= {low}")
 
     return check
@@ -43,33 +50,42 @@ def non_empty(name: str, value: Any) -> None:
         raise MessageError(f"{name} must not be empty")
 
 
-def one_of(*choices: str) -> Callable[[str, Any], None]:
-    def check(name: str, value: Any) -> None:
-        if value is not None and value not in choices:
-            raise MessageError(f"{name} must be one of {choices}, got {value!r}")
-
-    return check
-
-
 Id = Annotated[str, non_empty]
 Count = Annotated[int, at_least(0)]
 Positive = Annotated[int, at_least(1)]
 Hash = Annotated[int, at_least(0)]  # uint64: the upper bound is msgpack's own
 Hashes = Annotated[list[int], at_least(0)]
+HashChain = Annotated[tuple[int, ...], at_least(0)]
 TokenIds = Annotated[list[int], at_least(0)]
 Prompt = Annotated[list[int], at_least(0), non_empty]
 
 
 Checker = Callable[[Any, str], Any]  # (value, field name) -> value, floats widened; or MessageError
 _FIELD_CHECKERS: dict[type, list[tuple[str, Checker]]] = {}
+_REQUIRED: dict[type, frozenset[str]] = {}
 
 
 def field_checkers(cls: type) -> list[tuple[str, Checker]]:
-    """Per message class, one compiled checker per field (built once: messages are on the hot path)."""
+    """Per dataclass, one compiled checker per field (built once: messages are on the hot path)."""
     if cls not in _FIELD_CHECKERS:
         hints = typing.get_type_hints(cls, include_extras=True)
-        _FIELD_CHECKERS[cls] = [(f.name, _compile(hints[f.name])) for f in fields(cls)]
+        fields = dataclasses.fields(cls)
+        _FIELD_CHECKERS[cls] = [(f.name, _compile(hints[f.name])) for f in fields]
+        _REQUIRED[cls] = frozenset(
+            f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING
+        )
     return _FIELD_CHECKERS[cls]
+
+
+def wire_form(value: Any) -> Any:
+    """msgpack's `default` hook: a record as the map of its fields (+ "kind"), an enum as its value."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        data = {name: getattr(value, name) for name, _ in field_checkers(type(value))}
+        kind = getattr(value, "KIND", None)
+        return data if kind is None else {"kind": kind, **data}
+    if isinstance(value, enum.Enum):
+        return value.value
+    raise TypeError(f"cannot encode a {type(value).__name__}")
 
 
 _SCALARS: dict[type, Callable[[Any], bool]] = {
@@ -87,14 +103,16 @@ def _compile(tp: Any) -> Checker:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Annotated:
         return _annotated(_compile(args[0]), args[1:])
-    if origin in (Union, types.UnionType):  # always `X | None` in this module
-        inner = _compile(args[0])
-        return lambda value, name: None if value is None else inner(value, name)
-    if origin is list and args == (int,):
-        return _int_list
-    if origin is list:
-        element = _compile(args[0])
-        return lambda value, name: [element(v, name) for v in _scalar(list, value, name)]
+    if origin in (Union, types.UnionType):
+        return _union(args)
+    if origin is Literal:
+        return _one_of(args)
+    if origin in (list, tuple):
+        return _sequence(origin, args)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum(tp)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _records((tp,))
     return lambda value, name: _scalar(origin or tp, value, name)
 
 
@@ -108,46 +126,127 @@ def _annotated(inner: Checker, constraints: tuple) -> Checker:
     return check
 
 
+def _union(args: tuple) -> Checker:
+    members = tuple(a for a in args if a is not type(None))
+    inner = _compile(members[0]) if len(members) == 1 else _records(members)
+    if len(members) == len(args):
+        return inner
+    return lambda value, name: None if value is None else inner(value, name)
+
+
+def _one_of(choices: tuple) -> Checker:
+    def check(value: Any, name: str) -> Any:
+        if type(value) is not str or value not in choices:
+            raise MessageError(f"{name} must be one of {choices}, got {value!r}")
+        return value
+
+    return check
+
+
+def _enum(cls: type[enum.Enum]) -> Checker:
+    by_value = {member.value: member for member in cls}
+
+    def check(value: Any, name: str) -> Any:
+        if isinstance(value, cls):
+            return value
+        member = by_value.get(value) if type(value) is str else None
+        if member is None:
+            raise MessageError(f"{name} must be one of {tuple(by_value)}, got {value!r}")
+        return member
+
+    return check
+
+
+def _sequence(origin: type, args: tuple) -> Checker:
+    """list[X], tuple[X, ...] (both arrive as lists; tuples are rebuilt) and fixed tuple[X, Y]."""
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        return _fixed_tuple(tuple(_compile(a) for a in args))
+    if args[0] is int:
+        return _int_list if origin is list else _int_tuple
+    element = _compile(args[0])
+    allowed = (list,) if origin is list else (list, tuple)
+
+    def check(value: Any, name: str) -> Any:
+        if type(value) not in allowed:
+            raise MessageError(f"{name} must be a list, got {type(value).__name__}")
+        return origin(element(v, f"{name}[{i}]") for i, v in enumerate(value))
+
+    return check
+
+
+def _fixed_tuple(elements: tuple[Checker, ...]) -> Checker:
+    def check(value: Any, name: str) -> Any:
+        if type(value) not in (list, tuple) or len(value) != len(elements):
+            raise MessageError(f"{name} must be a list of {len(elements)} items")
+        return tuple(c(v, f"{name}[{i}]") for i, (c, v) in enumerate(zip(elements, value, strict=True)))
+
+    return check
+
+
+def _records(classes: tuple[type, ...]) -> Checker:
+    """A record, or one of several told apart by "kind"; instances are checked, maps are decoded."""
+    by_kind = {getattr(cls, "KIND", None): cls for cls in classes}
+    if len(classes) > 1 and None in by_kind:
+        raise TypeError(f"a union of records needs a KIND on each member: {classes}")
+
+    def check(value: Any, name: str) -> Any:
+        if isinstance(value, classes):
+            for field, checker in field_checkers(type(value)):
+                checker(getattr(value, field), f"{name}.{field}")
+            return value
+        if type(value) is not dict:
+            raise MessageError(f"{name} must be a map, got {type(value).__name__}")
+        if None in by_kind:  # a single record without a kind
+            return _record_from_map(classes[0], value, name)
+        kind = value.get("kind")
+        cls = by_kind.get(kind) if type(kind) is str else None
+        if cls is None:
+            raise MessageError(f"{name}.kind must be one of {tuple(by_kind)}, got {kind!r}")
+        return _record_from_map(cls, value, name)
+
+    return check
+
+
+def _record_from_map(cls: type, value: dict, name: str) -> Any:
+    checkers = field_checkers(cls)
+    data = {k: v for k, v in value.items() if k != "kind"} if hasattr(cls, "KIND") else value
+    known = {field for field, _ in checkers}
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        raise MessageError(f"{name}: unknown field {unknown[0]!r}")
+    missing = sorted(_REQUIRED[cls] - data.keys())
+    if missing:
+        raise MessageError(f"{name}: missing field {missing[0]!r}")
+    values = {field: checker(data[field], f"{name}.{field}") for field, checker in checkers if field in data}
+    try:
+        return cls(**values)
+    except ValueError as e:  # the record's own checks (ranges, cross-field rules)
+        raise MessageError(f"{name}: {e}") from None
+
+
 def _scalar(tp: type, value: Any, name: str) -> Any:
     if not _SCALARS[tp](value):
         raise MessageError(f"{name} must be a {tp.__name__}, got {type(value).__name__}")
     return float(value) if tp is float else value
 
 
-def _int_list(value: Any, name: str) -> list[int]:
-    """Token ids and hashes: long lists, so the element checks run in C (map/set/min/max)."""
-    if type(value) is not list or not set(map(type, value)) <= {int}:
+def _check_ints(value: Any, name: str) -> None:
+    """Token ids and hashes: long sequences, so the element checks run in C (map/set/min/max)."""
+    if not set(map(type, value)) <= {int}:
         raise MessageError(f"{name} must be a list of ints")
     if value and (min(value) < _INT_MIN or max(value) > _UINT64_MAX):
         raise MessageError(f"{name} holds an int msgpack cannot carry")
+
+
+def _int_list(value: Any, name: str) -> list[int]:
+    if type(value) is not list:
+        raise MessageError(f"{name} must be a list of ints")
+    _check_ints(value, name)
     return value
 
 
-_check_hashes, _check_parent = _compile(Hashes), _compile(Hash | None)
-_check_int, _check_float, _check_list = _compile(int), _compile(float), _compile(list)
-
-
-def check_event(event: dict, name: str) -> None:
-    kind = event.get("kind")
-    if kind not in EVENT_FIELDS:
-        raise MessageError(f"{name}.kind must be one of {tuple(EVENT_FIELDS)}, got {kind!r}")
-    if set(event) != EVENT_FIELDS[kind]:
-        raise MessageError(f"{name} ({kind}) must have exactly the fields {sorted(EVENT_FIELDS[kind])}")
-    if kind != "cleared":
-        _check_hashes(event["hashes"], f"{name}.hashes")
-    if kind == "stored":
-        _check_parent(event["parent"], f"{name}.parent")
-
-
-def check_logprobs(entries: list, num_tokens: int) -> None:
-    if len(entries) != num_tokens:
-        raise MessageError(f"logprobs must have one entry per token ({num_tokens}), got {len(entries)}")
-    for entry in entries:
-        if not isinstance(entry, dict) or set(entry) != {"logprob", "top"}:
-            raise MessageError('logprobs entries must be {"logprob": float, "top": [[id, logprob], ...]}')
-        _check_float(entry["logprob"], "logprobs.logprob")
-        for pair in _check_list(entry["top"], "logprobs.top"):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise MessageError("logprobs.top entries must be [token_id, logprob] pairs")
-            _check_int(pair[0], "logprobs.top.token_id")
-            _check_float(pair[1], "logprobs.top.logprob")
+def _int_tuple(value: Any, name: str) -> tuple[int, ...]:
+    if type(value) not in (list, tuple):
+        raise MessageError(f"{name} must be a list of ints")
+    _check_ints(value, name)
+    return tuple(value)

@@ -6,7 +6,6 @@ from common.blocks import blocks_for
 from common.llm_engine import LLMEngine
 from common.messages import DecodeRequest, GenerateRequest
 from common.sequence import Sequence
-from common.worker.outputs import sampling_from_wire
 
 
 def sequence_from_request(engine: LLMEngine, req: DecodeRequest | GenerateRequest) -> Sequence:
@@ -15,11 +14,10 @@ def sequence_from_request(engine: LLMEngine, req: DecodeRequest | GenerateReques
     GenerateRequest: the prompt, computed here. DecodeRequest: the prompt plus the first token
     (sampled by the prefill worker), with the prompt/completion boundary after the prompt, so
     max_tokens, penalties and positions count the first token as the first completion token."""
-    params = sampling_from_wire(req.sampling)
     if isinstance(req, GenerateRequest):
-        return engine.make_sequence(req.prompt_token_ids, params, req.request_id)
+        return engine.make_sequence(req.prompt_token_ids, req.sampling, req.request_id)
     token_ids = [*req.prompt_token_ids, req.first_token_id]
-    return engine.make_sequence(token_ids, params, req.request_id, len(req.prompt_token_ids))
+    return engine.make_sequence(token_ids, req.sampling, req.request_id, len(req.prompt_token_ids))
 
 
 def transferable(req: DecodeRequest, block_size: int) -> bool:

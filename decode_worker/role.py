@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from common.llm_engine import StepResult
 from common.messages import DecodeRequest, GenerateRequest, Message, TokenOutput
 from common.sequence import Sequence, SequenceStatus
-from common.worker.outputs import finish_reason, wire_logprobs
+from common.worker.outputs import wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
 from kvtransfer import KVTransferConfig, TransferResult, TransferStatus
@@ -194,7 +194,7 @@ class DecodeRole(WorkerRole):
             worker_id=self.ctx.worker_id,
             index=job.next_index,
             token_ids=token_ids,
-            finish_reason=finish_reason(seq) if finished else None,
+            finish_reason=seq.finish_reason if finished else None,
             num_prompt_tokens=seq.num_prompt_tokens,
             cached_tokens=seq.num_prefix_hit_tokens if job.next_index == 0 else 0,
             logprobs=wire_logprobs(seq, len(token_ids)),

@@ -18,10 +18,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from common.engine_args import engine_argv
+from common.worker.net import WILDCARD_HOSTS
 from deploy.base import WorkerSpec
 
 BACKENDS = ("ray", "local")
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -73,7 +73,7 @@ Endpoint = dict[str, Any]
 class KVSender(ABC):
     """Prefill side: publishes pinned blocks and serves receivers' pulls in a background thread."""
 
-    transport: str
+    transport: ClassVar[str]
 
     @abstractmethod
     def start(self) -> None:
@@ -116,7 +116,7 @@ class KVSender(ABC):
 class KVReceiver(ABC):
     """Decode side: pulls published blocks into pre-allocated destination blocks in the background."""
 
-    transport: str
+    transport: ClassVar[str]
 
     @abstractmethod
     def start(self) -> None:

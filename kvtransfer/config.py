@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from common.worker.net import WILDCARD_HOSTS
+
 TRANSPORTS = ("tcp", "ipc", "nccl")
 TRANSPORT_CHOICES = (*TRANSPORTS, "auto")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
-WILDCARD_HOSTS = ("0.0.0.0", "*", "::")
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,7 @@ def zmq_host(host: str) -> str:
 
 def validate_seconds(name: str, value: object) -> str | None:
     """The error for a bad duration (used on values that arrive at runtime), or None."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = number and math.isfinite(value) and value > 0
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
     return None if ok else f"{name} must be a positive finite number of seconds, got {value!r}"
 
 

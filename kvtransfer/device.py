@@ -1,9 +1,8 @@
-"""Small device and threading helpers: a copy stream that is a no-op on CPU, and a poller wake-up pipe."""
+"""Small device helpers: a copy stream that is a no-op on CPU, events, and host staging buffers."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import torch
@@ -53,32 +52,3 @@ def host_buffer(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, pinned:
     """Host staging memory: pinned (torch caches pinned blocks, so this is cheap after warm-up) when the
     other end of the copy is a GPU, plain otherwise."""
     return torch.empty(shape, dtype=dtype, pin_memory=pinned)
-
-
-class Waker:
-    """A self-pipe the engine's thread writes to so the I/O thread's zmq poller wakes at once: the engine
-    must not touch zmq sockets, and a pipe write is thread-safe."""
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-
-    @property
-    def fd(self) -> int:
-        return self._r
-
-    def wake(self) -> None:
-        # A full pipe already guarantees a wake-up; a closed one means we are shutting down.
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._w, b"\x01")
-
-    def drain(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self._r, 4096):
-                pass
-
-    def close(self) -> None:
-        for fd in (self._r, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)

@@ -48,14 +48,16 @@ def make_group(
     backend: str, store: dist.Store, pair_id: str, rank: int, iface: str, timeout_s: float
 ) -> dist.ProcessGroup:
     prefixed = dist.PrefixStore(f"kvtransfer/{pair_id}/", store)
+    # The backends are c10d Backend objects used directly as the pair's group; torch's stubs call
+    # them neither ProcessGroups nor list the gloo options (private API).
     if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
+        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=iface)]
         opts._timeout = timedelta(seconds=timeout_s)
-        return dist.ProcessGroupGloo(prefixed, rank, 2, opts)
+        return dist.ProcessGroupGloo(prefixed, rank, 2, opts)  # type: ignore[return-value]
     opts = dist.ProcessGroupNCCL.Options()
     opts._timeout = NCCL_WATCHDOG_TIMEOUT
-    return dist.ProcessGroupNCCL(prefixed, rank, 2, opts)
+    return dist.ProcessGroupNCCL(prefixed, rank, 2, opts)  # type: ignore[return-value]
 
 
 def wait_work(work: dist.Work, backend: str, deadline: float, broken: Callable[[], bool]) -> None:

@@ -123,7 +123,7 @@ class NcclReceiver(ZmqReceiver):
         self._iface = "127.0.0.1" if host in WILDCARD_HOSTS else host
         self._pairs: dict[str, PairGroup] = {}  # sender address -> live pair
         self._abandoned: dict[str, list[str]] = {}  # sender address -> pair ids to tell it to drop
-        self._finished_recvs: queue.SimpleQueue = queue.SimpleQueue()
+        self._finished_recvs: queue.SimpleQueue[tuple[Job, str | None]] = queue.SimpleQueue()
         self._write_lock = threading.Lock()  # a recv's scatter vs. the I/O thread failing its job
         self._retired: list[PairGroup] = []  # closed pairs whose threads may still be tearing down
 

@@ -17,9 +17,11 @@ from typing import Any, ClassVar
 import torch
 import zmq
 
+from common.worker.waker import Waker
+
 from .base import Endpoint, KVReceiver, TransferResult, TransferStatus, check_kv_cache
 from .config import KVTransferConfig, validate_seconds
-from .device import CopyStream, Waker, record_event
+from .device import CopyStream, record_event
 from .jobs import Job, StatusBook
 from .layout import CacheLayout, parse_block_ids
 from .wire import ACK, ERROR, FetchRequest, ProtocolError, decode, encode, encode_error
@@ -256,7 +258,9 @@ class ZmqReceiver(KVReceiver):
         self._on_job_failed(job)
         self._finish(job, TransferStatus.FAILED, error)
 
-    def _send(self, sock: zmq.Socket, frames: list) -> bool:
+    def _send(self, sock: zmq.Socket | None, frames: list) -> bool:
+        if sock is None:  # the job never got a connection: nobody to tell
+            return False
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK)
             return True

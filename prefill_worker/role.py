@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from common.llm_engine import StepResult
 from common.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
 from common.sequence import Sequence
-from common.worker.outputs import finish_reason, sampling_from_wire, wire_logprobs
+from common.worker.outputs import wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.peers import KVSenderSet
@@ -54,8 +54,7 @@ class PrefillRole(WorkerRole):
             log.warning("ignoring duplicate PrefillRequest %s", rid)
             return
         try:
-            params = sampling_from_wire(msg.sampling)
-            seq = self.engine.add_request(msg.prompt_token_ids, params, rid)
+            seq = self.engine.add_request(msg.prompt_token_ids, msg.sampling, rid)
         except ValueError as e:  # the same request would fail on every worker
             self.ctx.fail(rid, str(e), retryable=False)
             return
@@ -78,7 +77,7 @@ class PrefillRole(WorkerRole):
                 continue
             if update.finished:
                 del self.jobs[job.request.request_id]
-                self._send_first_token(job, update.new_token_id, finish_reason(job.seq))
+                self._send_first_token(job, update.new_token_id, job.seq.finish_reason)
             elif update.handed_off:
                 self._send_first_token(job, update.new_token_id, None)
                 self._hand_off(job, update.new_token_id)

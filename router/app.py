@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 DISCONNECT_POLL_SECONDS = 0.5
 # Documented in the OpenAPI schema so that clients (and the schema fuzz test) know the error shape.
-ERROR_RESPONSES = {
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": description}
     for status, description in (
         (400, "Invalid request (the field at fault is in error.param)"),
@@ -210,7 +210,7 @@ def _sequences(request_id: str, plan: GenerationPlan) -> list[SequenceRequest]:
     ]
 
 
-async def _sse(formatter, updates: AsyncIterator, ticket: _Ticket) -> AsyncIterator[str]:
+async def _sse(formatter, updates: AsyncGenerator, ticket: _Ticket) -> AsyncIterator[str]:
     status = "cancelled"  # unless we reach the end: the client went away and Starlette cancelled us
     try:
         async with contextlib.aclosing(formatter.stream(updates)) as lines:

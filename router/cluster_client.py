@@ -1,4 +1,4 @@
-"""The router's worker-facing side: ZMQ sockets in asyncio (the protocol is in `router/__init__.py`).
+"""The router's worker-facing side: ZMQ sockets in asyncio (the protocol is in docs/protocol.md).
 
 Owns: the inbox (one PULL socket every worker pushes to), one PUSH socket per registered worker's
 command address, one SUB socket per prefill worker's events address, and the per-request queues that

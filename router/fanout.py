@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import NamedTuple
 
 from router.request_lifecycle import RequestLifecycle, SequenceRequest
@@ -27,7 +27,7 @@ _DONE = object()
 
 async def run_sequences(
     lifecycle: RequestLifecycle, seqs: list[SequenceRequest]
-) -> AsyncIterator[ChoiceUpdate]:
+) -> AsyncGenerator[ChoiceUpdate]:
     if len(seqs) == 1:  # the common case needs no tasks
         async with contextlib.aclosing(lifecycle.generate(seqs[0])) as updates:
             async for update, output in updates:

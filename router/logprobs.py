@@ -1,7 +1,5 @@
-"""Worker logprob entries -> OpenAI logprob objects.
-
-Workers send, per generated token, {"logprob": float, "top": [[token_id, logprob], ...]}
-(see `common.messages.TokenOutput`). Completions want parallel lists (tokens, token_logprobs,
+"""Worker logprob entries (`common.logprobs.TokenLogprob`, one per generated token) -> OpenAI logprob
+objects. Completions want parallel lists (tokens, token_logprobs,
 top_logprobs as {token text: logprob}, text_offset); chat wants one object per token with its UTF-8
 bytes and its alternatives.
 """
@@ -10,32 +8,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from common.logprobs import TokenLogprob
 from router.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 from router.tokenizer import ModelTokenizer
 
 
 def completion_logprobs(
-    tokenizer: ModelTokenizer, token_ids: Sequence[int], entries: Sequence[dict], text_offset: int
+    tokenizer: ModelTokenizer, token_ids: Sequence[int], entries: Sequence[TokenLogprob], text_offset: int
 ) -> CompletionLogprobs:
     """`text_offset` is where the first of these tokens starts in the choice's text."""
     out = CompletionLogprobs()
     for token_id, entry in zip(token_ids, entries, strict=False):
         text = tokenizer.token_text(token_id)
         out.tokens.append(text)
-        out.token_logprobs.append(_finite(entry["logprob"]))
-        out.top_logprobs.append({tokenizer.token_text(t): _finite(lp) for t, lp in entry["top"]})
+        out.token_logprobs.append(_finite(entry.logprob))
+        out.top_logprobs.append({tokenizer.token_text(t): _finite(lp) for t, lp in entry.top})
         out.text_offset.append(text_offset)
         text_offset += len(text)
     return out
 
 
 def chat_logprobs(
-    tokenizer: ModelTokenizer, token_ids: Sequence[int], entries: Sequence[dict]
+    tokenizer: ModelTokenizer, token_ids: Sequence[int], entries: Sequence[TokenLogprob]
 ) -> ChatLogprobs:
     content = []
     for token_id, entry in zip(token_ids, entries, strict=False):
-        token = _top(tokenizer, token_id, entry["logprob"])
-        alternatives = [_top(tokenizer, t, lp) for t, lp in entry["top"]]
+        token = _top(tokenizer, token_id, entry.logprob)
+        alternatives = [_top(tokenizer, t, lp) for t, lp in entry.top]
         content.append(ChatTokenLogprob(**token.model_dump(), top_logprobs=alternatives))
     return ChatLogprobs(content=content)
 

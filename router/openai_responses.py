@@ -70,9 +70,9 @@ class _Formatter:
             yield sse(payload)
         async for item in updates:
             self.outputs[item.choice_index] = item.output
-            payload = self._chunk(item)
-            if payload is not None:
-                yield sse(payload)
+            chunk = self._chunk(item)
+            if chunk is not None:
+                yield sse(chunk)
         if self.plan.include_usage:
             yield sse(self._envelope([], usage=self.usage().model_dump()))
         yield DONE

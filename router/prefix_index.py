@@ -14,7 +14,7 @@ hole among them means another snapshot. Meanwhile matching keeps using the worke
 (possibly stale) hashes: a wrong guess only costs routing quality, never correctness, because a
 prefill worker computes whatever it does not have cached.
 
-Pure data structure: no sockets, no clocks. Event dicts follow `common.messages.KVEventBatch`.
+Pure data structure: no sockets, no clocks. Events are the `common.kv_events` classes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from common.kv_events import BlockRemoved, BlockStored
 from common.messages import KVEventBatch, Snapshot
 
 
@@ -127,14 +128,13 @@ class PrefixIndex:
 
     def _apply_events(self, worker_id: str, state: _WorkerState, batch: KVEventBatch) -> None:
         for event in batch.events:
-            kind = event["kind"]
-            if kind == "stored":
-                self._remember(worker_id, state, event["hashes"])
-            elif kind == "removed":
-                gone = state.hashes.intersection(event["hashes"])
+            if isinstance(event, BlockStored):
+                self._remember(worker_id, state, event.hashes)
+            elif isinstance(event, BlockRemoved):
+                gone = state.hashes.intersection(event.hashes)
                 state.hashes -= gone
                 self._forget(worker_id, gone)
-            else:  # "cleared"
+            else:  # AllBlocksCleared
                 self._forget(worker_id, state.hashes)
                 state.hashes = set()
         state.last_seq = batch.seq

@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from common.sampling_params import FinishReason
+
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
-FinishReason = Literal["stop", "length", "abort"]
 
 # Every integer a worker receives travels through msgpack, which stops at 64 bits: a larger one would
 # fail at dispatch (a 500, or worse, in the worker) instead of here (a 400 naming the field).

@@ -12,6 +12,7 @@ and skips the context-window check; the caller then answers 503 instead of runni
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from common.sampling_params import SamplingParams
 from router.errors import APIError, bad_request, from_value_error
@@ -51,7 +52,7 @@ class RequestBuilder:
         if isinstance(req.prompt, str):
             self._check_text_length(len(req.prompt), max_model_len)
         elif req.prompt and all(isinstance(p, str) for p in req.prompt):
-            self._check_text_length(max(len(p) for p in req.prompt), max_model_len)
+            self._check_text_length(max(len(p) for p in req.prompt if isinstance(p, str)), max_model_len)
         prompts = self._completion_prompts(req.prompt)
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
             raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
@@ -141,7 +142,7 @@ class RequestBuilder:
         )
 
     def _sampling(self, req: _GenerationRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        given = {
+        given: dict[str, Any] = {
             "temperature": req.temperature,
             "top_p": req.top_p,
             "top_k": req.top_k,

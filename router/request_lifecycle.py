@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
 
 from common.blocks import blocks_for
@@ -98,7 +98,7 @@ class RequestLifecycle:
         self.metrics = metrics
         self._clock = clock
 
-    async def generate(self, seq: SequenceRequest) -> AsyncIterator[tuple[SequenceUpdate, SequenceOutput]]:
+    async def generate(self, seq: SequenceRequest) -> AsyncGenerator[tuple[SequenceUpdate, SequenceOutput]]:
         """Yields each update with the sequence's accumulated output; the last update has finish_reason."""
         excluded: set[str] = set()
         output = SequenceOutput(self._detokenizer(seq), seq.sampling)
@@ -158,9 +158,8 @@ class RequestLifecycle:
         decode_info = self.registry.get(decode.worker_id)
         assert decode_info is not None  # it came from decode_loads() just now
         deadline = self._wall_deadline(seq)
-        sampling = seq.sampling.to_dict()
         msg = PrefillRequest(
-            wire_id, prompt, sampling, decode.worker_id, decode_info.reg.command_addr, deadline
+            wire_id, prompt, seq.sampling, decode.worker_id, decode_info.reg.command_addr, deadline
         )
         if not await self.cluster.send(prefill.worker_id, msg):
             dispatch.queue.put_nowait(RequestFailed(wire_id, prefill.worker_id, "cannot reach worker", True))
@@ -184,7 +183,7 @@ class RequestLifecycle:
 
     async def _collect(
         self, seq: SequenceRequest, dispatch: _Dispatch, output: SequenceOutput, seen: list[int]
-    ) -> AsyncIterator[SequenceUpdate]:
+    ) -> AsyncGenerator[SequenceUpdate]:
         reorder = TokenReorderBuffer()
         ended_by_worker = False
         try:

@@ -31,7 +31,8 @@ def health_report(registry: WorkerRegistry, healthy: bool) -> dict:
 
 def debug_index(registry: WorkerRegistry, index: PrefixIndex, policy_name: str) -> dict:
     index_stats = {s.worker_id: s for s in index.stats()}
-    loads = {load.worker_id: load for load in [*registry.prefill_loads(), *registry.decode_loads()]}
+    loads: dict[str, PrefillLoad | DecodeLoad] = {p.worker_id: p for p in registry.prefill_loads()}
+    loads.update((d.worker_id, d) for d in registry.decode_loads())
     workers = [
         _worker_summary(w)
         | {"kv_cache_usage": round(w.kv_usage(), 4)}

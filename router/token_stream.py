@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from common.detokenizer import IncrementalDetokenizer
+from common.logprobs import TokenLogprob
 from common.messages import TokenOutput
-from common.sampling_params import SamplingParams
+from common.sampling_params import FinishReason, SamplingParams
 
 
 class TokenReorderBuffer:
@@ -52,8 +53,8 @@ class SequenceUpdate:
 
     text: str
     token_ids: list[int]
-    logprobs: list[dict] | None
-    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None
+    finish_reason: FinishReason | None = None
     finished_by_worker: bool = False  # the worker ended it itself (no Abort needed)
 
 
@@ -70,7 +71,7 @@ class SequenceOutput:
         self.token_ids: list[int] = []
         self.kv_transfer_bytes = 0
         self.kv_transfer_seconds = 0.0
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.first_token_at: float | None = None  # router clock, set by the lifecycle
 
     @property
@@ -94,14 +95,14 @@ class SequenceOutput:
         self.token_ids.extend(tokens)
         finish = out.finish_reason
         if len(out.token_ids) > room or (finish is None and self.num_generated >= self._max_tokens):
-            finish = "length"  # the router enforces max_tokens even if a worker overshoots
+            finish = FinishReason.LENGTH  # the router enforces max_tokens even if a worker overshoots
         text_tokens = tokens
-        if finish == "stop" and tokens and tokens[-1] in self._stop_token_ids:
+        if finish == FinishReason.STOP and tokens and tokens[-1] in self._stop_token_ids:
             text_tokens = tokens[:-1]  # like vLLM: a stop token id's own text is not part of the output
         delta = self._detok.add(text_tokens, check_stop=self.num_generated >= self._min_tokens)
         text = delta.text
         if delta.stop is not None:
-            finish = "stop"
+            finish = FinishReason.STOP
         elif finish is not None:
             text += self._detok.finish().text
         self.finish_reason = finish

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from common.logprobs import TokenLogprob
+
 
 @dataclass
 class SamplingBatch:
@@ -37,7 +39,7 @@ class SamplingBatch:
 @dataclass
 class SamplerOutput:
     token_ids: torch.Tensor  # [B] int64
-    logprobs: list[dict] | None  # per row: {"token_logprob", "top": [(id, logprob), ...]} or None
+    logprobs: list[TokenLogprob | None] | None  # per row (None: the row did not ask for them)
 
 
 class Sampler:
@@ -118,18 +120,20 @@ def _exponential(out: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor
     return out.uniform_(generator=gen).clamp_(min=1e-30).log_().neg_()
 
 
-def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, wanted: list[int | None] | None) -> list[dict] | None:
+def _logprobs(
+    raw: torch.Tensor, tokens: torch.Tensor, wanted: list[int | None] | None
+) -> list[TokenLogprob | None] | None:
     if not wanted or all(w is None for w in wanted):
         return None
     logp = torch.log_softmax(raw, dim=-1)
     chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
     k = max(w or 0 for w in wanted)
     top_vals, top_ids = logp.topk(k, dim=-1) if k else (None, None)
-    out: list[dict | None] = []
+    out: list[TokenLogprob | None] = []
     for row, w in enumerate(wanted):
         if w is None:
             out.append(None)
             continue
-        top = list(zip(top_ids[row, :w].tolist(), top_vals[row, :w].tolist(), strict=True)) if w else []
-        out.append({"token_logprob": chosen[row], "top": top})
+        top = tuple(zip(top_ids[row, :w].tolist(), top_vals[row, :w].tolist(), strict=True)) if w else ()
+        out.append(TokenLogprob(chosen[row], top))
     return out

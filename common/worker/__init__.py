@@ -5,7 +5,7 @@ A worker process is one `WorkerService`: it loads an engine, binds its sockets t
 the registration every few seconds and heartbeats every ~0.5 s), and runs the engine loop in the
 caller's thread: take commands from a queue -> poll transfers -> engine.step() -> queue outputs. The
 role-specific part (what a request means, how KV moves) is a `WorkerRole`. The wire protocol is the one
-written down in `router/__init__.py`.
+written down in docs/protocol.md.
 """
 
 from common.worker.config import WorkerConfig, build_worker_parser, parse_worker_args

@@ -3,16 +3,16 @@
 Engine thread -> I/O thread: `to_router` / `to_peer` / `publish` queue (destination, message) and wake
 the thread through a pipe; messages are encoded there. I/O thread -> engine thread: commands decoded
 from the PULL socket land on `inbox`; malformed frames are logged and dropped here, so the engine loop
-only ever sees valid messages. The I/O thread also sends the registration (at once, then every
-`register_interval_s`: that is how a restarted router re-learns running workers) and a heartbeat
-every `heartbeat_interval_s` built from the latest `load` the engine thread posted.
+only ever sees valid messages (a malformed request that still names its request id is failed back to
+the router, not retryable: another worker would get the same bytes). The I/O thread also sends the
+registration (at once, then every `register_interval_s`: that is how a restarted router re-learns
+running workers) and a heartbeat every `heartbeat_interval_s` built from the latest `load` the engine
+thread posted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -20,9 +20,18 @@ from dataclasses import dataclass
 
 import zmq
 
-from common.messages import Message, MessageError, WorkerHeartbeat, WorkerRegister, decode, encode
+from common.messages import (
+    Message,
+    MessageError,
+    RequestFailed,
+    WorkerHeartbeat,
+    WorkerRegister,
+    decode,
+    encode,
+)
 from common.worker.net import tcp_endpoint
 from common.worker.role import LoadReport
+from common.worker.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -35,36 +44,6 @@ ROUTER_SNDHWM = 100_000  # queued messages while the router is unreachable, then
 class BoundAddresses:
     command_addr: str
     events_addr: str | None
-
-
-class Waker:
-    """A pipe the I/O thread polls, so other threads can interrupt its wait."""
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-
-    @property
-    def fd(self) -> int:
-        return self._r
-
-    def wake(self) -> None:
-        # A full pipe means a wake-up is already pending; a closed one means we are shutting down.
-        with contextlib.suppress(OSError):
-            os.write(self._w, b"x")
-
-    def drain(self) -> None:
-        try:
-            while os.read(self._r, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def close(self) -> None:
-        for fd in (self._r, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 class WorkerChannels:
@@ -176,6 +155,9 @@ class WorkerChannels:
                 self.inbox.put(decode(data))
             except MessageError as e:
                 log.warning("dropping malformed command (%d bytes): %s", len(data), e)
+                if e.request_id is not None:
+                    failed = RequestFailed(e.request_id, self.worker_id, f"malformed request: {e}", False)
+                    self._send(ROUTER, failed)
 
     def _flush_outbox(self) -> None:
         while True:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from common.config import EngineConfig
 from common.engine_args import add_engine_args, engine_config_from_args
+from common.worker.net import WILDCARD_HOSTS
 
 KV_TRANSPORTS = ("auto", "tcp", "ipc", "nccl")
-WILDCARD_HOSTS = ("0.0.0.0", "*", "::", "")
 
 
 @dataclass(frozen=True)

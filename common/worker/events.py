@@ -1,5 +1,5 @@
 """Prefix-cache events to the router: numbered batches (1, 2, ...) and snapshots that name the last
-batch they reflect, as the protocol in router/__init__.py asks. Used by every role that publishes
+batch they reflect, as the protocol in docs/protocol.md asks. Used by every role that publishes
 its cache (prefill and mixed workers)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class EventPublisher:
         if not events:
             return
         self.seq += 1
-        self.channels.publish(KVEventBatch(self.worker_id, self.seq, [e.to_dict() for e in events]))
+        self.channels.publish(KVEventBatch(self.worker_id, self.seq, list(events)))
 
     def snapshot(self, pending: list[KVEvent], hashes: list[int]) -> None:
         """Answer a SnapshotRequest. Events not yet published are published first, so `hashes` (the

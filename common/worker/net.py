@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import socket
 
+# Hosts that mean "every interface" when binding, so a peer cannot dial them (ZMQ spells it "*").
+WILDCARD_HOSTS = ("0.0.0.0", "::", "*", "")
+
 
 def split_tcp_address(address: str) -> tuple[str, int]:
     """("host", port) of "tcp://host:port" (IPv6 hosts in brackets); ValueError naming the address."""

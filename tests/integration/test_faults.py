@@ -60,7 +60,7 @@ def test_prefill_worker_releases_unacknowledged_blocks_after_the_lease(model_dir
     )
     try:
         push.connect(_receive(inbox, WorkerRegister).command_addr)
-        sampling = SamplingParams(temperature=0, max_tokens=20).to_dict()
+        sampling = SamplingParams(temperature=0, max_tokens=20)
         ghost_addr = ghost.getsockopt_string(zmq.LAST_ENDPOINT)
         push.send(encode(PrefillRequest("r1", list(range(100, 140)), sampling, "decode-x", ghost_addr, None)))
         assert _receive(inbox, TokenOutput).index == 0

@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from common import messages as m
 from common.hashing import probe_hash
+from common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from common.logprobs import TokenLogprob
 from common.messages import MessageError, decode, encode
+from common.sampling_params import FinishReason, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
 
 EXAMPLES: list[m.Message] = [
     m.WorkerRegister(
@@ -30,19 +35,31 @@ EXAMPLES: list[m.Message] = [
         model_name="smol",
     ),
     m.WorkerHeartbeat("decode-0", 10, 20, 1, 2, 300, 1700000000.5),
-    m.PrefillRequest("r1", [1, 2, 3], {"temperature": 0.0, "max_tokens": 4}, "decode-0", "tcp://h:1", None),
-    m.GenerateRequest("r1", [1, 2, 3], {"temperature": 0.0, "max_tokens": 4}, 9.5),
-    m.DecodeRequest("r1", [1, 2, 3], 7, {"max_tokens": 4}, {"transport": "tcp"}, [4, 5], "prefill-0", 12.5),
+    m.PrefillRequest("r1", [1, 2, 3], GREEDY, "decode-0", "tcp://h:1", None),
+    m.GenerateRequest("r1", [1, 2, 3], SamplingParams(stop=["x"], seed=2**63 - 1, logprobs=2), 9.5),
+    m.DecodeRequest("r1", [1, 2, 3], 7, GREEDY, {"transport": "tcp"}, [4, 5], "prefill-0", 12.5),
     m.TokenOutput("r1", "prefill-0", 0, [7], None, 3, 0),
     m.TokenOutput(
-        "r1", "decode-0", 1, [8, 9], "stop", 3, 0, logprobs=[{"logprob": -0.1, "top": [[8, -0.1]]}] * 2
+        "r1",
+        "decode-0",
+        1,
+        [8, 9],
+        FinishReason.STOP,
+        3,
+        0,
+        logprobs=[TokenLogprob(-0.1, ((8, -0.1),)), TokenLogprob(float("-inf"))],
     ),
     m.RequestFailed("r1", "decode-0", "out of blocks", True),
     m.Abort("r1"),
     m.KVEventBatch(
         "prefill-0",
         1,
-        [m.stored_event([1, 2**64 - 1], None), m.removed_event([1]), m.cleared_event()],
+        [
+            BlockStored((1, 2**64 - 1), None),
+            BlockStored((3,), 2**64 - 1),
+            BlockRemoved((1,)),
+            AllBlocksCleared(),
+        ],
     ),
     m.SnapshotRequest("prefill-0"),
     m.Snapshot("prefill-0", 0, [5, 6]),
@@ -90,6 +107,25 @@ def _heartbeat_fields(**over) -> dict:
     return {**base, **over}
 
 
+def _events(*events: object) -> dict:
+    return {"type": "kv_event_batch", "worker_id": "w", "seq": 1, "events": list(events)}
+
+
+def _token_output(**over) -> dict:
+    base = dict(request_id="r", worker_id="w", index=0, token_ids=[1], finish_reason=None)
+    return {"type": "token_output", **base, "num_prompt_tokens": 1, "cached_tokens": 0, **over}
+
+
+def _prefill(sampling: dict | None) -> dict:
+    wire = None if sampling is None else {**GREEDY.to_dict(), **sampling}
+    fields = dict(request_id="r7", prompt_token_ids=[1], decode_worker_id="d", decode_command_addr="a")
+    return {"type": "prefill_request", **fields, "sampling": wire, "deadline": None}
+
+
+def _register_fields(**over) -> dict:
+    return {**msgpack.unpackb(encode(EXAMPLES[0])), "type": "worker_register", **over}
+
+
 @pytest.mark.parametrize(
     "payload, field",
     [
@@ -104,20 +140,33 @@ def _heartbeat_fields(**over) -> dict:
         ({"type": "snapshot", "worker_id": "w", "seq": 0, "hashes": [-1]}, "hashes"),
         ({"type": "snapshot", "worker_id": "w", "seq": 0, "hashes": [1.5]}, "hashes"),
         ({"type": "kv_event_batch", "worker_id": "w", "seq": 0, "events": []}, "seq"),
-        ({"type": "kv_event_batch", "worker_id": "w", "seq": 1, "events": [{"kind": "x"}]}, "kind"),
         (
-            {"type": "kv_event_batch", "worker_id": "w", "seq": 1, "events": [{"kind": "removed"}]},
-            "exactly the fields",
+            {"type": "kv_event_batch", "worker_id": "w", "seq": 1, "events": [{"kind": "x"}]},
+            r"events\[0\]\.kind",
         ),
+        (_events({"kind": "removed"}), r"events\[0\]: missing field 'hashes'"),
+        (_events({"kind": "stored", "hashes": [1]}), "missing field 'parent'"),
         (
-            {
-                "type": "kv_event_batch",
-                "worker_id": "w",
-                "seq": 1,
-                "events": [{"kind": "stored", "hashes": [1]}],
-            },
-            "exactly the fields",
+            _events({"kind": "cleared"}, {"kind": "removed", "hashes": [-1]}),
+            r"events\[1\]\.hashes must be >= 0",
         ),
+        (_events({"kind": "cleared", "hashes": []}), "unknown field 'hashes'"),
+        (_events({"kind": "stored", "hashes": [1], "parent": "h"}), r"events\[0\]\.parent must be a int"),
+        (_events([1]), r"events\[0\] must be a map"),
+        (_token_output(finish_reason="done"), "finish_reason must be one of"),
+        (_token_output(logprobs=[{"top": []}]), r"logprobs\[0\]: missing field 'logprob'"),
+        (
+            _token_output(logprobs=[{"logprob": -1.0, "top": [[1]]}]),
+            r"logprobs\[0\]\.top\[0\] must be a list of 2",
+        ),
+        (_token_output(logprobs=[{"logprob": "x", "top": []}]), r"logprobs\[0\]\.logprob must be a float"),
+        (_token_output(logprobs=[]), "one entry per token"),
+        (_prefill(sampling={"max_tokens": 0}), "sampling: max_tokens must be in"),
+        (_prefill(sampling={"bogus": 1}), "sampling: unknown field 'bogus'"),
+        (_prefill(sampling={"stop": "x"}), "sampling.stop must be a list"),
+        (_prefill(sampling={"n": 2}), "sampling.n must be 1"),
+        (_prefill(sampling=None), "sampling must be a map"),
+        ({"type": "worker_register", **_register_fields(role="router")}, "role must be one of"),
         (
             {
                 "type": "token_output",
@@ -139,10 +188,48 @@ def test_malformed_messages_name_the_field(payload: dict, field: str) -> None:
 
 
 def test_constructor_validates() -> None:
+    for role in ("prefill", "decode", "mixed"):
+        m.WorkerRegister("w", role, "h", 1, "tcp://a", None, {}, 16, 1, 1, 1, 1, "m")
     with pytest.raises(MessageError, match="role"):
-        m.WorkerRegister("w", "router", "h", 1, "tcp://a", None, {}, 16, 1, 1, 1, 1, "m")
+        m.WorkerRegister("w", "router", "h", 1, "tcp://a", None, {}, 16, 1, 1, 1, 1, "m")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="logprobs"):
-        m.TokenOutput("r", "w", 0, [1, 2], None, 1, 0, logprobs=[{"logprob": 0.0, "top": []}])
+        m.TokenOutput("r", "w", 0, [1, 2], None, 1, 0, logprobs=[TokenLogprob(0.0)])
+    with pytest.raises(MessageError, match="sampling.n must be 1"):
+        m.GenerateRequest("r", [1], SamplingParams(n=2), None)
+    with pytest.raises(MessageError, match=r"sampling.seed must be a int"):
+        m.GenerateRequest("r", [1], SamplingParams(seed=2**64), None)  # msgpack cannot carry it
+    with pytest.raises(MessageError, match=r"logprobs\[0\]\.top\[0\]\[0\] must be a int"):
+        m.TokenOutput("r", "w", 0, [1], None, 1, 0, logprobs=[TokenLogprob(0.0, ((1.5, 0.0),))])  # type: ignore[arg-type]
+    with pytest.raises(MessageError, match=r"events\[0\]\.hashes must be >= 0"):
+        m.KVEventBatch("w", 1, [BlockRemoved((-1,))])
+
+
+def test_nested_values_are_typed_on_both_sides() -> None:
+    (request,) = [msg for msg in EXAMPLES if isinstance(msg, m.DecodeRequest)]
+    assert msgpack.unpackb(encode(request))["sampling"] == GREEDY.to_dict()
+    msg = decode(encode(request))
+    assert isinstance(msg, m.DecodeRequest) and msg.sampling == GREEDY
+    out = decode(encode(next(msg for msg in EXAMPLES if isinstance(msg, m.TokenOutput) and msg.logprobs)))
+    assert isinstance(out, m.TokenOutput)
+    assert out.finish_reason is FinishReason.STOP and out.finish_reason == "stop"
+    assert out.logprobs == [TokenLogprob(-0.1, ((8, -0.1),)), TokenLogprob(float("-inf"), ())]
+    assert msgpack.unpackb(encode(out))["logprobs"][0] == {"logprob": -0.1, "top": [[8, -0.1]]}
+    batch = decode(encode(next(msg for msg in EXAMPLES if isinstance(msg, m.KVEventBatch))))
+    assert isinstance(batch, m.KVEventBatch)
+    assert [type(e) for e in batch.events] == [BlockStored, BlockStored, BlockRemoved, AllBlocksCleared]
+    assert msgpack.unpackb(encode(batch))["events"][2] == {"kind": "removed", "hashes": [1]}
+
+
+def test_a_malformed_work_request_keeps_its_request_id() -> None:
+    with pytest.raises(MessageError) as err:
+        decode(msgpack.packb(_prefill(sampling={"max_tokens": 0})))
+    assert err.value.request_id == "r7"
+    with pytest.raises(MessageError) as err:  # not a command that starts work
+        decode(msgpack.packb({"type": "abort", "request_id": "r7", "extra": 1}))
+    assert err.value.request_id is None
+    with pytest.raises(MessageError) as err:  # an id that is not one
+        decode(msgpack.packb({**_prefill(sampling={"max_tokens": 0}), "request_id": ""}))
+    assert err.value.request_id is None
 
 
 def test_encode_rejects_non_messages() -> None:

@@ -87,5 +87,5 @@ def test_top_k_one_equals_greedy_and_logprobs(tiny_model_dirs):
     logprobs = out[0]["logprobs"]
     assert len(logprobs) == 10
     for token, lp in zip(out[0]["token_ids"], logprobs, strict=True):
-        assert len(lp["top"]) == 3 and lp["top"][0][0] == token
-        assert abs(lp["top"][0][1] - lp["token_logprob"]) < 1e-6 and lp["token_logprob"] <= 0
+        assert len(lp.top) == 3 and lp.top[0][0] == token
+        assert abs(lp.top[0][1] - lp.logprob) < 1e-6 and lp.logprob <= 0

@@ -135,8 +135,8 @@ def test_deadline_ends_the_request_with_abort(pair) -> None:
     assert not pair.decode.engine.has_unfinished
 
 
-def _greedy() -> dict:
-    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True).to_dict()
+def _greedy() -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
 def test_logprobs_travel_in_the_wire_form(pair) -> None:
@@ -146,5 +146,5 @@ def test_logprobs_travel_in_the_wire_form(pair) -> None:
     entries = [e for o in outs for e in o.logprobs]
     assert len(entries) == 4 == len(pair.tokens("r1"))
     for entry, token in zip(entries, pair.tokens("r1"), strict=True):
-        assert entry["logprob"] <= 0 and len(entry["top"]) == 2
-        assert entry["top"][0][0] == token  # greedy: the chosen token is the best alternative
+        assert entry.logprob <= 0 and len(entry.top) == 2
+        assert entry.top[0][0] == token  # greedy: the chosen token is the best alternative

@@ -56,7 +56,7 @@ def make_service(role: WorkerRole, model: str, **overrides) -> WorkerService:
 
 
 def prefill_request(rid: str, prompt: list[int], deadline: float | None = None, **sampling) -> PrefillRequest:
-    params = SamplingParams(**{"temperature": 0.0, "max_tokens": 8, **sampling}).to_dict()
+    params = SamplingParams(**{"temperature": 0.0, "max_tokens": 8, **sampling})
     return PrefillRequest(rid, prompt, params, "decode-test", "tcp://127.0.0.1:9", deadline)
 
 

@@ -16,6 +16,8 @@ import zmq
 import zmq.asyncio
 
 from common.hashing import block_hashes, probe_hash
+from common.kv_events import BlockStored
+from common.logprobs import TokenLogprob
 from common.messages import (
     Abort,
     DecodeRequest,
@@ -30,7 +32,6 @@ from common.messages import (
     WorkerRegister,
     decode,
     encode,
-    stored_event,
 )
 
 
@@ -154,9 +155,9 @@ class FakeWorker:
         new = [h for h in hashes if h not in self.hashes]
         if new:
             self.hashes.update(new)
-            await self.publish([stored_event(new, hashes[cached - 1] if cached else None)])
+            await self.publish([BlockStored(tuple(new), hashes[cached - 1] if cached else None)])
         first = s.reply[0]
-        max_tokens = req.sampling["max_tokens"]
+        max_tokens = req.sampling.max_tokens
         done = "stop" if first == s.eos_id else ("length" if max_tokens == 1 else None)
         if done is None:
             peer = self._peer(req.decode_command_addr)
@@ -173,11 +174,7 @@ class FakeWorker:
             await peer.send(encode(decode_req))
         await asyncio.sleep(s.first_token_delay)
         n_prompt = len(req.prompt_token_ids)
-        logprobs = (
-            [{"logprob": -0.25, "top": [[first, -0.25]]}]
-            if req.sampling.get("logprobs") is not None
-            else None
-        )
+        logprobs = [TokenLogprob(-0.25, ((first, -0.25),))] if req.sampling.logprobs is not None else None
         out = TokenOutput(
             req.request_id,
             self.worker_id,
@@ -198,14 +195,14 @@ class FakeWorker:
 
     async def _decode(self, req: DecodeRequest) -> None:
         s = self.script
-        max_tokens = req.sampling["max_tokens"]
-        want_logprobs = req.sampling.get("logprobs") is not None
+        max_tokens = req.sampling.max_tokens
+        want_logprobs = req.sampling.logprobs is not None
         for index in range(1, max_tokens):
             if any(isinstance(m, Abort) and m.request_id == req.request_id for m in self.received):
                 return
             token = s.reply[index % len(s.reply)]
             finish = "stop" if token == s.eos_id else ("length" if index == max_tokens - 1 else None)
-            logprobs = [{"logprob": -0.5, "top": [[token, -0.5], [7, -1.5]]}] if want_logprobs else None
+            logprobs = [TokenLogprob(-0.5, ((token, -0.5), (7, -1.5)))] if want_logprobs else None
             out = TokenOutput(
                 req.request_id,
                 self.worker_id,

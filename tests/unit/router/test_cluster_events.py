@@ -6,7 +6,8 @@ import asyncio
 import dataclasses
 
 from common.hashing import block_hashes
-from common.messages import PrefillRequest, Shutdown, SnapshotRequest, TokenOutput, encode, stored_event
+from common.kv_events import BlockRemoved, BlockStored
+from common.messages import PrefillRequest, Shutdown, SnapshotRequest, TokenOutput, encode
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router, wait_for
 
@@ -29,11 +30,11 @@ def test_event_gap_triggers_a_snapshot(model_dir, tokenizer) -> None:
         asked = len(p0.of_type(SnapshotRequest))
         p0.hashes.update(hashes)
         p0.seq += 5  # batches the router never saw
-        await p0.publish([stored_event(hashes, None)])
+        await p0.publish([BlockStored(tuple(hashes), None)])
         await wait_for(lambda: len(p0.of_type(SnapshotRequest)) > asked, what="snapshot after the gap")
         await wait_for(lambda: not h.router.index.awaiting_snapshot("p0"), what="snapshot applied")
         assert h.router.index.match(hashes) == {"p0": 4}
-        await p0.publish([{"kind": "removed", "hashes": hashes[2:]}])
+        await p0.publish([BlockRemoved(tuple(hashes[2:]))])
         await wait_for(lambda: h.router.index.match(hashes) == {"p0": 2}, what="removal applied")
 
     _run(model_dir, tokenizer, specs, check)

@@ -61,7 +61,7 @@ def test_completion_non_stream(model_dir, tokenizer) -> None:
             "prompt_tokens_details": {"cached_tokens": 0},
         }
         sent = h.worker("prefill-0").of_type(PrefillRequest)[0]
-        assert sent.decode_worker_id == "decode-0" and sent.sampling["n"] == 1
+        assert sent.decode_worker_id == "decode-0" and sent.sampling.n == 1
         assert sent.decode_command_addr == h.worker("decode-0").command_addr
         assert not h.worker("prefill-0").of_type(Abort)  # the worker finished it itself
         metrics = (await h.client.get("/metrics")).text
@@ -181,7 +181,7 @@ def test_n_fans_out_with_distinct_seeds(model_dir, tokenizer) -> None:
         body = {"prompt": ["a", "b"], "n": 2, "seed": 10, "max_tokens": 4}
         r = (await h.client.post("/v1/completions", json=body)).json()
         assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
-        seeds = sorted(m.sampling["seed"] for m in h.worker("prefill-0").of_type(PrefillRequest))
+        seeds = sorted(m.sampling.seed for m in h.worker("prefill-0").of_type(PrefillRequest))
         assert seeds == [10, 10, 11, 11]
         assert r["usage"]["completion_tokens"] == 16
         assert r["usage"]["prompt_tokens"] == len(tokenizer.encode("a")) + len(tokenizer.encode("b"))
@@ -251,7 +251,7 @@ def test_chat_logprobs(model_dir, tokenizer) -> None:
             and content[0]["logprob"] == -0.25
             and content[1]["top_logprobs"][1]["logprob"] == -1.5
         )
-        assert h.worker("prefill-0").of_type(PrefillRequest)[0].sampling["logprobs"] == 1
+        assert h.worker("prefill-0").of_type(PrefillRequest)[0].sampling.logprobs == 1
         body = {"prompt": "x", "logprobs": 2, "max_tokens": 3}
         lp = (await h.client.post("/v1/completions", json=body)).json()["choices"][0]["logprobs"]
         assert len(lp["tokens"]) == 3 and lp["token_logprobs"][1] == -0.5 and lp["text_offset"][0] == 0

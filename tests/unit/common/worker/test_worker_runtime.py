@@ -1,11 +1,11 @@
-"""Pieces of common/worker and common/engine_args that need no model: flags, config validation, abort
-memory, addresses, the service's command dispatch, and the channels over real ZMQ sockets.
-
-(They live here because both worker roles use them; tests/unit/common belongs to the engine core.)"""
+"""The worker runtime (common/worker) and common/engine_args, without a model: flags, config validation,
+abort memory, addresses, the service's command dispatch, the waker, and the channels over real ZMQ
+sockets."""
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 
 import msgpack
@@ -18,6 +18,7 @@ from common.hashing import probe_hash
 from common.messages import (
     Abort,
     PrefillRequest,
+    RequestFailed,
     Shutdown,
     TokenOutput,
     WorkerHeartbeat,
@@ -25,12 +26,14 @@ from common.messages import (
     decode,
     encode,
 )
+from common.sampling_params import SamplingParams
 from common.worker.aborts import AbortBook
 from common.worker.channels import WorkerChannels
 from common.worker.config import WorkerConfig, parse_worker_args
 from common.worker.net import resolve_host, split_tcp_address
 from common.worker.role import LoadReport
 from common.worker.service import WorkerService
+from common.worker.waker import Waker
 from prefill_worker.role import PrefillRole
 
 
@@ -222,6 +225,49 @@ def test_channels_register_heartbeat_and_survive_garbage(router_inbox) -> None:
     finally:
         channels.close()
         channels.close()  # idempotent
+
+
+def test_a_malformed_request_is_failed_back_to_the_router(router_inbox) -> None:
+    inbox, inbox_addr = router_inbox
+    channels = WorkerChannels("p0", inbox_addr, "127.0.0.1", with_events=False)
+    bound = channels.start()
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    try:
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(bound.command_addr)
+        good = encode(PrefillRequest("r1", [1, 2], SamplingParams(), "d", "tcp://127.0.0.1:9", None))
+        bad = msgpack.unpackb(good)
+        bad["sampling"]["max_tokens"] = 0
+        push.send(msgpack.packb(bad))
+        failed = receive(inbox, RequestFailed)
+        assert (failed.request_id, failed.worker_id, failed.retryable) == ("r1", "p0", False)
+        assert "sampling" in failed.error and "max_tokens" in failed.error
+        push.send(msgpack.packb({**bad, "request_id": 7}))  # no usable id: nothing to answer, dropped
+        push.send(good)
+        assert channels.inbox.get(timeout=5).request_id == "r1"
+        assert not inbox.poll(200)  # frames are handled in order: the id-less one was only dropped
+    finally:
+        push.close(linger=0)
+        channels.close()
+
+
+def test_waker_interrupts_a_poll_from_another_thread() -> None:
+    waker = Waker()
+    poller = zmq.Poller()
+    poller.register(waker.fd, zmq.POLLIN)
+    try:
+        assert poller.poll(0) == []
+        threading.Timer(0.05, waker.wake).start()
+        t0 = time.monotonic()
+        assert dict(poller.poll(5000)) == {waker.fd: zmq.POLLIN}
+        assert time.monotonic() - t0 < 2
+        for _ in range(100_000):  # more wake-ups than the pipe holds: never blocks, never raises
+            waker.wake()
+        waker.drain()
+        assert poller.poll(0) == []
+    finally:
+        waker.close()
+    waker.wake()  # after close: a no-op, not an error
 
 
 def test_gpu_share_sizing_ignores_other_processes() -> None:

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The static checks CI runs before the tests: ruff (lint and format) over the whole tree, and mypy over
+# the contract modules listed in pyproject.toml ([tool.mypy] files). Run after scripts/setup.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PY:-.venv/bin/python}"
+
+echo "lint: ruff check"
+"$PY" -m ruff check .
+echo "lint: ruff format --check"
+"$PY" -m ruff format --check .
+echo "lint: mypy"
+"$PY" -m mypy

@@ -1,0 +1,153 @@
+"""The import rules of DESIGN.md section 1, read from the source with `ast` (no module is imported).
+
+- `common` imports no other package of the repository (third-party only);
+- `kvtransfer` imports no role package (it may import `common`);
+- `prefill_worker` and `decode_worker` never import each other (nor the router or the launcher);
+- `router` imports no torch, no worker package, and from `common` only modules whose import never
+  reaches torch: the closure of what importing them runs (package `__init__`s and module-level
+  imports, not imports inside functions or under `if TYPE_CHECKING:`) is torch-free.
+
+tests/unit/router/test_server_process.py checks the last rule at run time as well.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("common", "kvtransfer", "prefill_worker", "decode_worker", "router", "deploy")
+ROLES = ("prefill_worker", "decode_worker", "router", "deploy")
+HEAVY = ("torch", "triton", "transformers", "flash_attn")  # what the router must never load
+
+
+def modules(package: str) -> list[str]:
+    return sorted(_module_name(p) for p in (ROOT / package).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _path(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@cache
+def _tree(module: str) -> ast.Module:
+    path = _path(module)
+    assert path is not None, module
+    return ast.parse(path.read_text(), str(path))
+
+
+def imports(module: str, module_level_only: bool = False) -> set[str]:
+    """Absolute names `module` imports; `from pkg import name` also yields pkg.name when that is a
+    module of the repository."""
+    is_package = _path(module) == ROOT.joinpath(*module.split("."), "__init__.py")
+    found: set[str] = set()
+    for node in _walk(_tree(module), module_level_only):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.level, node.module)
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names if _path(f"{base}.{a.name}") is not None)
+    return found
+
+
+def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
+    if level == 0:
+        return name or ""
+    parts = module.split(".")
+    anchor = parts if is_package else parts[:-1]
+    anchor = anchor[: len(anchor) - (level - 1)]
+    return ".".join([*anchor, name] if name else anchor)
+
+
+def _walk(tree: ast.Module, module_level_only: bool):
+    """Every node, or (module_level_only) the nodes that run when the module is imported."""
+    if not module_level_only:
+        yield from ast.walk(tree)
+        return
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def loaded_by(module: str) -> set[str]:
+    """Every name importing `module` loads: its parent packages, and transitively their and its own
+    module-level imports (third-party names are leaves)."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            current = ".".join(parts[:i])
+            if current in seen:
+                continue
+            seen.add(current)
+            if _path(current) is not None:
+                todo.extend(imports(current, module_level_only=True))
+    return seen
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [
+        f"{module} imports {name}"
+        for module in modules(package)
+        for name in sorted(imports(module))
+        if top(name) in forbidden
+    ]
+
+
+@pytest.mark.parametrize(
+    "package, forbidden",
+    [
+        ("common", tuple(p for p in PACKAGES if p != "common")),
+        ("kvtransfer", ROLES),
+        ("prefill_worker", ("decode_worker", "router", "deploy")),
+        ("decode_worker", ("prefill_worker", "router", "deploy")),
+        ("router", ("kvtransfer", "prefill_worker", "decode_worker", "deploy", *HEAVY)),
+    ],
+)
+def test_package_imports_follow_the_design(package: str, forbidden: tuple[str, ...]) -> None:
+    assert violations(package, forbidden) == []
+
+
+def test_router_uses_only_the_torch_free_part_of_common() -> None:
+    used = {name for module in modules("router") for name in imports(module) if top(name) == "common"}
+    assert "common.messages" in used  # the walk sees the router's imports at all
+    heavy = {
+        name: sorted(n for n in loaded_by(name) if top(n) in HEAVY or top(n) in ROLES[:2])
+        for name in sorted(used)
+    }
+    assert {name: found for name, found in heavy.items() if found} == {}
+
+
+def test_the_checker_sees_what_it_must_forbid() -> None:
+    # The rules above would pass vacuously if the walk missed imports: these are known to load torch.
+    assert "torch" in loaded_by("common.llm_engine")
+    assert "torch" not in loaded_by("common.messages")
+    assert "common.worker.net" in imports("kvtransfer.config")
+    assert "kvtransfer.device" in imports("kvtransfer.receiver")  # a relative import
+    assert "torch" in imports("common.worker.engine_factory")
