@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import time
 
+import msgpack
 import pytest
 
 from common import LLM, SamplingParams
 from common.hashing import block_hashes
+from common.kv_events import BlockStored
 from common.messages import (
     Abort,
     GenerateRequest,
     KVEventBatch,
+    MessageError,
     RequestFailed,
     Snapshot,
     SnapshotRequest,
     TokenOutput,
+    decode,
 )
 from decode_worker.role import DecodeRole, MixedRole
 from prefill_worker.role import PrefillRole
@@ -44,7 +48,7 @@ def worker(request, tiny_model_dirs):
 
 def generate(rid: str, prompt: list[int], deadline: float | None = None, **sampling) -> GenerateRequest:
     params = {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True, **sampling}
-    return GenerateRequest(rid, prompt, SamplingParams(**params).to_dict(), deadline)
+    return GenerateRequest(rid, prompt, SamplingParams(**params), deadline)
 
 
 def outputs(service, rid: str) -> list[TokenOutput]:
@@ -112,21 +116,37 @@ def test_first_token_can_finish_the_request(worker, reference) -> None:
 
 
 @pytest.mark.parametrize(
-    "prompt, sampling",
-    [(PROMPTS[0], {"max_tokens": 0}), (PROMPTS[0], {"bogus": 1}), ([999_999], {}), ([1] * 5000, {})],
-    ids=["bad-max-tokens", "unknown-field", "token-outside-vocab", "longer-than-the-cache"],
+    "prompt", [[999_999], [1] * 5000], ids=["token-outside-vocab", "longer-than-the-cache"]
 )
-def test_invalid_requests_fail_without_retry_and_the_worker_keeps_serving(
-    worker, reference, prompt, sampling
-) -> None:
-    good = generate("bad", PROMPTS[0])
-    worker.handle(GenerateRequest("bad", prompt, {**good.sampling, **sampling}, None))
+def test_invalid_requests_fail_without_retry_and_the_worker_keeps_serving(worker, reference, prompt) -> None:
+    worker.handle(generate("bad", prompt))
     (failed,) = worker.channels.of_type(RequestFailed)
     assert failed.request_id == "bad" and failed.retryable is False
     assert worker.role.jobs == {} and not worker.engine.has_unfinished
     worker.handle(generate("ok", PROMPTS[0]))
     run(worker, ["ok"])
     assert tokens(worker, "ok") == reference[0]
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"max_tokens": 0}, {"bogus": 1}], ids=["bad-max-tokens", "unknown-field"]
+)
+def test_bad_sampling_cannot_reach_a_worker(sampling) -> None:
+    """Sampling is a typed value: a bad one fails where the message is built (or decoded), never in
+    the worker's engine."""
+    with pytest.raises((ValueError, TypeError)):
+        GenerateRequest("bad", PROMPTS[0], SamplingParams(**{"max_tokens": 4, **sampling}), None)
+    wire = msgpack.packb(
+        {
+            "type": "generate_request",
+            "request_id": "bad",
+            "prompt_token_ids": PROMPTS[0],
+            "sampling": {"max_tokens": 4, **sampling},
+            "deadline": None,
+        }
+    )
+    with pytest.raises(MessageError):
+        decode(wire)
 
 
 def test_duplicate_request_is_ignored(worker, reference) -> None:
@@ -170,7 +190,7 @@ def test_logprobs_travel_in_the_wire_form(worker) -> None:
     entries = [e for o in outputs(worker, "r1") for e in o.logprobs]
     assert len(entries) == 4
     for entry, token in zip(entries, tokens(worker, "r1"), strict=True):
-        assert entry["logprob"] <= 0 and entry["top"][0][0] == token
+        assert entry.logprob <= 0 and entry.top[0][0] == token
 
 
 def test_an_engine_error_fails_generate_requests_retryably(worker, monkeypatch) -> None:
@@ -192,7 +212,7 @@ def test_only_a_mixed_worker_publishes_its_cache(worker) -> None:
     if worker.role.name == "decode":
         assert events == [] and snapshots == []
         return
-    stored = [h for b in events for e in b.events if e["kind"] == "stored" for h in e["hashes"]]
+    stored = [h for b in events for e in b.events if isinstance(e, BlockStored) for h in e.hashes]
     assert all(isinstance(b, KVEventBatch) for b in events)
     assert [b.seq for b in events] == list(range(1, len(events) + 1))
     assert stored[:2] == block_hashes(PROMPTS[2], 16)  # the prompt's full blocks, as soon as computed
