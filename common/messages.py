@@ -23,6 +23,7 @@ from common.wire_fields import (  # noqa: F401 - ROLES etc. are re-exported
     EVENT_FIELDS,
     FINISH_REASONS,
     ROLES,
+    TIMING_STAGES,
     Count,
     Hash,
     Hashes,
@@ -34,6 +35,7 @@ from common.wire_fields import (  # noqa: F401 - ROLES etc. are re-exported
     at_least,
     check_event,
     check_logprobs,
+    check_timings,
     field_checkers,
     non_empty,
     one_of,
@@ -151,12 +153,16 @@ class TokenOutput(Message):
     logprobs: list | None = None
     kv_transfer_bytes: Count = 0
     kv_transfer_seconds: Annotated[float, at_least(0)] = 0.0
+    # Stage -> seconds spent there (keys from TIMING_STAGES), sent at most once per worker per request.
+    timings: dict[str, float] | None = None
 
     def validate(self) -> None:
         if not self.token_ids and self.finish_reason is None:
             raise MessageError("token_ids must not be empty unless finish_reason is set")
         if self.logprobs is not None:
             check_logprobs(self.logprobs, len(self.token_ids))
+        if self.timings is not None:
+            check_timings(self.timings)
 
 
 @dataclass

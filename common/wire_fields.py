@@ -6,6 +6,7 @@ class into one checker per field; every failure is a `MessageError` (a `ValueErr
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from typing import Annotated, Any, Union
 _INT_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
 ROLES = ("prefill", "decode", "mixed")
 FINISH_REASONS = ("stop", "length", "abort")
+# What a worker may report in TokenOutput.timings (the router adds "router_queue" and "decode").
+TIMING_STAGES = ("prefill_queue", "prefill", "transfer", "decode_admission")
 EVENT_FIELDS = {"stored": {"kind", "hashes", "parent"}, "removed": {"kind", "hashes"}, "cleared": {"kind"}}
 
 
@@ -151,3 +154,14 @@ def check_logprobs(entries: list, num_tokens: int) -> None:
                 raise MessageError("logprobs.top entries must be [token_id, logprob] pairs")
             _check_int(pair[0], "logprobs.top.token_id")
             _check_float(pair[1], "logprobs.top.logprob")
+
+
+def check_timings(timings: dict) -> None:
+    """Stage name -> seconds: names from TIMING_STAGES, finite non-negative numbers."""
+    for stage, seconds in timings.items():
+        if stage not in TIMING_STAGES:
+            raise MessageError(f"timings keys must be among {TIMING_STAGES}, got {stage!r}")
+        value = _check_float(seconds, f"timings[{stage!r}]")
+        if not (math.isfinite(value) and value >= 0):
+            raise MessageError(f"timings[{stage!r}] must be a finite number >= 0, got {seconds!r}")
+        timings[stage] = value

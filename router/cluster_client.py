@@ -1,9 +1,11 @@
 """The router's worker-facing side: ZMQ sockets in asyncio (the protocol is in `router/__init__.py`).
 
 Owns: the inbox (one PULL socket every worker pushes to), one PUSH socket per registered worker's
-command address, one SUB socket per prefill worker's events address, and the per-request queues that
-TokenOutput / RequestFailed messages are routed to by request_id. It keeps the WorkerRegistry and the
-PrefixIndex current; it never decides where a request goes (that is the lifecycle's job).
+command address, one SUB socket per events address a worker registers (prefill and mixed workers
+publish cache events; any worker that gives an events address is subscribed, whatever its role),
+and the per-request streams that TokenOutput / RequestFailed messages are routed to by request_id.
+It keeps the WorkerRegistry and the PrefixIndex current; it never decides where a request goes
+(that is the lifecycle's job).
 
 Failure handling: a worker that goes silent is marked DOWN, its cached hashes are dropped from the
 index, and every request still depending on it gets a synthetic retryable RequestFailed. A worker that
@@ -37,6 +39,7 @@ from common.messages import (
 )
 from router.config import RouterConfig
 from router.prefix_index import IndexUpdate, PrefixIndex
+from router.request_stream import RequestStream
 from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry, WorkerState
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,7 @@ class ClusterClient:
         self._inbox: zmq.asyncio.Socket | None = None
         self._commands: dict[str, zmq.asyncio.Socket] = {}
         self._events: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}
-        self._streams: dict[str, asyncio.Queue[TokenOutput | RequestFailed]] = {}
+        self._streams: dict[str, RequestStream] = {}
         self._snapshot_asked: dict[str, float] = {}
         self._tasks: list[asyncio.Task] = []
         self.inbox_addr: str | None = None
@@ -92,10 +95,9 @@ class ClusterClient:
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def open_stream(self, request_id: str) -> asyncio.Queue[TokenOutput | RequestFailed]:
-        queue: asyncio.Queue[TokenOutput | RequestFailed] = asyncio.Queue()
-        self._streams[request_id] = queue
-        return queue
+    def open_stream(self, request_id: str) -> RequestStream:
+        stream = self._streams[request_id] = RequestStream()
+        return stream
 
     def close_stream(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -142,9 +144,9 @@ class ClusterClient:
                     "dropping %s for %s from unknown worker %r", msg.TYPE, msg.request_id, msg.worker_id
                 )
                 return
-            queue = self._streams.get(msg.request_id)
-            if queue is not None:  # else: the request already ended (aborted); late tokens are dropped
-                queue.put_nowait(msg)
+            stream = self._streams.get(msg.request_id)
+            if stream is not None:  # else: the request already ended (aborted); late tokens are dropped
+                stream.put(msg)
         elif isinstance(msg, WorkerHeartbeat):
             outcome = self.registry.heartbeat(msg, self._clock())
             if outcome is HeartbeatOutcome.REVIVED:
@@ -273,9 +275,9 @@ class ClusterClient:
 
     def _fail_requests_on(self, worker_id: str, reason: str) -> None:
         for request_id in self.registry.loads.requests_on(worker_id):
-            queue = self._streams.get(request_id)
-            if queue is not None:
-                queue.put_nowait(RequestFailed(request_id, worker_id, reason, retryable=True))
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put(RequestFailed(request_id, worker_id, reason, retryable=True))
 
 
 def _bracket(host: str) -> str:
