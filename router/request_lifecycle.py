@@ -8,11 +8,12 @@ the route gets an Abort so its blocks are freed. Messages that arrived together 
 and yielded as one update (one SSE chunk), so a client that falls behind catches up in few chunks.
 
 A retryable failure before any token was produced is re-dispatched to other workers (at most
-`max_retries` times) under a fresh wire request id, so stray messages from the failed attempt can never mix into the new one. After tokens were produced, only a request whose
-tokens a retry reproduces (greedy, or seeded) is retried: the retry regenerates from the prompt, the
-tokens already produced are checked equal and dropped, and the client's stream just continues; any
-other request (or a retry that diverges) ends with a 503 `worker_failed` (a final SSE error event).
-Workers get the deadline a little later than the router's own timer, so the client sees the 504.
+`max_retries` times) under a fresh wire request id, so stray messages from the failed attempt can never
+mix into the new one. After tokens were produced, only a request whose tokens a retry reproduces
+(greedy, or seeded) is retried: the retry regenerates from the prompt, the tokens already produced are
+checked equal and dropped, and the client's stream just continues; any other request (or a retry that
+diverges) ends with a 503 `worker_failed` (a final SSE error event). Workers get the deadline a little
+later than the router's own timer, so the client sees the 504.
 """
 
 from __future__ import annotations
