@@ -31,6 +31,7 @@ EXAMPLES: list[m.Message] = [
     ),
     m.WorkerHeartbeat("decode-0", 10, 20, 1, 2, 300, 1700000000.5),
     m.PrefillRequest("r1", [1, 2, 3], {"temperature": 0.0, "max_tokens": 4}, "decode-0", "tcp://h:1", None),
+    m.GenerateRequest("r1", [1, 2, 3], {"temperature": 0.0, "max_tokens": 4}, 12.5),
     m.DecodeRequest("r1", [1, 2, 3], 7, {"max_tokens": 4}, {"transport": "tcp"}, [4, 5], "prefill-0", 12.5),
     m.TokenOutput("r1", "prefill-0", 0, [7], None, 3, 0),
     m.TokenOutput(
@@ -139,7 +140,7 @@ def test_malformed_messages_name_the_field(payload: dict, field: str) -> None:
 
 def test_constructor_validates() -> None:
     with pytest.raises(MessageError, match="role"):
-        m.WorkerRegister("w", "mixed", "h", 1, "tcp://a", None, {}, 16, 1, 1, 1, 1, "m")
+        m.WorkerRegister("w", "colocated", "h", 1, "tcp://a", None, {}, 16, 1, 1, 1, 1, "m")
     with pytest.raises(ValueError, match="logprobs"):
         m.TokenOutput("r", "w", 0, [1, 2], None, 1, 0, logprobs=[{"logprob": 0.0, "top": []}])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from common.default_model import prepare_default_model
 from deploy.launch import parse_args, worker_specs
 
@@ -20,3 +22,12 @@ def test_given_flags_reach_router_and_workers():
 def test_absent_flags_leave_child_defaults_alone():
     plan = parse_args(["--model", str(prepare_default_model(progress=False))])
     assert plan.router_argv == () and plan.worker_argv == ()
+
+
+def test_disagg_flags_reach_the_router_and_bad_modes_fail_in_the_launcher(capsys):
+    model = str(prepare_default_model(progress=False))
+    plan = parse_args(["--model", model, "--disagg", "auto", "--disagg-stall-weight", "0.5"])
+    assert plan.router_argv == ("--disagg", "auto", "--disagg-stall-weight", "0.5")
+    with pytest.raises(SystemExit):
+        parse_args(["--model", model, "--disagg", "sometimes"])
+    assert "--disagg" in capsys.readouterr().err
