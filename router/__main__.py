@@ -106,8 +106,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from router.server import serve  # imported late so that --help stays fast
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, log_level))
+        _event_loop_runner()(serve(config, log_level))
     return 0
+
+
+def _event_loop_runner():
+    """uvloop when it is installed (an optional speed-up: a cheaper event loop on the per-token path,
+    see docs/benchmarks.md), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 if __name__ == "__main__":
