@@ -13,6 +13,9 @@ Metrics: TTFT = time to the first chunk with text; TPOT = (latency - TTFT) / (ou
 output tokens and cached prompt tokens come from the final usage chunk (`stream_options.include_usage`,
 `usage.prompt_tokens_details.cached_tokens`); throughputs divide by the wall time of the whole run;
 goodput counts the requests meeting every SLO given (`--goodput-ttft-ms`, `--goodput-tpot-ms`).
+Against a pdserve router the run's per-stage breakdown (`pdserve_stage_seconds` from /metrics, scraped
+before and after) is printed too. `--client-procs N` spreads the requests over N client processes,
+so the client never limits a fast server (one process parses roughly 20-40k chunks/s).
 """
 
 from __future__ import annotations
@@ -23,13 +26,29 @@ import contextlib
 import itertools
 import json
 import math
+import multiprocessing
 import random
+import re
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.serving_stats import (  # noqa: E402
+    RequestResult,
+    format_table,
+    is_good,
+    json_safe,
+    percentile,
+    summarize,
+)
+from benchmarks.stage_metrics import format_breakdown, scrape, stage_breakdown  # noqa: E402
+
+__all__ = ["RequestResult", "format_table", "is_good", "json_safe", "percentile", "summarize"]  # re-exported
 
 # Prompts are token ids (the completions API takes them), so input lengths are exact whatever the
 # tokenizer; drawn above the special tokens that vocabularies put first, below any real vocabulary size.
@@ -41,26 +60,6 @@ class WorkloadRequest:
     prompt: list[int]
     max_tokens: int
     prefix_id: int | None = None  # which shared prefix (shared-prefix workload)
-
-
-@dataclass
-class RequestResult:
-    latency_s: float = 0.0
-    ttft_s: float | None = None
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    error: str = ""  # empty: the request succeeded
-
-    @property
-    def ok(self) -> bool:
-        return not self.error
-
-    @property
-    def tpot_s(self) -> float | None:
-        if not self.ok or self.ttft_s is None or self.output_tokens < 2:
-            return None
-        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
 def _prompt(rng: random.Random, length: int) -> list[int]:
@@ -91,53 +90,9 @@ def arrival_offsets(num: int, rate: float, seed: int) -> list[float]:
     return list(itertools.accumulate((rng.expovariate(rate) for _ in range(num - 1)), initial=0.0))
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); NaN when there is nothing."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def is_good(r: RequestResult, ttft_ms: float | None, tpot_ms: float | None) -> bool:
-    if not r.ok or (ttft_ms is not None and (r.ttft_s is None or r.ttft_s * 1e3 > ttft_ms)):
-        return False
-    tpot = r.tpot_s  # None for one-token outputs: no inter-token time to miss the SLO with
-    return tpot_ms is None or tpot is None or tpot * 1e3 <= tpot_ms
-
-
-def _stats_ms(values_s: list[float]) -> dict:
-    ms = [v * 1e3 for v in values_s]
-    mean = sum(ms) / len(ms) if ms else math.nan
-    return {"mean": mean, "p50": percentile(ms, 50), "p99": percentile(ms, 99)}
-
-
-def summarize(results: list[RequestResult], duration_s: float, ttft_ms=None, tpot_ms=None) -> dict:
-    ok = [r for r in results if r.ok]
-    duration_s = max(duration_s, 1e-9)
-    out_tokens = sum(r.output_tokens for r in ok)
-    prompt_tokens = sum(r.prompt_tokens for r in ok)
-    cached = sum(r.cached_tokens for r in ok)
-    slo_given = ttft_ms is not None or tpot_ms is not None
-    good = sum(is_good(r, ttft_ms, tpot_ms) for r in results)
-    return {
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "duration_s": duration_s,
-        "request_throughput_per_s": len(ok) / duration_s,
-        "output_tokens_per_s": out_tokens / duration_s,
-        "total_prompt_tokens": prompt_tokens,
-        "total_output_tokens": out_tokens,
-        "total_cached_tokens": cached,
-        "cached_token_ratio": cached / prompt_tokens if prompt_tokens else 0.0,
-        "ttft_ms": _stats_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "tpot_ms": _stats_ms([t for r in ok if (t := r.tpot_s) is not None]),
-        "goodput_per_s": good / duration_s if slo_given else None,
-        "goodput_slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
-    }
-
+# Chunks after the first text that carry neither are not parsed at all (one process then keeps up with
+# far more chunks per second); JSON strings escape their quotes, so text can never match.
+_USAGE_OR_ERROR = re.compile(rb'"usage"\s*:\s*\{|"error"\s*:')
 
 # Fixed for every request: streamed, with a usage chunk at the end, and exactly max_tokens generated.
 FIXED_FIELDS = {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -171,12 +126,13 @@ async def _read_stream(resp: aiohttp.ClientResponse, result: RequestResult, t0: 
     """Consume the SSE stream: TTFT into `result`; returns the usage (None after an error event)."""
     usage = None
     async for raw in resp.content:
-        line = raw.decode("utf-8").strip()
-        if not line.startswith("data:"):
+        if not raw.startswith(b"data:"):
             continue  # blank separators, SSE comments (keep-alives)
-        if (data := line.removeprefix("data:").strip()) == "[DONE]":
+        if raw.removeprefix(b"data:").strip() == b"[DONE]":
             break
-        chunk = json.loads(data)
+        if result.ttft_s is not None and not _USAGE_OR_ERROR.search(raw):
+            continue  # a plain text chunk after the first: nothing to measure, so no JSON parse
+        chunk = json.loads(raw.removeprefix(b"data:"))
         if "error" in chunk:
             result.error = str(chunk["error"])[:200]
             return None
@@ -195,8 +151,15 @@ class RunConfig:
     temperature: float = 0.0
     seed: int = 0
     timeout_s: float = 600.0
+    client_procs: int = 1
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.client_procs, bool)
+            or not isinstance(self.client_procs, int)
+            or self.client_procs < 1
+        ):
+            raise ValueError(f"client_procs must be an int >= 1, got {self.client_procs!r}")
         if not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0 (or inf), got {self.request_rate}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -204,44 +167,64 @@ class RunConfig:
 
 
 async def run_benchmark(cfg: RunConfig, workload: list[WorkloadRequest]) -> tuple[list[RequestResult], float]:
-    """Send the workload open-loop; returns per-request results (in workload order) and the wall time."""
-    base = cfg.base_url.rstrip("/")
-    limit = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    """Send the workload open-loop; returns per-request results (in workload order) and the wall time.
+
+    With `client_procs` > 1 the requests are dealt round-robin to that many processes, which share
+    one start time (so the arrival process is the same) and each cap their share of the concurrency.
+    """
+    model = cfg.model or await _first_model(cfg)
     offsets = arrival_offsets(len(workload), cfg.request_rate, cfg.seed)
+    items = list(enumerate(zip(workload, offsets, strict=True)))
+    if cfg.client_procs == 1:
+        start = time.time()
+        results, end = await _run_share(cfg, model, items, start, cfg.max_concurrency)
+    else:
+        start = time.time() + 1.0 + 0.2 * cfg.client_procs  # every process started and connected
+        share_limit = -(-cfg.max_concurrency // cfg.client_procs) if cfg.max_concurrency else None
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(cfg.client_procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            shares = await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        pool, _share_main, cfg, model, items[i :: cfg.client_procs], start, share_limit
+                    )
+                    for i in range(cfg.client_procs)
+                )
+            )
+        results = [r for share, _ in shares for r in share]
+        end = max(e for _, e in shares)
+    ordered = [r for _, r in sorted(results, key=lambda x: x[0])]
+    return ordered, max(end - start, 1e-9)
+
+
+async def _first_model(cfg: RunConfig) -> str:
+    """The server's first (usually only) model."""
+    async with aiohttp.ClientSession() as s, s.get(f"{cfg.base_url.rstrip('/')}/models") as resp:
+        return (await resp.json())["data"][0]["id"]
+
+
+def _share_main(cfg: RunConfig, model: str, items: list, start: float, limit: int | None):
+    """One client process's share (a ProcessPoolExecutor task)."""
+    return asyncio.run(_run_share(cfg, model, items, start, limit))
+
+
+async def _run_share(
+    cfg: RunConfig, model: str, items: list, start: float, limit: int | None
+) -> tuple[list[tuple[int, RequestResult]], float]:
+    url = f"{cfg.base_url.rstrip('/')}/completions"
+    gate = asyncio.Semaphore(limit) if limit else None
     # limit=0: no connection-pool cap, so concurrency is set by the arrivals and --max-concurrency alone.
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
-        model = cfg.model
-        if model is None:  # the server's first (usually only) model
-            async with s.get(f"{base}/models") as resp:
-                model = (await resp.json())["data"][0]["id"]
-        start = time.perf_counter()
 
-        async def one(req: WorkloadRequest, offset: float) -> RequestResult:
-            await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-            async with limit or contextlib.nullcontext():
-                return await send_request(s, f"{base}/completions", model, req, cfg.temperature)
+        async def one(i: int, req: WorkloadRequest, offset: float) -> tuple[int, RequestResult]:
+            await asyncio.sleep(max(0.0, start + offset - time.time()))
+            async with gate or contextlib.nullcontext():
+                return i, await send_request(s, url, model, req, cfg.temperature)
 
-        results = await asyncio.gather(*(one(r, o) for r, o in zip(workload, offsets, strict=True)))
-        return list(results), time.perf_counter() - start
-
-
-def json_safe(obj):
-    """inf/NaN (an unlimited rate, a percentile of nothing) become null: strict JSON has neither."""
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
-
-
-def format_table(summary: dict) -> str:
-    """One row per figure; the keys carry their units."""
-    rows = []
-    for key, value in summary.items():
-        items = value.items() if isinstance(value, dict) else [("", value)]
-        rows += [(f"{key} {sub}".strip(), v) for sub, v in items]
-    text = {int: "{}", float: "{:.2f}", type(None): "-"}
-    return "\n".join(f"{k:<32}{text[type(v)].format(v):>16}" for k, v in rows)
+        results = await asyncio.gather(*(one(i, r, o) for i, (r, o) in items))
+        return list(results), time.time()
 
 
 def build_workload(a: argparse.Namespace) -> list[WorkloadRequest]:
@@ -270,6 +253,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
     p.add_argument("--timeout", dest="timeout_s", type=float, default=600.0, help="seconds per request")
     p.add_argument("--goodput-ttft-ms", type=float, default=None)
     p.add_argument("--goodput-tpot-ms", type=float, default=None)
+    p.add_argument("--client-procs", type=int, default=1, help="client processes sharing the requests")
+    p.add_argument("--metrics-url", default=None, help="default: the base URL's /metrics (stage breakdown)")
     p.add_argument("--json-out", default=None)
     a = p.parse_args(argv)
     for name in ("num_prompts", "input_len", "output_len", "num_prefixes", "prefix_len", "suffix_len"):
@@ -283,14 +268,20 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
 
 def main(argv: list[str] | None = None) -> int:
     a, cfg = parse_args(argv)
+    metrics_url = a.metrics_url or cfg.base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    before = scrape(metrics_url)
     results, duration = asyncio.run(run_benchmark(cfg, build_workload(a)))
+    after = scrape(metrics_url) if before is not None else None
     summary = summarize(results, duration, a.goodput_ttft_ms, a.goodput_tpot_ms)
     print(format_table(summary))
+    stages = stage_breakdown(before, after) if before is not None and after is not None else {}
+    if stages:  # a pdserve router: where the time went, per stage
+        print(format_breakdown(stages))
     errors = [r.error for r in results if not r.ok]
     if errors:
         print(f"first error: {errors[0]}", file=sys.stderr)
     if a.json_out:
-        doc = {"args": vars(a), "summary": summary, "errors": errors[:20]}
+        doc = {"args": vars(a), "summary": summary, "stages": stages, "errors": errors[:20]}
         Path(a.json_out).write_text(json.dumps(json_safe(doc), indent=2))
     return 0 if summary["completed"] else 1
 

@@ -28,7 +28,8 @@ from common.config import Role
 from common.kv_events import KVEvent
 from common.logprobs import TokenLogprob
 from common.sampling_params import FinishReason, SamplingParams
-from common.wire_fields import (
+from common.wire_fields import (  # noqa: F401 - TIMING_STAGES is re-exported
+    TIMING_STAGES,
     Count,
     Hash,
     Hashes,
@@ -38,6 +39,7 @@ from common.wire_fields import (
     Prompt,
     TokenIds,
     at_least,
+    check_timings,
     field_checkers,
     wire_form,
 )
@@ -167,6 +169,8 @@ class TokenOutput(Message):
     logprobs: list[TokenLogprob] | None = None
     kv_transfer_bytes: Count = 0
     kv_transfer_seconds: Annotated[float, at_least(0)] = 0.0
+    # Stage -> seconds spent there (keys from TIMING_STAGES), sent at most once per worker per request.
+    timings: dict[str, float] | None = None
 
     def validate(self) -> None:
         if not self.token_ids and self.finish_reason is None:
@@ -174,6 +178,8 @@ class TokenOutput(Message):
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
             n, got = len(self.token_ids), len(self.logprobs)
             raise MessageError(f"logprobs must have one entry per token ({n}), got {got}")
+        if self.timings is not None:
+            check_timings(self.timings)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -250,3 +251,17 @@ def _int_tuple(value: Any, name: str) -> tuple[int, ...]:
         raise MessageError(f"{name} must be a list of ints")
     _check_ints(value, name)
     return tuple(value)
+
+
+# What a worker may report in TokenOutput.timings (the router adds "router_queue" and "decode").
+TIMING_STAGES = ("prefill_queue", "prefill", "transfer", "decode_admission")
+
+
+def check_timings(timings: dict) -> None:
+    """Stage name -> seconds: names from TIMING_STAGES, finite non-negative numbers (ints widened)."""
+    for stage, seconds in timings.items():
+        if stage not in TIMING_STAGES:
+            raise MessageError(f"timings keys must be among {TIMING_STAGES}, got {stage!r}")
+        if type(seconds) not in (int, float) or not (math.isfinite(seconds) and seconds >= 0):
+            raise MessageError(f"timings[{stage!r}] must be a finite number >= 0, got {seconds!r}")
+        timings[stage] = float(seconds)

@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from router.disagg import DISAGG_MODES
+
 
 @dataclass(frozen=True)
 class PassThrough:
     option: str
     type: type
     help: str
+    choices: tuple[str, ...] | None = None  # checked by the launcher too, so a typo fails before any start
 
     @property
     def dest(self) -> str:
@@ -26,6 +29,8 @@ ROUTER_FLAGS = (
     PassThrough("--heartbeat-timeout", float, "router: worker silence before it is marked down"),
     PassThrough("--max-running-requests", int, "router: requests in progress before answering 429"),
     PassThrough("--balance-threshold-tokens", int, "router: queue imbalance under which cache hits decide"),
+    PassThrough("--disagg", str, "router: where prompts are prefilled (see router/disagg.py)", DISAGG_MODES),
+    PassThrough("--disagg-stall-weight", float, "router (auto): cost of stalling each decoding sequence"),
 )
 WORKER_FLAGS = (
     PassThrough("--kv-lease-s", float, "workers: seconds blocks stay pinned waiting for the decode side"),
@@ -36,7 +41,7 @@ WORKER_FLAGS = (
 def add_passthrough_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("passed to the router and workers")
     for flag in ROUTER_FLAGS + WORKER_FLAGS:
-        group.add_argument(flag.option, type=flag.type, default=None, help=flag.help)
+        group.add_argument(flag.option, type=flag.type, default=None, help=flag.help, choices=flag.choices)
 
 
 def passthrough_argv(args: argparse.Namespace, flags: tuple[PassThrough, ...]) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """`python -m router --model PATH [--host H] [--port P] [--inbox-host H] [--inbox-port P] ...`
 
 `--api-key KEY` (or $PDSERVE_API_KEY) turns on Bearer-key auth; `--protect-status` extends it to every
-route (see router/auth.py).
+route (see router/auth.py). `--disagg always|never|auto` chooses where prompts are prefilled (see
+router/disagg.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from router.config import API_KEY_ENV, RouterConfig
+from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
 from router.policy import ROUTING_POLICIES
 
 
@@ -34,6 +36,19 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
         type=int,
         default=2048,
         help="prefix routing: queue imbalance (tokens) below which cache hits alone decide (0: count load)",
+    )
+    p.add_argument(
+        "--disagg",
+        choices=DISAGG_MODES,
+        default=DEFAULT_DISAGG,
+        help="always: prefill on prefill workers when any is live (else mixed workers serve alone); "
+        "never: decode/mixed workers prefill every request; auto: per request, by a cost model",
+    )
+    p.add_argument(
+        "--disagg-stall-weight",
+        type=float,
+        default=DEFAULT_STALL_WEIGHT,
+        help="auto: weight of the latency a local prefill adds to each sequence decoding there",
     )
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request; 0 = no limit")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="silence before a worker is down")
@@ -62,6 +77,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
             ready_file=args.ready_file,
             api_key=args.api_key,
             protect_status=args.protect_status,
+            disagg=args.disagg,
+            disagg_stall_weight=args.disagg_stall_weight,
         )
     except ValueError as e:
         p.error(str(e))
@@ -89,8 +106,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from router.server import serve  # imported late so that --help stays fast
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, log_level))
+        _event_loop_runner()(serve(config, log_level))
     return 0
+
+
+def _event_loop_runner():
+    """uvloop when it is installed (an optional speed-up: a cheaper event loop on the per-token path,
+    see docs/benchmarks.md), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "Request body too large"),
         (415, "Request body is not JSON"),
         (429, "Too many requests in progress"),
-        (503, "No live prefill and decode workers"),
+        (503, "No live workers can serve requests"),
         (504, "Request timed out"),
     )
 }
@@ -156,7 +156,7 @@ def _add_status_routes(app: FastAPI, router: Router) -> None:
 
     @app.get("/debug/index")
     async def debug() -> dict:
-        return debug_index(router.registry, router.index, router.policy.name)
+        return debug_index(router.registry, router.index, router.policy.name, router.lifecycle.rates)
 
 
 def _check_model(router: Router, model: str | None) -> None:
@@ -166,9 +166,9 @@ def _check_model(router: Router, model: str | None) -> None:
 
 
 async def _serve(router: Router, request: Request, plan: GenerationPlan, request_id: str, formatter_cls):
-    if router.registry.max_model_len() is None:
+    if not router.registry.can_serve():
         router.metrics.requests.inc(status="rejected")
-        raise APIError(503, "no live prefill and decode workers", code="no_workers", headers=RETRY_AFTER)
+        raise APIError(503, "no live workers can serve requests", code="no_workers", headers=RETRY_AFTER)
     if router.running >= router.config.max_running_requests:
         router.metrics.requests.inc(status="rejected")
         raise APIError(

@@ -1,9 +1,11 @@
 """The router's worker-facing side: ZMQ sockets in asyncio (the protocol is in docs/protocol.md).
 
 Owns: the inbox (one PULL socket every worker pushes to), one PUSH socket per registered worker's
-command address, one SUB socket per prefill worker's events address, and the per-request queues that
-TokenOutput / RequestFailed messages are routed to by request_id. It keeps the WorkerRegistry and the
-PrefixIndex current; it never decides where a request goes (that is the lifecycle's job).
+command address, one SUB socket per events address a worker registers (prefill and mixed workers
+publish cache events; any worker that gives an events address is subscribed, whatever its role),
+and the per-request streams that TokenOutput / RequestFailed messages are routed to by request_id.
+It keeps the WorkerRegistry and the PrefixIndex current; it never decides where a request goes
+(that is the lifecycle's job).
 
 Failure handling: a worker that goes silent is marked DOWN, its cached hashes are dropped from the
 index, and every request still depending on it gets a synthetic retryable RequestFailed. A worker that
@@ -37,10 +39,16 @@ from common.messages import (
 )
 from router.config import RouterConfig
 from router.prefix_index import IndexUpdate, PrefixIndex
+from router.request_stream import RequestStream
 from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry, WorkerState
 
 log = logging.getLogger(__name__)
 SEND_HWM = 100_000  # queued commands per worker before sends fail fast instead of blocking the router
+# Inbox messages taken per event-loop turn before request tasks run. Large on purpose: a router that
+# falls behind then hands each request several tokens at once, which become one SSE chunk (the
+# per-chunk cost, not the per-token one, is what saturates the router); an idle router takes each
+# message as it comes. 2048 messages are ~30 ms of work at worst.
+INBOX_BATCH = 2048
 
 
 class ClusterClient:
@@ -59,7 +67,7 @@ class ClusterClient:
         self._inbox: zmq.asyncio.Socket | None = None
         self._commands: dict[str, zmq.asyncio.Socket] = {}
         self._events: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}
-        self._streams: dict[str, asyncio.Queue[TokenOutput | RequestFailed]] = {}
+        self._streams: dict[str, RequestStream] = {}
         self._snapshot_asked: dict[str, float] = {}
         self._tasks: list[asyncio.Task] = []
         self.inbox_addr: str | None = None
@@ -92,10 +100,9 @@ class ClusterClient:
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def open_stream(self, request_id: str) -> asyncio.Queue[TokenOutput | RequestFailed]:
-        queue: asyncio.Queue[TokenOutput | RequestFailed] = asyncio.Queue()
-        self._streams[request_id] = queue
-        return queue
+    def open_stream(self, request_id: str) -> RequestStream:
+        stream = self._streams[request_id] = RequestStream()
+        return stream
 
     def close_stream(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -122,29 +129,46 @@ class ClusterClient:
     # ---- inbox ---------------------------------------------------------------------------------
 
     async def _inbox_loop(self) -> None:
+        """Wait until the inbox is readable, then take what is there (up to INBOX_BATCH) without
+        suspending: one event-loop wakeup per batch instead of a future per message. Token messages
+        are routed synchronously; the loop yields between batches so request tasks keep up."""
         assert self._inbox is not None
+        drain = zmq.Socket.shadow(self._inbox.underlying)
         while True:
-            data = await self._inbox.recv()
-            try:
-                msg = decode(data)
-            except MessageError as e:
-                log.warning("dropping malformed inbox message: %s", e)
-                continue
-            try:
+            await self._inbox.poll(flags=zmq.POLLIN)
+            for _ in range(INBOX_BATCH):
+                try:
+                    data = drain.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                await self._take(data)
+            await asyncio.sleep(0)
+
+    async def _take(self, data: bytes) -> None:
+        try:
+            msg = decode(data)
+        except MessageError as e:
+            log.warning("dropping malformed inbox message: %s", e)
+            return
+        try:
+            if type(msg) is TokenOutput:
+                self._route(msg)  # the hot path: no coroutine per token
+            else:
                 await self._handle(msg)
-            except Exception:  # one bad message must never stop the router's inbox
-                log.exception("error handling %s", msg.TYPE)
+        except Exception:  # one bad message must never stop the router's inbox
+            log.exception("error handling %s", msg.TYPE)
+
+    def _route(self, msg: TokenOutput | RequestFailed) -> None:
+        if self.registry.get(msg.worker_id) is None:  # only registered workers speak for requests
+            log.warning("dropping %s for %s from unknown worker %r", msg.TYPE, msg.request_id, msg.worker_id)
+            return
+        stream = self._streams.get(msg.request_id)
+        if stream is not None:  # else: the request already ended (aborted); late tokens are dropped
+            stream.put(msg)
 
     async def _handle(self, msg: Message) -> None:
         if isinstance(msg, TokenOutput | RequestFailed):
-            if self.registry.get(msg.worker_id) is None:  # only registered workers speak for requests
-                log.warning(
-                    "dropping %s for %s from unknown worker %r", msg.TYPE, msg.request_id, msg.worker_id
-                )
-                return
-            queue = self._streams.get(msg.request_id)
-            if queue is not None:  # else: the request already ended (aborted); late tokens are dropped
-                queue.put_nowait(msg)
+            self._route(msg)
         elif isinstance(msg, WorkerHeartbeat):
             outcome = self.registry.heartbeat(msg, self._clock())
             if outcome is HeartbeatOutcome.REVIVED:
@@ -273,9 +297,9 @@ class ClusterClient:
 
     def _fail_requests_on(self, worker_id: str, reason: str) -> None:
         for request_id in self.registry.loads.requests_on(worker_id):
-            queue = self._streams.get(request_id)
-            if queue is not None:
-                queue.put_nowait(RequestFailed(request_id, worker_id, reason, retryable=True))
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put(RequestFailed(request_id, worker_id, reason, retryable=True))
 
 
 def _bracket(host: str) -> str:

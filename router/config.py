@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
 from router.policy import ROUTING_POLICIES
 
 API_KEY_ENV = "PDSERVE_API_KEY"  # where `python -m router` and `deploy.launch` read the default key
@@ -19,7 +20,8 @@ class RouterConfig:
     to, so on a multi-host cluster it must be this node's cluster-facing IP, not 0.0.0.0.
     `request_timeout` bounds one request end to end (None: no limit). `block_size=None` adopts the
     first accepted worker's block size. `api_key` (None: no auth) is required as a Bearer token on
-    /v1/*, and on every route with `protect_status` (see router/auth.py).
+    /v1/*, and on every route with `protect_status` (see router/auth.py). `disagg` and
+    `disagg_stall_weight` choose between remote and local prefill (see router/disagg.py).
     """
 
     model: str
@@ -40,6 +42,8 @@ class RouterConfig:
     ready_file: str | None = None
     api_key: str | None = field(default=None, repr=False)  # repr=False: a logged config never shows it
     protect_status: bool = False
+    disagg: str = DEFAULT_DISAGG
+    disagg_stall_weight: float = DEFAULT_STALL_WEIGHT
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -66,6 +70,11 @@ class RouterConfig:
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ValueError(f"block_size must be a positive int or None, got {self.block_size!r}")
         self._check_auth()
+        if self.disagg not in DISAGG_MODES:
+            raise ValueError(f"disagg must be one of {DISAGG_MODES}, got {self.disagg!r}")
+        w = self.disagg_stall_weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < float("inf"):
+            raise ValueError(f"disagg_stall_weight must be a finite number >= 0, got {w!r}")
 
     def _check_auth(self) -> None:
         # The key travels in an HTTP header: printable ASCII without spaces is what every client can send.

@@ -7,6 +7,10 @@ one worker. The tracker closes that gap with the router's own, exact, tally:
 - blocks since heartbeat: prompt blocks assigned to a decode worker since its last heartbeat (which
   does not yet reflect them).
 
+A request a decode or mixed worker prefills itself (`--disagg`, router/disagg.py) has the same
+worker as prefill_id and decode_id: it counts once in flight there, its uncached tokens count as that
+worker's outstanding prefill until the first token, and its blocks as assigned since the heartbeat.
+
 Invariant: every counter equals the sum over live assignments, so `release` is idempotent and a
 request can never leave a counter negative.
 """
@@ -26,6 +30,11 @@ class Assignment:
     prompt_blocks: int
     prefill_pending: bool = True  # the prefill worker has not produced the first token yet
 
+    @property
+    def local(self) -> bool:
+        """The decode-side worker prefills the prompt itself (a GenerateRequest)."""
+        return self.prefill_id == self.decode_id
+
 
 class LoadTracker:
     def __init__(self) -> None:
@@ -37,7 +46,8 @@ class LoadTracker:
     def assign(self, a: Assignment) -> None:
         self.release(a.request_id)
         self._assignments[a.request_id] = a
-        self._in_flight[a.prefill_id] += 1
+        if not a.local:
+            self._in_flight[a.prefill_id] += 1
         self._outstanding[a.prefill_id] += a.new_prefill_tokens
         self._in_flight[a.decode_id] += 1
         self._blocks_since_hb[a.decode_id] += a.prompt_blocks
@@ -47,7 +57,8 @@ class LoadTracker:
         a = self._assignments.get(request_id)
         if a is not None and a.prefill_pending:
             a.prefill_pending = False
-            self._in_flight[a.prefill_id] -= 1
+            if not a.local:
+                self._in_flight[a.prefill_id] -= 1
             self._outstanding[a.prefill_id] -= a.new_prefill_tokens
 
     def release(self, request_id: str) -> Assignment | None:

@@ -28,10 +28,11 @@ from router.protocol import (
     Usage,
 )
 from router.request_builder import GenerationPlan
-from router.token_stream import SequenceOutput
+from router.token_stream import SequenceOutput, SequenceUpdate
 from router.tokenizer import ModelTokenizer
 
 DONE = "data: [DONE]\n\n"
+_MARK = "\u2063pdserve-text\u2063"  # stands for the text while a chunk template is built
 
 
 def sse(payload: dict) -> str:
@@ -48,6 +49,7 @@ class _Formatter:
         self.plan = plan
         self.tokenizer = tok
         self.outputs: dict[int, SequenceOutput] = {}
+        self._templates: dict[int, tuple[str, str]] = {}
 
     @property
     def num_choices(self) -> int:
@@ -70,12 +72,25 @@ class _Formatter:
             yield sse(payload)
         async for item in updates:
             self.outputs[item.choice_index] = item.output
-            chunk = self._chunk(item)
-            if chunk is not None:
-                yield sse(chunk)
+            u = item.update
+            if u.text and u.finish_reason is None and u.logprobs is None:
+                yield self._text_line(item.choice_index, u.text)  # the common chunk, without models
+                continue
+            payload = self._chunk(item)
+            if payload is not None:
+                yield sse(payload)
         if self.plan.include_usage:
             yield sse(self._envelope([], usage=self.usage().model_dump()))
         yield DONE
+
+    def _text_line(self, choice_index: int, text: str) -> str:
+        """The SSE line of a chunk carrying only text: the one per-token chunk, so it is built from a
+        per-choice template (made once by the same code as every other chunk) around the JSON text."""
+        template = self._templates.get(choice_index)
+        if template is None:
+            payload = self._chunk(ChoiceUpdate(choice_index, SequenceUpdate(_MARK, [], None), None))
+            template = self._templates[choice_index] = tuple(sse(payload).split(f'"{_MARK}"'))
+        return template[0] + json.dumps(text, ensure_ascii=False) + template[1]
 
     def _opening_chunks(self) -> list[dict]:
         return []

@@ -13,6 +13,9 @@ are eligible; among them the most free blocks wins, then the fewest running sequ
 smallest id. Free blocks are a moment's figure, so they rank workers rather than exclude them: a
 decode worker that is momentarily full queues the request.
 
+Local (a decode or mixed worker prefilling a request itself, see router/disagg.py): among the workers
+able to hold the request, the same rule as prefill over their own caches and prefill queues.
+
 `round_robin` ignores prefix hits and load (a baseline for benchmarks) but still honours capacity.
 """
 
@@ -40,12 +43,20 @@ class PrefillLoad:
 
 @dataclass(frozen=True)
 class DecodeLoad:
+    """A decode or mixed worker. The last three figures matter when it prefills locally."""
+
     worker_id: str
     num_free_blocks: int
     num_total_blocks: int
     num_running: int
     block_size: int
     max_model_len: int
+    queued_prefill_tokens: int = 0
+    in_flight: int = 0
+    cached_blocks: int = 0
+
+    def as_prefill(self) -> PrefillLoad:
+        return PrefillLoad(self.worker_id, self.queued_prefill_tokens, self.in_flight, self.cached_blocks)
 
     def can_hold(self, num_tokens: int) -> bool:
         """Whether this worker could ever hold a sequence of `num_tokens` tokens."""
@@ -59,10 +70,15 @@ class Choice(NamedTuple):
     cost: int = 0  # the policy's figure for the winner (prefill: new + queued tokens)
 
 
+def new_prefill_tokens(num_prompt_tokens: int, cached_blocks: int, block_size: int) -> int:
+    """Prompt tokens a worker holding `cached_blocks` leading blocks computes: at least one (the last),
+    as the workers' block managers do."""
+    return max(num_prompt_tokens - cached_blocks * block_size, 1)
+
+
 def prefill_cost(load: PrefillLoad, cached_blocks: int, num_prompt_tokens: int, block_size: int) -> int:
-    """new_prefill_tokens + queued_prefill_tokens. At least one token is always computed (the last)."""
-    new_tokens = max(num_prompt_tokens - cached_blocks * block_size, 1)
-    return new_tokens + load.queued_prefill_tokens
+    """new_prefill_tokens + queued_prefill_tokens."""
+    return new_prefill_tokens(num_prompt_tokens, cached_blocks, block_size) + load.queued_prefill_tokens
 
 
 DEFAULT_BALANCE_THRESHOLD_TOKENS = 2048
@@ -126,8 +142,32 @@ class RoutingPolicy(Protocol):
 
     def pick_decode(self, candidates: Sequence[DecodeLoad], num_tokens: int) -> Choice | None: ...
 
+    def pick_local(
+        self,
+        candidates: Sequence[DecodeLoad],
+        matches: Mapping[str, int],
+        num_prompt_tokens: int,
+        block_size: int,
+        num_tokens: int,
+    ) -> Choice | None: ...
 
-class PrefixAwarePolicy:
+
+class _LocalByPrefill:
+    """A local prefill is a prefill: choose it by `pick_prefill` among workers that can hold it."""
+
+    def pick_local(
+        self,
+        candidates: Sequence[DecodeLoad],
+        matches: Mapping[str, int],
+        num_prompt_tokens: int,
+        block_size: int,
+        num_tokens: int,
+    ) -> Choice | None:
+        eligible = [c.as_prefill() for c in candidates if c.can_hold(num_tokens)]
+        return self.pick_prefill(eligible, matches, num_prompt_tokens, block_size)  # type: ignore[attr-defined]
+
+
+class PrefixAwarePolicy(_LocalByPrefill):
     name = "prefix"
 
     def __init__(self, balance_threshold_tokens: int = DEFAULT_BALANCE_THRESHOLD_TOKENS) -> None:
@@ -148,7 +188,7 @@ class PrefixAwarePolicy:
         return choose_decode(candidates, num_tokens)
 
 
-class RoundRobinPolicy:
+class RoundRobinPolicy(_LocalByPrefill):
     """Cycles through candidates (sorted by id so the order is stable as workers come and go)."""
 
     name = "round_robin"

@@ -1,4 +1,4 @@
-"""The exact, event-fed global prefix index: which prefill worker holds which block hash.
+"""The exact, event-fed global prefix index: which worker (prefill or mixed) holds which block hash.
 
 Invariants:
 - `_owners[h]` is exactly the set of workers whose `hashes` contain h (no empty sets are kept).

@@ -21,6 +21,24 @@ TOKEN_LATENCY_BUCKETS = (
     1.0,
     2.5,
 )
+STAGE_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -36,7 +54,9 @@ class RouterMetrics:
             "pdserve_prefix_cache_hit_tokens_total", "Prompt tokens served from a prefill worker's cache."
         )
         self.prefill_requests = r.counter(
-            "pdserve_prefill_requests_total", "Sequences sent to each prefill worker.", ["worker"]
+            "pdserve_prefill_requests_total",
+            "Sequences prefilled by each worker (a prefill worker, or a decode/mixed worker locally).",
+            ["worker"],
         )
         self.decode_requests = r.counter(
             "pdserve_decode_requests_total", "Sequences assigned to each decode worker.", ["worker"]
@@ -54,6 +74,17 @@ class RouterMetrics:
         self.kv_transfer_seconds = r.histogram(
             "pdserve_kv_transfer_seconds", "KV transfer time per sequence.", buckets=TRANSFER_BUCKETS
         )
+        self.disagg_decisions = r.counter(
+            "pdserve_disagg_decisions_total",
+            "Sequences prefilled on a prefill worker (remote) or where they decode (local).",
+            ["decision"],
+        )
+        self.stage_seconds = r.histogram(
+            "pdserve_stage_seconds",
+            "Seconds per sequence in each stage (workers' timings plus router_queue and decode).",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+        )
         self.retries = r.counter(
             "pdserve_retries_total", "Sequences re-dispatched after a retryable failure."
         )
@@ -65,8 +96,10 @@ class RouterMetrics:
             "pdserve_kv_cache_usage_ratio", "Used / total KV blocks per worker.", ["worker"]
         )
         self.queued_prefill = r.gauge(
-            "pdserve_queued_prefill_tokens", "Prompt tokens waiting on each prefill worker.", ["worker"]
+            "pdserve_queued_prefill_tokens",
+            "Prompt tokens waiting on each prefill or mixed worker.",
+            ["worker"],
         )
         self.index_blocks = r.gauge(
-            "pdserve_prefix_index_blocks", "Block hashes the index holds per prefill worker.", ["worker"]
+            "pdserve_prefix_index_blocks", "Block hashes the index holds per worker.", ["worker"]
         )

@@ -25,10 +25,12 @@ from fastapi import FastAPI
 from router.app import create_app
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
+from router.live_rates import LiveRates
 from router.policy import RoutingPolicy, make_policy
 from router.prefix_index import PrefixIndex
 from router.request_builder import RequestBuilder
 from router.request_lifecycle import RequestLifecycle
+from router.route_planner import RoutePlanner
 from router.router_metrics import RouterMetrics
 from router.tokenizer import ModelTokenizer
 from router.worker_registry import WorkerRegistry
@@ -72,12 +74,13 @@ class RouterHandles(NamedTuple):
 def build_router(config: RouterConfig, tokenizer: ModelTokenizer | None = None) -> RouterHandles:
     """Wire the router's parts; reads the tokenizer files from `config.model` unless one is given."""
     tokenizer = tokenizer or ModelTokenizer.from_dir(config.model)
-    registry = WorkerRegistry(config.heartbeat_timeout, config.block_size)
+    registry = WorkerRegistry(config.heartbeat_timeout, config.block_size, config.disagg)
     index = PrefixIndex()
     policy = make_policy(config.routing, config.balance_threshold_tokens)
     metrics = RouterMetrics()
     cluster = ClusterClient(config, registry, index)
-    lifecycle = RequestLifecycle(config, tokenizer, cluster, registry, index, policy, metrics)
+    planner = RoutePlanner(registry, index, policy, LiveRates(), config.disagg_stall_weight)
+    lifecycle = RequestLifecycle(config, tokenizer, cluster, registry, planner, metrics)
     router = Router(
         config, tokenizer, registry, index, policy, metrics, cluster, lifecycle, RequestBuilder(tokenizer)
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from router.live_rates import LiveRates
 from router.policy import DecodeLoad, PrefillLoad
 from router.prefix_index import PrefixIndex, WorkerIndexStats
 from router.router_metrics import RouterMetrics
@@ -21,7 +22,7 @@ def _worker_summary(w: WorkerInfo) -> dict:
 def health_report(registry: WorkerRegistry, healthy: bool) -> dict:
     """`ok`; `degraded` when a registered worker is down but requests are still served (the HTTP
     status is 503 either way, so a load balancer notices); `unavailable` when nothing can serve."""
-    serving = bool(registry.live("prefill")) and bool(registry.live("decode"))
+    serving = registry.can_serve()
     return {
         "status": "ok" if healthy else ("degraded" if serving else "unavailable"),
         "workers": [_worker_summary(w) for w in registry.workers()],
@@ -29,7 +30,7 @@ def health_report(registry: WorkerRegistry, healthy: bool) -> dict:
     }
 
 
-def debug_index(registry: WorkerRegistry, index: PrefixIndex, policy_name: str) -> dict:
+def debug_index(registry: WorkerRegistry, index: PrefixIndex, policy_name: str, rates: LiveRates) -> dict:
     index_stats = {s.worker_id: s for s in index.stats()}
     loads: dict[str, PrefillLoad | DecodeLoad] = {p.worker_id: p for p in registry.prefill_loads()}
     loads.update((d.worker_id, d) for d in registry.decode_loads())
@@ -46,6 +47,7 @@ def debug_index(registry: WorkerRegistry, index: PrefixIndex, policy_name: str) 
         "unique_blocks": index.num_unique_blocks,
         "workers": workers,
         "rejected_workers": dict(sorted(registry.rejected.items())),
+        "disagg": {"mode": registry.disagg, "learned": rates.snapshot()},
     }
 
 
@@ -68,6 +70,8 @@ def _load_view(load: PrefillLoad | DecodeLoad | None) -> dict:
             "free_blocks": load.num_free_blocks,
             "total_blocks": load.num_total_blocks,
             "running": load.num_running,
+            "queued_prefill_tokens": load.queued_prefill_tokens,
+            "in_flight": load.in_flight,
         }
     return {}
 
@@ -79,6 +83,7 @@ def refresh_worker_gauges(metrics: RouterMetrics, registry: WorkerRegistry, inde
     for w in registry.workers():
         metrics.worker_up.set(1 if w.state is WorkerState.LIVE else 0, role=w.role, worker=w.worker_id)
         metrics.kv_usage.set(w.kv_usage(), worker=w.worker_id)
-    for load in registry.prefill_loads():
+    for load in [*registry.prefill_loads(), *registry.decode_loads(("mixed",))]:
         metrics.queued_prefill.set(load.queued_prefill_tokens, worker=load.worker_id)
-        metrics.index_blocks.set(index.num_blocks(load.worker_id), worker=load.worker_id)
+    for worker_id in index.worker_ids:
+        metrics.index_blocks.set(index.num_blocks(worker_id), worker=worker_id)

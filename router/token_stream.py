@@ -57,6 +57,20 @@ class SequenceUpdate:
     finish_reason: FinishReason | None = None
     finished_by_worker: bool = False  # the worker ended it itself (no Abort needed)
 
+    def can_merge(self, later: SequenceUpdate) -> bool:
+        return self.finish_reason is None and (self.logprobs is None) == (later.logprobs is None)
+
+    def merged(self, later: SequenceUpdate) -> SequenceUpdate:
+        """This update followed by `later`, as one (one SSE chunk for a stream that fell behind)."""
+        logprobs = None if self.logprobs is None else self.logprobs + (later.logprobs or [])
+        return SequenceUpdate(
+            self.text + later.text,
+            self.token_ids + later.token_ids,
+            logprobs,
+            later.finish_reason,
+            later.finished_by_worker,
+        )
+
 
 class SequenceOutput:
     """Accumulated output of one sequence, fed with in-order TokenOutputs."""
@@ -72,7 +86,11 @@ class SequenceOutput:
         self.kv_transfer_bytes = 0
         self.kv_transfer_seconds = 0.0
         self.finish_reason: FinishReason | None = None
-        self.first_token_at: float | None = None  # router clock, set by the lifecycle
+        self.timings: dict[str, float] = {}  # stage -> seconds, as the workers reported them
+        # Router clock, set by the lifecycle: first dispatch, token at index 0, first decode token.
+        self.dispatched_at: float | None = None
+        self.first_token_at: float | None = None
+        self.first_decode_at: float | None = None
 
     @property
     def num_generated(self) -> int:
@@ -87,6 +105,11 @@ class SequenceOutput:
             return SequenceUpdate("", [], None, self.finish_reason)
         if out.index == 0:
             self.num_prompt_tokens, self.cached_tokens = out.num_prompt_tokens, out.cached_tokens
+        if out.timings:
+            for stage, seconds in out.timings.items():
+                self.timings.setdefault(
+                    stage, seconds
+                )  # each worker reports once; a retry's repeat is ignored
         self.kv_transfer_bytes += out.kv_transfer_bytes
         self.kv_transfer_seconds += out.kv_transfer_seconds
         room = self._max_tokens - self.num_generated

@@ -8,6 +8,9 @@ Invariants:
 - A worker is LIVE while its last message (register or heartbeat) is younger than `heartbeat_timeout`
   on the router's monotonic clock (worker clocks are not trusted), DOWN otherwise.
 - Load figures combine the last heartbeat with what the router dispatched since (see `LoadTracker`).
+- Roles: prefill workers take PrefillRequests; decode and mixed workers are decode targets and, as
+  the `--disagg` mode allows (router/disagg.py), prefill requests themselves. The cluster can serve
+  when some path is open: a live prefill worker with a live decode target, or a live local worker.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import NamedTuple
 
 from common.hashing import probe_hash
 from common.messages import WorkerHeartbeat, WorkerRegister
+from router.disagg import DECODE_TARGET_ROLES, DEFAULT_DISAGG, check_mode, local_roles, remote_allowed
 from router.load_tracker import LoadTracker
 from router.policy import DecodeLoad, PrefillLoad
 
@@ -69,10 +73,13 @@ class WorkerInfo:
 
 
 class WorkerRegistry:
-    def __init__(self, heartbeat_timeout: float, block_size: int | None = None) -> None:
+    def __init__(
+        self, heartbeat_timeout: float, block_size: int | None = None, disagg: str = DEFAULT_DISAGG
+    ) -> None:
         if heartbeat_timeout <= 0:
             raise ValueError(f"heartbeat_timeout must be positive, got {heartbeat_timeout}")
         self.heartbeat_timeout = heartbeat_timeout
+        self.disagg = check_mode(disagg)
         self.block_size = block_size
         self.loads = LoadTracker()
         self._workers: dict[str, WorkerInfo] = {}
@@ -131,14 +138,18 @@ class WorkerRegistry:
     def workers(self) -> list[WorkerInfo]:
         return sorted(self._workers.values(), key=lambda w: w.worker_id)
 
-    def live(self, role: str) -> list[WorkerInfo]:
-        return [w for w in self.workers() if w.role == role and w.state is WorkerState.LIVE]
+    def live(self, *roles: str) -> list[WorkerInfo]:
+        return [w for w in self.workers() if w.role in roles and w.state is WorkerState.LIVE]
+
+    def can_serve(self) -> bool:
+        """Some path is open (see the module docstring)."""
+        return self.max_model_len() is not None
 
     def is_healthy(self) -> bool:
-        """At least one live prefill and one live decode worker, and no registered worker down."""
+        """Requests can be served and no registered worker is down."""
         if any(w.state is not WorkerState.LIVE for w in self._workers.values()):
             return False
-        return bool(self.live("prefill")) and bool(self.live("decode"))
+        return self.can_serve()
 
     def prefill_loads(self) -> list[PrefillLoad]:
         out = []
@@ -150,21 +161,37 @@ class WorkerRegistry:
             out.append(PrefillLoad(w.worker_id, queued, self.loads.in_flight(w.worker_id)))
         return out
 
-    def decode_loads(self) -> list[DecodeLoad]:
-        out = []
-        for w in self.live("decode"):
-            hb = w.heartbeat
-            total = hb.num_total_blocks if hb else w.reg.num_kv_blocks
-            free = (hb.num_free_blocks if hb else total) - self.loads.blocks_since_heartbeat(w.worker_id)
-            reported = (hb.num_running + hb.num_waiting) if hb else 0
-            running = max(reported, self.loads.in_flight(w.worker_id))
-            out.append(DecodeLoad(w.worker_id, free, total, running, w.reg.block_size, w.reg.max_model_len))
-        return out
+    def decode_loads(self, roles: tuple[str, ...] = DECODE_TARGET_ROLES) -> list[DecodeLoad]:
+        """Live workers of `roles` (default: every decode target) with their decode and prefill load."""
+        return [self._decode_load(w) for w in self.live(*roles)]
+
+    def local_loads(self) -> list[DecodeLoad]:
+        """The workers the `--disagg` mode lets prefill a request themselves."""
+        return self.decode_loads(local_roles(self.disagg))
+
+    def _decode_load(self, w: WorkerInfo) -> DecodeLoad:
+        hb, tally = w.heartbeat, self.loads
+        total = hb.num_total_blocks if hb else w.reg.num_kv_blocks
+        free = (hb.num_free_blocks if hb else total) - tally.blocks_since_heartbeat(w.worker_id)
+        reported = (hb.num_running + hb.num_waiting) if hb else 0
+        in_flight = tally.in_flight(w.worker_id)
+        queued = max(hb.queued_prefill_tokens if hb else 0, tally.outstanding_prefill_tokens(w.worker_id))
+        return DecodeLoad(
+            w.worker_id,
+            free,
+            total,
+            max(reported, in_flight),
+            w.reg.block_size,
+            w.reg.max_model_len,
+            queued_prefill_tokens=queued,
+            in_flight=in_flight,
+        )
 
     def max_model_len(self) -> int | None:
-        """The longest sequence some live prefill and some live decode worker can both take."""
+        """The longest sequence some open path can take (None: no path is open)."""
+        lengths = [w.reg.max_model_len for w in self.live(*local_roles(self.disagg))]
         prefill = [w.reg.max_model_len for w in self.live("prefill")]
-        decode = [w.reg.max_model_len for w in self.live("decode")]
-        if not prefill or not decode:
-            return None
-        return min(max(prefill), max(decode))
+        decode = [w.reg.max_model_len for w in self.live(*DECODE_TARGET_ROLES)]
+        if remote_allowed(self.disagg) and prefill and decode:
+            lengths.append(min(max(prefill), max(decode)))
+        return max(lengths) if lengths else None

@@ -123,7 +123,7 @@ def test_mixed_worker_generates_over_its_command_socket(tiny_model_dirs, inbox) 
         push.connect(reg.command_addr)
         prompt = [(i * 37 + 11) % 500 for i in range(40)]
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-        push.send(encode(GenerateRequest("g1", prompt, params.to_dict(), None)))
+        push.send(encode(GenerateRequest("g1", prompt, params, None)))
         outs = [receive(pull, TokenOutput, proc)]
         while outs[-1].finish_reason is None:
             outs.append(receive(pull, TokenOutput, proc))

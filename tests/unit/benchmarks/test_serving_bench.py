@@ -31,6 +31,7 @@ from benchmarks.serving import (
     shared_prefix_workload,
     summarize,
 )
+from router.router_metrics import RouterMetrics
 
 FIRST_TOKEN_DELAY_S = 0.05
 CACHE_PROBE = 16
@@ -129,6 +130,7 @@ class FakeState:
     seen_prefixes: set[tuple] = field(default_factory=set)
     in_flight: int = 0
     max_in_flight: int = 0
+    metrics: RouterMetrics = field(default_factory=RouterMetrics)  # the router's real exposition
 
 
 def _sse(payload) -> bytes:
@@ -168,13 +170,19 @@ def make_app(state: FakeState) -> web.Application:
             choice = {"index": 0, "text": "tok", "logprobs": None, "finish_reason": finish}
             await resp.write(_sse({"object": "text_completion", "choices": [choice], "usage": None}))
             await asyncio.sleep(0.005)
+        state.metrics.stage_seconds.observe(0.004, stage="prefill")  # as a pdserve router records stages
+        state.metrics.stage_seconds.observe(0.2, stage="decode")
         usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
         await resp.write(_sse({"object": "text_completion", "choices": [], "usage": usage}))
         await resp.write(_sse("[DONE]"))
         return resp
 
+    async def metrics(_request):
+        return web.Response(text=state.metrics.registry.render())
+
     app = web.Application()
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
     return app
@@ -237,3 +245,30 @@ def test_cli_writes_json(fake_server, tmp_path, capsys):
     assert doc["args"]["request_rate"] is None and doc["summary"]["completed"] == 6
     assert doc["summary"]["goodput_per_s"] > 0 and doc["errors"] == []
     assert "output_tokens_per_s" in capsys.readouterr().out
+
+
+def test_client_processes_share_the_workload(fake_server):
+    base_url, state = fake_server
+    workload = random_workload(12, input_len=8, output_len=4, seed=1)
+    cfg = RunConfig(base_url, model="m", request_rate=200.0, max_concurrency=4, client_procs=3)
+    results, duration = asyncio.run(run_benchmark(cfg, workload))
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert [r.prompt_tokens for r in results] == [8] * 12 and sum(r.output_tokens for r in results) == 48
+    assert sorted(tuple(b["prompt"]) for b in state.bodies) == sorted(tuple(w.prompt) for w in workload)
+    assert state.max_in_flight <= 6  # each of the 3 processes caps its share: ceil(4 / 3) = 2
+    assert duration < 30
+    with pytest.raises(ValueError, match="client_procs"):
+        RunConfig(base_url, client_procs=0)
+
+
+def test_cli_prints_the_runs_stage_breakdown(fake_server, tmp_path, capsys):
+    base_url, state = fake_server
+    state.metrics.stage_seconds.observe(9.0, stage="prefill")  # before the run: must not count
+    out = tmp_path / "result.json"
+    argv = ["--base-url", base_url, "--num-prompts", "4", "--input-len", "8", "--output-len", "3"]
+    assert serving.main(argv + ["--json-out", str(out), "--client-procs", "2"]) == 0
+    stages = json.loads(out.read_text())["stages"]
+    assert stages["prefill"]["count"] == 4 and stages["prefill"]["mean_ms"] == pytest.approx(4.0)
+    assert stages["decode"]["count"] == 4 and 100 < stages["decode"]["p50_ms"] <= 250  # in (0.1, 0.25]
+    printed = capsys.readouterr().out
+    assert "stage" in printed and "prefill" in printed and "p99_ms" in printed

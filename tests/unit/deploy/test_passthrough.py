@@ -33,3 +33,12 @@ def test_mixed_flag(capsys):
     with pytest.raises(SystemExit) as exc:
         parse_args(["--model", model, "--decode", "0"])
     assert exc.value.code == 2 and "could decode" in capsys.readouterr().err
+
+
+def test_disagg_flags_reach_the_router_and_bad_modes_fail_in_the_launcher(capsys):
+    model = str(prepare_default_model(progress=False))
+    plan = parse_args(["--model", model, "--disagg", "auto", "--disagg-stall-weight", "0.5"])
+    assert plan.router_argv == ("--disagg", "auto", "--disagg-stall-weight", "0.5")
+    with pytest.raises(SystemExit):
+        parse_args(["--model", model, "--disagg", "sometimes"])
+    assert "--disagg" in capsys.readouterr().err

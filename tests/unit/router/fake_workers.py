@@ -1,8 +1,9 @@
-"""Scripted prefill/decode workers speaking the real wire protocol (ZMQ + common.messages).
+"""Scripted prefill/decode/mixed workers speaking the real wire protocol (ZMQ + common.messages).
 
 They "generate" a fixed reply (a list of token ids) so the router can be tested end to end without a
 model: registration, heartbeats, PrefillRequest -> first token -> DecodeRequest -> remaining tokens,
-cache events and snapshots, Abort, and failure injection.
+GenerateRequest (a decode or mixed worker prefills itself and streams from index 0), cache events
+(prefill and mixed workers) and snapshots, Abort, stage timings, and failure injection.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from common.logprobs import TokenLogprob
 from common.messages import (
     Abort,
     DecodeRequest,
+    GenerateRequest,
     KVEventBatch,
     Message,
     PrefillRequest,
@@ -33,6 +35,7 @@ from common.messages import (
     decode,
     encode,
 )
+from common.sampling_params import SamplingParams
 
 
 @dataclass
@@ -43,13 +46,16 @@ class Script:
     eos_id: int = 2
     first_token_delay: float = 0.0  # prefill: delay index 0 so decode tokens arrive first
     token_delay: float = 0.0  # decode: pause between tokens
-    fail_retryable: bool = False  # prefill: answer RequestFailed(retryable=True)
-    silent: bool = False  # prefill: accept the request and never answer
+    fail_retryable: bool = False  # prefill / generate: answer RequestFailed(retryable=True)
+    silent: bool = False  # prefill / generate: accept the request and never answer
     block_size: int = 16
     probe_hash: int | None = None  # None: the correct probe hash
     heartbeat_interval: float = 0.05
     max_model_len: int = 4096
     num_kv_blocks: int = 1000
+    num_running: int = 0  # heartbeat figures
+    queued_prefill_tokens: int = 0
+    timings: dict[str, float] | None = None  # reported once per request (on the first message sent)
 
 
 class FakeWorker:
@@ -73,7 +79,7 @@ class FakeWorker:
         self._cmd.bind("tcp://127.0.0.1:*")
         self.command_addr = self._cmd.getsockopt_string(zmq.LAST_ENDPOINT)
         self.events_addr = None
-        if self.role == "prefill":
+        if self.role in ("prefill", "mixed"):
             self._pub = self._socket(zmq.PUB)
             self._pub.bind("tcp://127.0.0.1:*")
             self.events_addr = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -128,7 +134,8 @@ class FakeWorker:
         while True:
             if self.heartbeats_on:
                 s = self.script
-                hb = WorkerHeartbeat(self.worker_id, s.num_kv_blocks, s.num_kv_blocks, 0, 0, 0, 0.0)
+                blocks, running, queued = s.num_kv_blocks, s.num_running, s.queued_prefill_tokens
+                hb = WorkerHeartbeat(self.worker_id, blocks, blocks, 0, running, queued, 0.0)
                 await self.send(hb)
             await asyncio.sleep(self.script.heartbeat_interval)
 
@@ -140,6 +147,8 @@ class FakeWorker:
                 asyncio.create_task(self._prefill(msg))
             elif isinstance(msg, DecodeRequest):
                 asyncio.create_task(self._decode(msg))
+            elif isinstance(msg, GenerateRequest):
+                asyncio.create_task(self._generate(msg))
             elif isinstance(msg, SnapshotRequest):
                 await self.send(Snapshot(self.worker_id, self.seq, sorted(self.hashes)))
 
@@ -150,12 +159,7 @@ class FakeWorker:
         if s.fail_retryable:
             await self.send(RequestFailed(req.request_id, self.worker_id, "out of blocks", True))
             return
-        hashes = block_hashes(req.prompt_token_ids, s.block_size)
-        cached = next((i for i, h in enumerate(hashes) if h not in self.hashes), len(hashes))
-        new = [h for h in hashes if h not in self.hashes]
-        if new:
-            self.hashes.update(new)
-            await self.publish([BlockStored(tuple(new), hashes[cached - 1] if cached else None)])
+        cached = await self._cache_prompt(req.prompt_token_ids)
         first = s.reply[0]
         max_tokens = req.sampling.max_tokens
         done = "stop" if first == s.eos_id else ("length" if max_tokens == 1 else None)
@@ -184,8 +188,33 @@ class FakeWorker:
             n_prompt,
             cached * s.block_size,
             logprobs=logprobs,
+            timings=s.timings,
         )
         await self.send(out)
+
+    async def _cache_prompt(self, prompt: list[int]) -> int:
+        """Leading blocks already held; the rest are added (and published by workers with events)."""
+        s = self.script
+        hashes = block_hashes(prompt, s.block_size)
+        cached = next((i for i, h in enumerate(hashes) if h not in self.hashes), len(hashes))
+        new = [h for h in hashes if h not in self.hashes]
+        if new:
+            self.hashes.update(new)
+            if self.events_addr is not None:
+                await self.publish([BlockStored(tuple(new), hashes[cached - 1] if cached else None)])
+        return cached
+
+    async def _generate(self, req: GenerateRequest) -> None:
+        """A decode/mixed worker prefilling the prompt itself: every token from index 0, one stream."""
+        s = self.script
+        if s.silent:
+            return
+        if s.fail_retryable:
+            await self.send(RequestFailed(req.request_id, self.worker_id, "out of blocks", True))
+            return
+        cached = await self._cache_prompt(req.prompt_token_ids)
+        await asyncio.sleep(s.first_token_delay)
+        await self._stream(req.request_id, req.prompt_token_ids, req.sampling, 0, cached * s.block_size)
 
     def _peer(self, addr: str) -> zmq.asyncio.Socket:
         if addr not in self._peers:
@@ -194,27 +223,37 @@ class FakeWorker:
         return self._peers[addr]
 
     async def _decode(self, req: DecodeRequest) -> None:
+        await self._stream(req.request_id, req.prompt_token_ids, req.sampling, 1, 0)
+
+    async def _stream(
+        self, request_id: str, prompt: list[int], sampling: SamplingParams, start: int, cached_tokens: int
+    ) -> None:
+        """Tokens `start`.. of the reply, one message each; a remote decode reports a KV transfer."""
         s = self.script
-        max_tokens = req.sampling.max_tokens
-        want_logprobs = req.sampling.logprobs is not None
-        for index in range(1, max_tokens):
-            if any(isinstance(m, Abort) and m.request_id == req.request_id for m in self.received):
+        max_tokens = sampling.max_tokens
+        want_logprobs = sampling.logprobs is not None
+        timings = s.timings
+        for index in range(start, max_tokens):
+            if any(isinstance(m, Abort) and m.request_id == request_id for m in self.received):
                 return
             token = s.reply[index % len(s.reply)]
             finish = "stop" if token == s.eos_id else ("length" if index == max_tokens - 1 else None)
             logprobs = [TokenLogprob(-0.5, ((token, -0.5), (7, -1.5)))] if want_logprobs else None
+            transfer = index == 1 and start == 1
             out = TokenOutput(
-                req.request_id,
+                request_id,
                 self.worker_id,
                 index,
                 [token],
                 finish,
-                len(req.prompt_token_ids),
-                0,
+                len(prompt),
+                cached_tokens if index == 0 else 0,
                 logprobs=logprobs,
-                kv_transfer_bytes=1024 if index == 1 else 0,
-                kv_transfer_seconds=0.001 if index == 1 else 0.0,
+                kv_transfer_bytes=1024 if transfer else 0,
+                kv_transfer_seconds=0.001 if transfer else 0.0,
+                timings=timings,
             )
+            timings = None
             await self.send(out)
             if finish:
                 return

@@ -36,12 +36,12 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: st
 
 
 def cluster_ready(router: Router, worker_ids: list[str]) -> bool:
-    """Every worker registered and live, and every prefill worker's index view synced."""
+    """Every worker registered and live, and the index view of every worker with events synced."""
     for worker_id in worker_ids:
         info = router.registry.get(worker_id)
         if info is None or info.heartbeat is None:
             return False
-        if info.role == "prefill" and router.index.awaiting_snapshot(worker_id):
+        if info.reg.events_addr is not None and router.index.awaiting_snapshot(worker_id):
             return False
     return True
 

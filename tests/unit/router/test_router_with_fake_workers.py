@@ -315,3 +315,14 @@ def test_context_window_is_enforced(model_dir, tokenizer) -> None:
 
     short = Script(max_model_len=256)
     _run(model_dir, tokenizer, _pd(tokenizer, prefill=short, decode=Script(max_model_len=256)), check)
+
+
+def test_tokens_waiting_together_leave_in_one_sse_chunk(model_dir, tokenizer) -> None:
+    async def check(h):
+        r = await h.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 100, "stream": True})
+        text_chunks = [e for e in _sse_events(r.text)[:-1] if e["choices"] and e["choices"][0]["text"]]
+        # every decode token was buffered behind the late first token: one chunk carries them all
+        assert len(text_chunks) == 1 and text_chunks[0]["choices"][0]["text"] == REPLY_TEXT
+        assert text_chunks[0]["choices"][0]["finish_reason"] == "stop"
+
+    _run(model_dir, tokenizer, _pd(tokenizer, prefill=Script(first_token_delay=0.3)), check)
