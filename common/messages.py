@@ -19,7 +19,7 @@ The protocol -- who sends what, on which socket, and when -- is written out in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, ClassVar
 
 import msgpack
@@ -180,6 +180,54 @@ class TokenOutput(Message):
             raise MessageError(f"logprobs must have one entry per token ({n}), got {got}")
         if self.timings is not None:
             check_timings(self.timings)
+
+
+@dataclass
+class TokenBatch(Message):
+    """Any worker -> router inbox: one engine step's plain tokens for many requests, as columns.
+
+    Row i means what `TokenOutput(request_ids[i], worker_id, indexes[i], token_ids[i], None,
+    num_prompt_tokens[i], 0)` means. Only such mid-stream rows travel here; a request's first and last
+    message, and any with logprobs, timings or transfer figures, stay TokenOutputs. One message per step
+    instead of one per request is what lets a decode worker stream a few hundred sequences at a few
+    milliseconds per step without its engine thread spending that step building messages."""
+
+    TYPE: ClassVar[str] = "token_batch"
+    worker_id: Id
+    request_ids: list[str]
+    indexes: Annotated[list[int], at_least(0)]
+    token_ids: list[list[int]]
+    num_prompt_tokens: Annotated[list[int], at_least(0)]
+
+    def validate(self) -> None:
+        n = len(self.request_ids)
+        for name in ("indexes", "token_ids", "num_prompt_tokens"):
+            if len(getattr(self, name)) != n:
+                raise MessageError(f"{name} must have one entry per request id ({n})")
+        if not all(self.request_ids):
+            raise MessageError("request_ids must not contain an empty id")
+        for ids in self.token_ids:
+            if not ids or min(ids) < 0:
+                raise MessageError("token_ids rows must be non-empty lists of ids >= 0")
+
+    def outputs(self) -> list[TokenOutput]:
+        """The rows as TokenOutputs. The batch was checked as a whole, so the rows skip the per-message
+        checks (this is the router's hot path)."""
+        out = []
+        for rid, index, ids, prompt in zip(
+            self.request_ids, self.indexes, self.token_ids, self.num_prompt_tokens, strict=True
+        ):
+            row = TokenOutput.__new__(TokenOutput)
+            row.__dict__.update(_ROW_DEFAULTS)
+            row.request_id, row.worker_id, row.index, row.token_ids = rid, self.worker_id, index, ids
+            row.num_prompt_tokens = prompt
+            out.append(row)
+        return out
+
+
+# A TokenBatch row's other fields: TokenOutput's defaults, and those of a plain mid-stream token.
+_ROW_DEFAULTS = {f.name: f.default for f in fields(TokenOutput) if f.default is not MISSING}
+_ROW_DEFAULTS.update(finish_reason=None, cached_tokens=0)
 
 
 @dataclass

@@ -14,6 +14,7 @@ them locally if the transfer fails.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -146,6 +147,7 @@ class Scheduler:
             self.block_manager.admit(seq, match, match.num_tokens + n)
             if seq.num_preemptions == 0 and seq.admit_order < 0:
                 seq.num_prefix_hit_tokens = match.num_tokens
+                seq.first_scheduled_at = time.monotonic()
             seq.admit_order = next(self._admit_counter)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

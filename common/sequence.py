@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Iterable
 from itertools import count
 from typing import TYPE_CHECKING
@@ -68,6 +69,9 @@ class Sequence:
         self.num_registered_blocks = 0  # leading blocks whose hashes the block manager has registered
         self.block_hashes: list[int] = []
         self.admit_order = -1
+        # Monotonic times for the per-stage breakdown: made (request received), first admitted.
+        self.created_at = time.monotonic()
+        self.first_scheduled_at: float | None = None
         self.num_preemptions = 0
         self.num_pending_tokens = 0  # trailing placeholders whose values are still on the device
         self.num_draft_tokens = 0  # trailing speculative proposals being verified this step

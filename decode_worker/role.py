@@ -10,7 +10,9 @@ Two commands start a request here:
   the prompt is computed here, reusing this worker's cached prefix, and tokens are sent from index 0;
   the first message carries `cached_tokens` (the prefix hit). Until that first token it fails as a
   prefill worker would (RequestFailed, e.g. a deadline), afterwards it ends as a decode does.
-Either way: one TokenOutput per request per step, index = completion position of its first token.
+Either way: each step's tokens go out in one message per step, index = completion position of a
+message's first token: plain mid-stream tokens as the rows of one TokenBatch, a request's first and
+last message (and any with logprobs) as a TokenOutput.
 
 Aborting a sequence whose transfer is in flight is deferred until the receiver reports it: until
 then the transfer may still write its destination blocks, so they must not go back to the pool.
@@ -27,13 +29,14 @@ not take PrefillRequests (handing blocks off is the prefill role's job).
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
 from common.llm_engine import StepResult
-from common.messages import DecodeRequest, GenerateRequest, Message, TokenOutput
+from common.messages import DecodeRequest, GenerateRequest, Message, TokenBatch, TokenOutput
 from common.sequence import Sequence, SequenceStatus
-from common.worker.outputs import wire_logprobs
+from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
 from kvtransfer import KVTransferConfig, TransferResult, TransferStatus
@@ -52,6 +55,8 @@ class DecodeJob:
     kv_seconds: float = 0.0
     kv_reported: bool = False
     abort_when_settled: bool = False  # aborted while its transfer may still write the blocks
+    fetch_started_at: float | None = None  # monotonic, for the stage breakdown
+    fetch_done_at: float | None = None
 
 
 class DecodeRole(WorkerRole):
@@ -129,10 +134,27 @@ class DecodeRole(WorkerRole):
                 tokens.setdefault(rid, []).append(update.new_token_id)
                 if update.finished:
                     finished.add(rid)
+        rows: tuple[list, list, list, list] = ([], [], [], [])
         for rid, ids in tokens.items():
-            self._send_tokens(self.jobs[rid], ids, rid in finished)
+            job = self.jobs[rid]
+            if rid in finished or not self._plain(job):
+                self._send_tokens(job, ids, rid in finished)
+            else:  # the common case: one row of this step's batch
+                for column, value in zip(
+                    rows, (rid, job.next_index, ids, job.seq.num_prompt_tokens), strict=True
+                ):
+                    column.append(value)
+                job.next_index += len(ids)
             if rid in finished:
                 del self.jobs[rid]
+        if rows[0]:
+            self.ctx.channels.to_router(TokenBatch(self.ctx.worker_id, *rows))
+
+    @staticmethod
+    def _plain(job: DecodeJob) -> bool:
+        """Whether the job's next tokens carry nothing but tokens (no first-message figures, no
+        logprobs): those travel as rows of a TokenBatch."""
+        return job.kv_reported and job.next_index > 0 and job.seq.sampling_params.logprobs is None
 
     def expire(self, now: float) -> None:
         for rid, job in list(self.jobs.items()):
@@ -165,6 +187,7 @@ class DecodeRole(WorkerRole):
     def _start_fetch(self, job: DecodeJob) -> None:
         req, seq = job.request, job.seq
         dst = self.engine.prompt_block_ids(seq)  # as many as src_block_ids: see `transferable`
+        job.fetch_started_at = time.monotonic()
         error = self.kv.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst)
         if error is not None:
             log.warning("%s: cannot fetch KV (%s); recomputing the prompt here", req.request_id, error)
@@ -179,6 +202,7 @@ class DecodeRole(WorkerRole):
             self.engine.abort([result.request_id])
         elif result.status is TransferStatus.DONE:
             job.kv_bytes, job.kv_seconds = result.num_bytes, result.seconds
+            job.fetch_done_at = time.monotonic()
             self.engine.complete_transfer(job.seq)
         else:
             log.warning("%s: KV transfer failed (%s); recomputing here", result.request_id, result.error)
@@ -187,7 +211,8 @@ class DecodeRole(WorkerRole):
     def _send_tokens(self, job: DecodeJob, token_ids: list[int], finished: bool) -> None:
         seq = job.seq
         # Transfer figures go out once per request (the router sums what it gets).
-        kv_bytes, kv_seconds = (0, 0.0) if job.kv_reported else (job.kv_bytes, job.kv_seconds)
+        first_reported = job.kv_reported
+        kv_bytes, kv_seconds = (0, 0.0) if first_reported else (job.kv_bytes, job.kv_seconds)
         job.kv_reported = True
         msg = TokenOutput(
             request_id=job.request.request_id,
@@ -200,9 +225,22 @@ class DecodeRole(WorkerRole):
             logprobs=wire_logprobs(seq, len(token_ids)),
             kv_transfer_bytes=kv_bytes,
             kv_transfer_seconds=kv_seconds,
+            timings=None if first_reported else self._timings(job),
         )
         job.next_index += len(token_ids)
         self.ctx.channels.to_router(msg)
+
+    def _timings(self, job: DecodeJob) -> dict[str, float] | None:
+        """Stage seconds for the request's first message from this worker."""
+        seq, now = job.seq, time.monotonic()
+        if isinstance(job.request, GenerateRequest):
+            return prefill_timings(seq, now)
+        if job.fetch_started_at is None or job.fetch_done_at is None:
+            return None  # recomputed here: the transfer never happened
+        return {
+            "decode_admission": job.fetch_started_at - seq.created_at,
+            "transfer": job.fetch_done_at - job.fetch_started_at,
+        }
 
 
 class MixedRole(DecodeRole):

@@ -12,12 +12,13 @@ A request's life here: PrefillRequest -> engine (role "prefill") -> first token 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from common.llm_engine import StepResult
 from common.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
 from common.sequence import Sequence
-from common.worker.outputs import wire_logprobs
+from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.peers import KVSenderSet
@@ -115,6 +116,7 @@ class PrefillRole(WorkerRole):
             num_prompt_tokens=seq.num_prompt_tokens,
             cached_tokens=seq.num_prefix_hit_tokens,
             logprobs=wire_logprobs(seq, 1),
+            timings=prefill_timings(seq, time.monotonic()),
         )
         self.ctx.channels.to_router(msg)
 

@@ -31,6 +31,7 @@ from common.messages import (
     Shutdown,
     Snapshot,
     SnapshotRequest,
+    TokenBatch,
     TokenOutput,
     WorkerHeartbeat,
     WorkerRegister,
@@ -151,8 +152,14 @@ class ClusterClient:
             log.warning("dropping malformed inbox message: %s", e)
             return
         try:
-            if type(msg) is TokenOutput:
-                self._route(msg)  # the hot path: no coroutine per token
+            if type(msg) is TokenBatch:  # the hot path: one message per decode step
+                if self.registry.get(msg.worker_id) is not None:
+                    for row in msg.outputs():
+                        self._deliver(row)
+                else:
+                    log.warning("dropping a token batch from unknown worker %r", msg.worker_id)
+            elif type(msg) is TokenOutput:
+                self._route(msg)  # no coroutine per token
             else:
                 await self._handle(msg)
         except Exception:  # one bad message must never stop the router's inbox
@@ -162,6 +169,9 @@ class ClusterClient:
         if self.registry.get(msg.worker_id) is None:  # only registered workers speak for requests
             log.warning("dropping %s for %s from unknown worker %r", msg.TYPE, msg.request_id, msg.worker_id)
             return
+        self._deliver(msg)
+
+    def _deliver(self, msg: TokenOutput | RequestFailed) -> None:
         stream = self._streams.get(msg.request_id)
         if stream is not None:  # else: the request already ended (aborted); late tokens are dropped
             stream.put(msg)

@@ -14,3 +14,9 @@ def wire_logprobs(seq: Sequence, num_tokens: int) -> list[TokenLogprob] | None:
     if len(entries) != num_tokens:  # should not happen; better no logprobs than a malformed message
         return None
     return entries
+
+
+def prefill_timings(seq: Sequence, now: float) -> dict[str, float]:
+    """Stage seconds of a prompt computed here, at its first token: waiting, then computing it."""
+    started = seq.first_scheduled_at if seq.first_scheduled_at is not None else now
+    return {"prefill_queue": max(started - seq.created_at, 0.0), "prefill": max(now - started, 0.0)}

@@ -39,6 +39,7 @@ EXAMPLES: list[m.Message] = [
     m.GenerateRequest("r1", [1, 2, 3], SamplingParams(stop=["x"], seed=2**63 - 1, logprobs=2), 9.5),
     m.DecodeRequest("r1", [1, 2, 3], 7, GREEDY, {"transport": "tcp"}, [4, 5], "prefill-0", 12.5),
     m.TokenOutput("r1", "prefill-0", 0, [7], None, 3, 0),
+    m.TokenBatch("decode-0", ["r1", "r2"], [3, 1], [[8], [9, 10]], [3, 40]),
     m.TokenOutput(
         "r1",
         "decode-0",
@@ -284,3 +285,18 @@ def test_mutated_valid_messages_never_crash(msg: m.Message, data: st.DataObject)
         return  # msgpack itself cannot carry this value
     with contextlib.suppress(MessageError):
         decode(data_bytes)
+
+
+def test_a_token_batch_means_its_rows_as_token_outputs() -> None:
+    batch = decode(encode(m.TokenBatch("decode-0", ["r1", "r2"], [3, 1], [[8], [9, 10]], [3, 40])))
+    assert isinstance(batch, m.TokenBatch)
+    assert batch.outputs() == [
+        m.TokenOutput("r1", "decode-0", 3, [8], None, 3, 0),
+        m.TokenOutput("r2", "decode-0", 1, [9, 10], None, 40, 0),
+    ]
+    with pytest.raises(MessageError, match="one entry per request id"):
+        m.TokenBatch("d", ["r1", "r2"], [3], [[8], [9]], [3, 4])
+    with pytest.raises(MessageError, match="token_ids rows"):
+        m.TokenBatch("d", ["r1"], [3], [[]], [3])
+    with pytest.raises(MessageError, match="empty id"):
+        m.TokenBatch("d", [""], [3], [[1]], [3])

@@ -11,7 +11,7 @@ import queue
 import time
 
 from common.config import EngineConfig
-from common.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
+from common.messages import DecodeRequest, Message, PrefillRequest, TokenBatch, TokenOutput
 from common.sampling_params import SamplingParams
 from common.worker.config import WorkerConfig
 from common.worker.engine_factory import build_engine
@@ -37,7 +37,15 @@ class FakeChannels:
         self.events.append(msg)
 
     def of_type(self, cls: type) -> list:
-        return [m for m in self.router if isinstance(m, cls)]
+        """Messages of `cls` sent to the router; asked for TokenOutputs, a TokenBatch counts as its
+        rows, in order (what the router itself does with one)."""
+        out = []
+        for m in self.router:
+            if cls is TokenOutput and isinstance(m, TokenBatch):
+                out += m.outputs()
+            elif isinstance(m, cls):
+                out.append(m)
+        return out
 
     def close(self) -> None:
         pass

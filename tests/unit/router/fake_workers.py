@@ -29,6 +29,7 @@ from common.messages import (
     RequestFailed,
     Snapshot,
     SnapshotRequest,
+    TokenBatch,
     TokenOutput,
     WorkerHeartbeat,
     WorkerRegister,
@@ -228,7 +229,8 @@ class FakeWorker:
     async def _stream(
         self, request_id: str, prompt: list[int], sampling: SamplingParams, start: int, cached_tokens: int
     ) -> None:
-        """Tokens `start`.. of the reply, one message each; a remote decode reports a KV transfer."""
+        """Tokens `start`.. of the reply, one message each (plain mid-stream ones as one-row TokenBatches,
+        as the real decode worker sends them); a remote decode reports a KV transfer."""
         s = self.script
         max_tokens = sampling.max_tokens
         want_logprobs = sampling.logprobs is not None
@@ -240,6 +242,11 @@ class FakeWorker:
             finish = "stop" if token == s.eos_id else ("length" if index == max_tokens - 1 else None)
             logprobs = [TokenLogprob(-0.5, ((token, -0.5), (7, -1.5)))] if want_logprobs else None
             transfer = index == 1 and start == 1
+            if not (finish or logprobs or transfer or timings or index == start):
+                # A plain mid-stream token: the real decode worker sends these as TokenBatch rows.
+                await self.send(TokenBatch(self.worker_id, [request_id], [index], [[token]], [len(prompt)]))
+                await asyncio.sleep(s.token_delay)
+                continue
             out = TokenOutput(
                 request_id,
                 self.worker_id,
