@@ -5,7 +5,8 @@
 Reads LOG_DIR/offline.json (benchmarks/offline.py) and LOG_DIR/<setup>/<workload>.json
 (benchmarks/serving.py) with the router's /metrics scraped before and after each workload, and prints
 output tok/s, TTFT and TPOT p50/p99, the KV moved and its rate, the mean time per stage (router queue,
-prefill queue, prefill, transfer, decode admission, decode) and the disaggregation decisions. Ends with
+prefill queue, prefill, transfer, decode admission, decode) and the disaggregation decisions. For the interference
+workload TTFT is the long prompts' and TPOT the chat requests'. Ends with
 the summary line `disaggregated H200x2 1P+1D: N tok/s (offline one GPU: M tok/s)` (N: 1P+1D over nccl on
 the random workload).
 """
@@ -68,7 +69,9 @@ def rows(log: Path) -> list[dict]:
     for path in sorted(log.glob("*/*.json")):
         setup, workload = path.parent.name, path.stem
         doc = json.loads(path.read_text())
-        s = doc["summary"]
+        s, by_kind = doc["summary"], doc.get("by_kind") or {}
+        # Interference: TPOT of the steady chat stream, TTFT of the long prompts that disturb it.
+        tpot_of, ttft_of = by_kind.get("chat", s), by_kind.get("long", s)
         before, after = (log / setup / f"{workload}.metrics.{w}" for w in ("before", "after"))
         delta = {}
         if before.exists() and after.exists():
@@ -79,8 +82,8 @@ def rows(log: Path) -> list[dict]:
                 "setup": setup,
                 "workload": workload,
                 "tok_s": s["output_tokens_per_s"],
-                "ttft": (s["ttft_ms"]["p50"], s["ttft_ms"]["p99"]),
-                "tpot": (s["tpot_ms"]["p50"], s["tpot_ms"]["p99"]),
+                "ttft": (ttft_of["ttft_ms"]["p50"], ttft_of["ttft_ms"]["p99"]),
+                "tpot": (tpot_of["tpot_ms"]["p50"], tpot_of["tpot_ms"]["p99"]),
                 "failed": s["failed"],
                 "kv": (gb, gbps),
                 "stages": stage_means_ms(delta),

@@ -47,6 +47,7 @@ from benchmarks.serving_stats import (  # noqa: E402
     summarize,
 )
 from benchmarks.stage_metrics import format_breakdown, scrape, stage_breakdown  # noqa: E402
+from benchmarks.workloads import add_timed_args, run_timed  # noqa: E402
 
 __all__ = ["RequestResult", "format_table", "is_good", "json_safe", "percentile", "summarize"]  # re-exported
 
@@ -239,7 +240,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", required=True, help="the server's OpenAI base, e.g. http://HOST:PORT/v1")
     p.add_argument("--model", default=None, help="model name to send (default: the first of /models)")
-    p.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
+    p.add_argument(
+        "--workload", choices=["random", "shared-prefix", "interference", "multi-turn"], default="random"
+    )
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--input-len", type=int, default=512, help="random workload: prompt length")
     p.add_argument("--output-len", type=int, default=128)
@@ -256,6 +259,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
     p.add_argument("--client-procs", type=int, default=1, help="client processes sharing the requests")
     p.add_argument("--metrics-url", default=None, help="default: the base URL's /metrics (stage breakdown)")
     p.add_argument("--json-out", default=None)
+    add_timed_args(p)
     a = p.parse_args(argv)
     for name in ("num_prompts", "input_len", "output_len", "num_prefixes", "prefix_len", "suffix_len"):
         if getattr(a, name) < 1:
@@ -266,14 +270,27 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
         p.error(str(e))
 
 
+async def _run_timed(a: argparse.Namespace, cfg: RunConfig) -> tuple[dict, float]:
+    model = cfg.model or await _first_model(cfg)
+    return await run_timed(a, cfg.base_url, model, send_request, WorkloadRequest)
+
+
 def main(argv: list[str] | None = None) -> int:
     a, cfg = parse_args(argv)
     metrics_url = a.metrics_url or cfg.base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     before = scrape(metrics_url)
-    results, duration = asyncio.run(run_benchmark(cfg, build_workload(a)))
+    by_kind = {}
+    if a.workload in ("interference", "multi-turn"):  # time-driven, one client process
+        groups, duration = asyncio.run(_run_timed(a, cfg))
+        results = groups.pop("all")
+        by_kind = {k: summarize(v, duration, a.goodput_ttft_ms, a.goodput_tpot_ms) for k, v in groups.items()}
+    else:
+        results, duration = asyncio.run(run_benchmark(cfg, build_workload(a)))
     after = scrape(metrics_url) if before is not None else None
     summary = summarize(results, duration, a.goodput_ttft_ms, a.goodput_tpot_ms)
     print(format_table(summary))
+    for kind, figures in by_kind.items():
+        print(f"-- {kind} requests only --\n{format_table(figures)}")
     stages = stage_breakdown(before, after) if before is not None and after is not None else {}
     if stages:  # a pdserve router: where the time went, per stage
         print(format_breakdown(stages))
@@ -281,7 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         print(f"first error: {errors[0]}", file=sys.stderr)
     if a.json_out:
-        doc = {"args": vars(a), "summary": summary, "stages": stages, "errors": errors[:20]}
+        doc = {
+            "args": vars(a),
+            "summary": summary,
+            "by_kind": by_kind,
+            "stages": stages,
+            "errors": errors[:20],
+        }
         Path(a.json_out).write_text(json.dumps(json_safe(doc), indent=2))
     return 0 if summary["completed"] else 1
 

@@ -99,3 +99,53 @@ async def multi_turn(
     start = time.perf_counter()
     await asyncio.gather(*(conversation() for _ in range(num_conversations)))
     return results, time.perf_counter() - start
+
+
+async def run_timed(a, base_url: str, model: str, send_request, request_type) -> tuple[dict, float]:
+    """Run the `a.workload` time-driven workload against `base_url` with one client session.
+
+    `send_request(session, url, model, request, temperature)` and `request_type(prompt, max_tokens)` are
+    serving.py's, passed in so the HTTP side stays there. Returns results grouped by kind (plus "all")
+    and the wall time."""
+    import aiohttp
+
+    url = f"{base_url.rstrip('/')}/completions"
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=a.timeout_s)
+    ) as s:
+
+        async def send(turn: Turn):
+            return await send_request(
+                s, url, model, request_type(turn.prompt, turn.max_tokens), a.temperature
+            )
+
+        if a.workload == "interference":
+            tagged, seconds = await interference(
+                send,
+                a.duration,
+                a.chat_concurrency,
+                a.input_len,
+                a.output_len,
+                a.long_len,
+                a.long_rate,
+                a.seed,
+            )
+        else:
+            tagged, seconds = await multi_turn(
+                send, a.num_conversations, a.turns, a.input_len, a.output_len, a.max_concurrency or 64, a.seed
+            )
+    groups: dict[str, list] = {"all": [r for _, r in tagged]}
+    for kind, result in tagged:
+        groups.setdefault(kind, []).append(result)
+    return groups, seconds
+
+
+def add_timed_args(p) -> None:
+    """serving.py's flags for the interference and multi-turn workloads."""
+    p.add_argument("--duration", type=float, default=30.0, help="interference: seconds of chat traffic")
+    p.add_argument("--chat-concurrency", type=int, default=64, help="interference: chat clients")
+    p.add_argument("--long-len", type=int, default=6000, help="interference: long prompt length")
+    p.add_argument("--long-rate", type=float, default=1.0, help="interference: long prompts per second")
+    p.add_argument("--num-conversations", type=int, default=64, help="multi-turn: conversations")
+    p.add_argument("--turns", type=int, default=4, help="multi-turn: turns per conversation")
