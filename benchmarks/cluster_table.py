@@ -1,13 +1,14 @@
 """The table at the end of `benchmarks/gpu_cluster.sh`: one row per setup and workload.
 
-    python benchmarks/cluster_table.py LOG_DIR [--markdown]
+    python benchmarks/cluster_table.py LOG_DIR
 
 Reads LOG_DIR/offline.json (benchmarks/offline.py) and LOG_DIR/<setup>/<workload>.json
 (benchmarks/serving.py) with the router's /metrics scraped before and after each workload, and prints
 output tok/s, TTFT and TPOT p50/p99, the KV moved and its rate, the mean time per stage (router queue,
 prefill queue, prefill, transfer, decode admission, decode) and the disaggregation decisions. For the
-interference workload TTFT is the long prompts' and TPOT the chat requests'. Ends with the summary line `disaggregated H200x2 1P+1D: N tok/s (offline one GPU: M tok/s)` (N: 1P+1D over nccl on
-the random workload).
+interference workload TTFT is the long prompts' and TPOT the chat requests'. Ends with the summary
+line `disaggregated H200x2 1P+1D: N tok/s (offline one GPU: M tok/s)` (N: 1P+1D over nccl on the
+random workload).
 """
 
 from __future__ import annotations
