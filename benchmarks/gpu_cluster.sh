@@ -34,7 +34,7 @@ workload() {  # $1 workload, $2 json path
   case $1 in
     random) $BENCH --base-url "$URL" --num-prompts 512 --input-len 512 --output-len 128 \
         --max-concurrency 256 --json-out "$2" ;;
-    interference) $BENCH --base-url "$URL" --workload interference --duration 30 --chat-concurrency 64 \
+    interference) $BENCH --base-url "$URL" --workload interference --duration ${INTERF_S:-30} --chat-concurrency 64 \
         --input-len 256 --output-len 256 --long-len 6000 --long-rate 1 --json-out "$2" ;;
     multiturn) $BENCH --base-url "$URL" --workload multi-turn --num-conversations 64 --turns 4 \
         --input-len 512 --output-len 128 --max-concurrency 64 --json-out "$2" ;;
