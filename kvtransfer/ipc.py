@@ -7,13 +7,14 @@ and keeps the mapping. `publish()` waits until the engine's writes to the blocks
 then: the prefill engine has already read the sampled first token back) and returns a publication
 endpoint that binds the read to this request: its id, the sender's pid and the lease's end (Unix time).
 
-The receiver needs nothing more from the sender. `fetch()` only queues; `flush()` (and `poll()`) issues
-ONE gather/scatter per sender for every queued fetch on the receiver's copy stream, behind the engine's
-pending work on the destination blocks, and records an event; `poll()` reports the batch DONE once the
-event has fired and posts one `done` message per sender (which releases the publications there). So a
-hand-off costs the engine thread two tensor launches per batch, and neither engine ever waits on the
-other. A copy that would start or end past the lease (minus a margin), or whose sender process is gone,
-fails instead: the sender may have reused the blocks, so the decode worker recomputes.
+The receiver needs nothing more from the sender. `fetch()` only queues; `flush()` (and `poll()`)
+issues ONE block copy (a single-pass kernel, `block_copy.py`) per sender for every queued fetch, on the
+receiver's copy stream behind the engine's pending work on the destination blocks, and records an
+event; `poll()` reports the batch DONE once the event has fired and posts one `done` message per sender
+(which releases the publications there). So a hand-off costs the engine thread one kernel launch per
+batch, and neither engine ever waits on the other. A copy that would start or end past the lease
+(minus a margin), or whose sender process is gone, fails instead: the sender may have reused the
+blocks, so the decode worker recomputes.
 
 `cancel()` cannot stop a copy running in another process; it is meant for aborted requests, whose decode
 side is aborted too, so a copy racing with block reuse there is never used.
@@ -30,10 +31,11 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from .base import Endpoint, TransferResult, TransferStatus
+from .block_copy import copy_blocks
 from .config import KVTransferConfig
 from .device import wait_event
 from .jobs import Job
-from .layout import CacheLayout, dtype_from_name, gather, parse_block_ids, scatter
+from .layout import CacheLayout, dtype_from_name, parse_block_ids
 from .receiver import ZmqReceiver
 from .sender import FetchRejected, Publication, ZmqSender
 from .wire import DONE, FetchRequest, Header, ProtocolError, encode, encode_error
@@ -55,8 +57,6 @@ _HANDLE_KEYS = (
 # A copy must end this long before the sender's lease does: covers the time between our clock read and
 # the copy's last write, and the sender's I/O thread noticing the expiry late is on the safe side.
 LEASE_MARGIN_S = 1.0
-# Largest gather buffer of one copy launch: bounds the transient memory a big batch takes.
-MAX_COPY_BYTES = 256 << 20
 
 
 def export_cache(kv_cache: torch.Tensor) -> dict[str, Any]:
@@ -205,7 +205,7 @@ class IpcReceiver(ZmqReceiver):
         return None
 
     def _copy(self, jobs: list[Job]) -> None:
-        """One batched gather/scatter for `jobs` (all from one sender) on the copy stream."""
+        """One batched block copy for `jobs` (all from one sender) on the copy stream."""
         now = time.time()
         live = [j for j in jobs if self._still_valid(j, now)]
         if not live:
@@ -223,14 +223,10 @@ class IpcReceiver(ZmqReceiver):
         with self._stream.use():
             for job in live:
                 stream.wait_event(job.ready)  # the engine's earlier work on these dst blocks
-            src_ids = [b for j in live for b in j.src]
-            dst_ids = [b for j in live for b in j.dst]
-            step = max(1, MAX_COPY_BYTES // self._layout.block_bytes)
             device = self._kv.device
-            for first in range(0, len(src_ids), step):
-                s = torch.tensor(src_ids[first : first + step], device=device)
-                d = torch.tensor(dst_ids[first : first + step], device=device)
-                scatter(self._kv, d, gather(src, s))
+            src_ids = torch.tensor([b for j in live for b in j.src], device=device)
+            dst_ids = torch.tensor([b for j in live for b in j.dst], device=device)
+            copy_blocks(src, self._kv, src_ids, dst_ids)
             event = torch.cuda.Event()
             event.record(stream)
         expires = min(float(j.endpoint["expires_at"]) for j in live)

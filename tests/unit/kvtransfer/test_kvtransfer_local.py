@@ -139,3 +139,15 @@ def _wait_released(sender, timeout: float = 5.0):
             return released
         time.sleep(0.01)
     return []
+
+
+def test_block_copy_on_the_cpu_moves_exactly_the_named_blocks():
+    from kvtransfer.block_copy import copy_blocks
+
+    src = torch.randn(2, 2, 9, 4, 1, 8)
+    dst = torch.zeros(2, 2, 5, 4, 1, 8)
+    copy_blocks(src, dst, torch.tensor([8, 0, 4]), torch.tensor([1, 4, 0]))
+    assert torch.equal(dst[:, :, [1, 4, 0]], src[:, :, [8, 0, 4]])
+    assert dst[:, :, [2, 3]].abs().sum() == 0
+    with pytest.raises(ValueError, match="differ in length"):
+        copy_blocks(src, dst, torch.tensor([1, 2]), torch.tensor([0]))
