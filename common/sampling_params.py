@@ -74,6 +74,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Temperature 0: every token is the argmax (the one "is greedy" test of the project)."""
         return self.temperature == 0.0
 
     @property

@@ -224,12 +224,13 @@ class Scheduler:
 
     def _check_stops(self, seq: Sequence, new_tokens: list[int], defer_free: bool) -> list[SeqUpdate]:
         """One update per new token; the first stop ends `seq` there (later tokens are dropped)."""
-        first, cfg = len(seq) - seq.num_pending_tokens - len(new_tokens), self.config
-        updates = []
-        for j, token in enumerate(new_tokens):
-            reason = stop_reason(seq, token, first + j + 1, cfg.eos_token_ids, cfg.max_model_len)
+        cfg, updates = self.config, []
+        length = len(seq) - seq.num_pending_tokens - len(new_tokens)  # before the first new token
+        for token in new_tokens:
+            length += 1
+            reason = stop_reason(seq, token, length, cfg.eos_token_ids, cfg.max_model_len)
             if reason is not None:
-                seq.truncate(first + j + 1)
+                seq.truncate(length)
                 self.finish(seq, reason, defer_free)
                 updates.append(SeqUpdate(seq, token, finished=True))
                 return updates

@@ -128,8 +128,9 @@ class Sequence:
     # ---- verbs: the only writers of the token list and the cache counters -------------------------
     def schedule(self, num_tokens: int) -> None:
         """This step computes the next `num_tokens` uncached tokens."""
-        if not 0 <= num_tokens <= self.num_uncomputed_tokens:
-            raise ValueError(f"num_tokens must be in [0, {self.num_uncomputed_tokens}], got {num_tokens}")
+        room = len(self.token_ids) - self.num_cached_tokens
+        if not 0 <= num_tokens <= room:
+            raise ValueError(f"num_tokens must be in [0, {room}], got {num_tokens}")
         self.num_scheduled_tokens = num_tokens
 
     def commit_scheduled(self) -> None:

@@ -9,6 +9,7 @@ from common.runner.output import RunnerOutput
 from common.sampling_params import SamplingParams
 from common.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SeqUpdate
 from common.sequence import FinishReason, Sequence, SequenceStatus
+from common.speculative import NgramProposer, SpeculativeConfig
 
 BS = 4
 EOS = 3
@@ -177,3 +178,65 @@ def test_rejects_what_can_never_run():
         s.add(_seq(9))
     with pytest.raises(ValueError, match="at least one token"):
         s.add(Sequence([], SamplingParams(), BS))
+
+
+def _speculating(**params) -> tuple[Scheduler, Sequence]:
+    """A decoding sequence whose next step verifies the n-gram proposal [1, 2, 3]."""
+    s = _sched(budget=32)
+    s.proposer = NgramProposer(SpeculativeConfig(num_tokens=3), max_model_len=256)
+    seq = Sequence([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=20, ignore_eos=True, **params), BS)
+    s.add(seq)
+    _step(s, token=3)  # prefill; the sequence now ends with a third "1 2 3"
+    return s, seq
+
+
+def test_update_from_output_keeps_confirmed_drafts_only():
+    s, seq = _speculating()
+    batch = s.schedule()
+    assert batch.num_draft_tokens == 3 and seq.num_scheduled_tokens == 4
+    updates = s.update_from_output(batch.seqs, RunnerOutput([[1, 2, 9, 5]], [None]))
+    assert [u.new_token_id for u in updates] == [1, 2, 9]  # two drafts confirmed, then the correction
+    assert seq.completion_token_ids == [3, 1, 2, 9]
+    assert seq.num_cached_tokens == len(seq) - 1 and seq.num_draft_tokens == 0
+    assert (s.spec_stats.proposed, s.spec_stats.accepted) == (3, 2)
+
+
+def test_stop_inside_an_accepted_run_ends_the_output_there():
+    s, seq = _speculating(stop_token_ids=[2])
+    batch = s.schedule()
+    updates = s.update_from_output(batch.seqs, RunnerOutput([[1, 2, 3, 4]], [None]))
+    assert [(u.new_token_id, u.finished) for u in updates] == [(1, False), (2, True)]
+    assert seq.completion_token_ids == [3, 1, 2] and seq.finish_reason == FinishReason.STOP
+    assert seq.num_cached_tokens <= len(seq)
+    assert s.block_manager.num_free_blocks == s.block_manager.num_blocks
+
+
+def test_finished_while_a_later_step_runs_keeps_blocks_until_the_next_output():
+    s = _sched()
+    a, b = _seq(3, max_tokens=2), _seq(3, start=30)
+    s.add(a)
+    s.add(b)
+    _step(s)
+    batch = s.schedule()  # a's second token finishes it by length
+    updates = s.update_from_output(batch.seqs, RunnerOutput([[5], [5]], [None, None]), in_flight={a.seq_id})
+    assert updates[0].finished and a.is_finished and len(a.block_table) == 1
+    batch = s.schedule()
+    assert batch.seqs == [b]
+    s.update_from_output(batch.seqs, RunnerOutput([[6]], [None]))  # the later step's output: a is freed
+    assert a.block_table == [] and s.block_manager.num_free_blocks == s.block_manager.num_blocks - 2
+
+
+def test_a_placeholder_is_filled_or_dropped():
+    s = _sched()
+    kept, aborted = _seq(3, start=10), _seq(3, start=40)
+    for q in (kept, aborted):
+        s.add(q)
+    _step(s)
+    batch = s.schedule()
+    for q in batch.seqs:  # what a run-ahead launch does
+        q.commit_scheduled()
+        q.append_placeholder()
+    s.abort([aborted.request_id])
+    updates = s.update_from_output(batch.seqs, RunnerOutput([[8], [8]], [None, None]))
+    assert [u.seq for u in updates] == [kept] and kept.completion_token_ids == [7, 8]
+    assert aborted.completion_token_ids == [7] and aborted.num_pending_tokens == 0

@@ -38,7 +38,7 @@ def test_sampling_params_name_the_field(kwargs, field):
 
 
 def test_sampling_params_accept_greedy_and_single_stop_string():
-    assert SamplingParams(temperature=0).greedy
+    assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=1e-6).greedy
     assert SamplingParams(stop="###").stop == ["###"]
 
 

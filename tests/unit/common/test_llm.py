@@ -1,0 +1,72 @@
+"""The offline LLM's stop strings (the shared incremental detokenizer) on the default model: the text
+ends before the stop string and the tokens at the one that completed it, whatever the engine mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from common import LLM, SamplingParams
+from common.default_model import prepare_default_model
+
+ENGINES = {
+    "plain": {},
+    "run_ahead": {"async_scheduling": True},
+    "ngram": {"speculative": "ngram", "num_speculative_tokens": 4},
+}
+GREEDY = {"temperature": 0, "max_tokens": 40, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def llm(request) -> LLM:
+    path = str(prepare_default_model(progress=False))
+    return LLM(path, num_kvcache_blocks=256, max_model_len=2048, **ENGINES[request.param])
+
+
+@pytest.fixture(scope="module")
+def haiku(llm: LLM) -> tuple[str, dict]:
+    """A prompt whose greedy answer repeats itself (so n-gram drafts are accepted) and its full answer."""
+    prompt = llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a haiku about the sea."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    return prompt, llm.generate([prompt], SamplingParams(**GREEDY), use_tqdm=False)[0]
+
+
+def _tokens_to_reach(llm: LLM, ids: list[int], num_chars: int) -> int:
+    """How many tokens the output needs before its text is `num_chars` long."""
+    return next(k for k in range(len(ids) + 1) if len(llm.tokenizer.decode(ids[:k])) >= num_chars)
+
+
+@pytest.mark.parametrize("stop", ["beauty", "\nA", "reminder of the ocean"])
+def test_stop_string_ends_text_and_tokens(llm, haiku, stop):
+    prompt, full = haiku
+    cut = full["text"].index(stop)
+    out = llm.generate([prompt], SamplingParams(**GREEDY, stop=[stop]), use_tqdm=False)[0]
+    assert out["text"] == full["text"][:cut] and out["finish_reason"] == "stop"
+    assert out["token_ids"] == full["token_ids"][: _tokens_to_reach(llm, full["token_ids"], cut + len(stop))]
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    if llm.config.speculative:  # the answer repeats itself: drafts were accepted around the stops
+        assert llm.engine.scheduler.spec_stats.accepted > 0
+
+
+def test_stop_strings_wait_for_min_tokens(llm, haiku):
+    """Like the router: a stop string is not looked for before min_tokens tokens are generated."""
+    prompt, full = haiku
+    first = full["text"].index("beauty")
+    assert _tokens_to_reach(llm, full["token_ids"], first + len("beauty")) < 10
+    params = SamplingParams(**GREEDY, stop=["beauty"], min_tokens=10)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert out["text"] == full["text"][: full["text"].index("beauty", first + 1)]
+
+
+def test_stop_string_completed_by_the_last_allowed_token(llm, haiku):
+    """The stop string wins over max_tokens when the same token completes both."""
+    prompt, full = haiku
+    cut = full["text"].index("silent")
+    k = _tokens_to_reach(llm, full["token_ids"], cut + len("silent"))
+    params = SamplingParams(**{**GREEDY, "max_tokens": k}, stop=["silent"])
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    assert (out["text"], out["finish_reason"]) == (full["text"][:cut], "stop")
+    assert out["token_ids"] == full["token_ids"][:k]
