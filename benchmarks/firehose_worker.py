@@ -18,6 +18,7 @@ from common.messages import (
     Abort,
     GenerateRequest,
     Shutdown,
+    TokenBatch,
     TokenOutput,
     WorkerHeartbeat,
     WorkerRegister,
@@ -32,13 +33,20 @@ REGISTER_S = 2.0
 
 class FirehoseWorker:
     def __init__(
-        self, worker_id: str, inbox: str, reply: list[int], step_s: float, tokens_per_message: int
+        self,
+        worker_id: str,
+        inbox: str,
+        reply: list[int],
+        step_s: float,
+        tokens_per_message: int,
+        token_batch: bool = False,
     ) -> None:
         self.worker_id = worker_id
         self.inbox = inbox
         self.reply = reply
         self.step_s = step_s
         self.tokens_per_message = tokens_per_message
+        self.token_batch = token_batch  # as a real decode worker: one TokenBatch per step for mid-stream rows
         self.active: dict[str, list[int]] = {}  # request id -> [next index, max_tokens, prompt length]
 
     def run(self, stop) -> None:
@@ -84,15 +92,22 @@ class FirehoseWorker:
 
     def _step(self, push: zmq.Socket) -> None:
         reply, n = self.reply, len(self.reply)
+        rows: tuple[list, list, list, list] = ([], [], [], [])
         for request_id, state in list(self.active.items()):
             index, max_tokens, prompt_len = state
             count = min(self.tokens_per_message, max_tokens - index)
             tokens = [reply[(index + i) % n] for i in range(count)]
             state[0] = index + count
             finish = "length" if state[0] >= max_tokens else None
+            if self.token_batch and not finish and index > 0:
+                for column, value in zip(rows, (request_id, index, tokens, prompt_len), strict=True):
+                    column.append(value)
+                continue
             push.send(encode(TokenOutput(request_id, self.worker_id, index, tokens, finish, prompt_len, 0)))
             if finish:
                 del self.active[request_id]
+        if rows[0]:
+            push.send(encode(TokenBatch(self.worker_id, *rows)))
 
     def _registration(self, command_addr: str) -> WorkerRegister:
         return WorkerRegister(

@@ -41,6 +41,7 @@ class WorkerSpec:
     reply: list[int]
     step_s: float
     tokens_per_message: int
+    token_batch: bool
 
 
 def _pin(cpus: set[int] | None) -> None:
@@ -52,7 +53,9 @@ def run_worker(spec: WorkerSpec, stop: mp.Event, cpus: set[int] | None) -> None:
     from benchmarks.firehose_worker import FirehoseWorker
 
     _pin(cpus)
-    FirehoseWorker(spec.worker_id, spec.inbox, spec.reply, spec.step_s, spec.tokens_per_message).run(stop)
+    FirehoseWorker(
+        spec.worker_id, spec.inbox, spec.reply, spec.step_s, spec.tokens_per_message, spec.token_batch
+    ).run(stop)
 
 
 @dataclass
@@ -187,7 +190,12 @@ def run(a: argparse.Namespace) -> dict:
             info = json.loads(ready.read_text())
             for i in range(a.workers):
                 spec = WorkerSpec(
-                    f"firehose-{i}", info["inbox"], reply, a.step_ms / 1e3, a.tokens_per_message
+                    f"firehose-{i}",
+                    info["inbox"],
+                    reply,
+                    a.step_ms / 1e3,
+                    a.tokens_per_message,
+                    a.token_batch,
                 )
                 procs.append(ctx.Process(target=run_worker, args=(spec, stop, _others(a)), daemon=True))
             for p in procs:
@@ -259,6 +267,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--step-ms", type=float, default=10.0, help="a worker emits one token per request this often"
     )
     p.add_argument("--tokens-per-message", type=int, default=1)
+    p.add_argument(
+        "--token-batch", action="store_true", help="each step's mid-stream tokens as one TokenBatch"
+    )
     p.add_argument("--max-tokens", type=int, default=256, help="output tokens per request")
     p.add_argument("--router-arg", action="append", default=[], help="extra router flag (repeatable)")
     p.add_argument(
