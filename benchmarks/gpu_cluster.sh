@@ -18,7 +18,8 @@ MODEL="${1:-$(python3 -c 'from common.default_model import resolve_model; print(
 SETUPS="${SETUPS:-offline mixed nccl ipc auto}"
 WORKLOADS="${WORKLOADS:-random interference multiturn}"
 BENCH="${BENCH:-python3 benchmarks/serving.py --client-procs ${CLIENT_PROCS:-4}}"
-git rev-parse --short HEAD 2>/dev/null > "$LOG/commit.txt"
+# The device machine's copy of .git may lag the working tree: the caller passes PDSERVE_COMMIT.
+echo "${PDSERVE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" > "$LOG/commit.txt"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$LOG/gpu.txt"
 
 setup_flags() {
