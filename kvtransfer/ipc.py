@@ -219,10 +219,9 @@ class IpcReceiver(ZmqReceiver):
         live = [j for j in live if self._ids_fit(j, src.shape[2])]
         if not live:
             return
-        stream = self._stream.raw
         with self._stream.use():
             for job in live:
-                stream.wait_event(job.ready)  # the engine's earlier work on these dst blocks
+                self._stream.wait(job.ready)  # the engine's earlier work on these dst blocks
             src_ids = [b for j in live for b in j.src]
             dst_ids = [b for j in live for b in j.dst]
             step = max(1, MAX_COPY_BYTES // self._layout.block_bytes)
@@ -232,7 +231,7 @@ class IpcReceiver(ZmqReceiver):
                 d = torch.tensor(dst_ids[first : first + step], device=device)
                 scatter(self._kv, d, gather(src, s))
             event = torch.cuda.Event()
-            event.record(stream)
+            event.record()  # on the current stream, which use() made the copy stream
         expires = min(float(j.endpoint["expires_at"]) for j in live)
         self._copying.append(CopyBatch(live[0].address, live, event, expires, live[0].endpoint["pid"]))
 
