@@ -20,15 +20,18 @@ from router.token_stream import SequenceOutput, SequenceUpdate
 AWKWARD_TEXT = 'a "quoted" \\ line\nhé 日本 \x01'
 
 
-def _stream_lines(formatter_cls, tokenizer, updates: list[SequenceUpdate]) -> list[str]:
-    sampling = SamplingParams(max_tokens=8)
+def _stream_lines(
+    formatter_cls, tokenizer, updates: list[tuple[int, SequenceUpdate]], n: int = 1
+) -> list[str]:
+    """Every SSE line the formatter streams for (choice index, update) pairs of one prompt."""
+    sampling = SamplingParams(max_tokens=8, n=n)
     plan = GenerationPlan([[1, 2, 3]], sampling, stream=True, include_usage=False, skip_special_tokens=True)
     formatter = formatter_cls("req-1", "model", 1700000000, plan, tokenizer)
     output = SequenceOutput(IncrementalDetokenizer(tokenizer.backend), sampling)
 
     async def items():
-        for u in updates:
-            yield ChoiceUpdate(0, u, output)
+        for i, u in updates:
+            yield ChoiceUpdate(i, u, output)
 
     async def collect() -> list[str]:
         return [line async for line in formatter.stream(items())]
@@ -50,9 +53,9 @@ def _payload(line: str) -> dict:
 )
 def test_text_template_matches_model_built_chunk(tokenizer, formatter_cls, text_of):
     updates = [
-        SequenceUpdate(AWKWARD_TEXT, [5], None),  # text only: the template path
-        SequenceUpdate("", [], None),  # nothing new: no chunk at all
-        SequenceUpdate(AWKWARD_TEXT, [6], None, FinishReason.STOP),  # built from the models
+        (0, SequenceUpdate(AWKWARD_TEXT, [5], None)),  # text only: the template path
+        (0, SequenceUpdate("", [], None)),  # nothing new: no chunk at all
+        (0, SequenceUpdate(AWKWARD_TEXT, [6], None, FinishReason.STOP)),  # built from the models
     ]
     lines = _stream_lines(formatter_cls, tokenizer, updates)
     opening = 1 if formatter_cls is ChatFormatter else 0  # chat streams the assistant role first
@@ -65,18 +68,7 @@ def test_text_template_matches_model_built_chunk(tokenizer, formatter_cls, text_
 
 
 def test_template_is_per_choice(tokenizer):
-    sampling = SamplingParams(max_tokens=8, n=2)
-    plan = GenerationPlan([[1, 2, 3]], sampling, stream=True, include_usage=False, skip_special_tokens=True)
-    formatter = ChatFormatter("req-2", "model", 1700000000, plan, tokenizer)
-    output = SequenceOutput(IncrementalDetokenizer(tokenizer.backend), sampling)
-
-    async def items():
-        for i, text in ((0, "zero"), (1, "one"), (0, "again")):
-            yield ChoiceUpdate(i, SequenceUpdate(text, [5], None), output)
-
-    async def collect() -> list[str]:
-        return [line async for line in formatter.stream(items())]
-
-    lines = asyncio.run(collect())[2:-1]  # past the two opening chunks, before [DONE]
+    updates = [(i, SequenceUpdate(text, [5], None)) for i, text in ((0, "zero"), (1, "one"), (0, "again"))]
+    lines = _stream_lines(ChatFormatter, tokenizer, updates, n=2)[2:-1]  # past both openings, before [DONE]
     seen = [(c["index"], c["delta"]["content"]) for c in (_payload(x)["choices"][0] for x in lines)]
     assert seen == [(0, "zero"), (1, "one"), (0, "again")]
