@@ -23,10 +23,11 @@ class CopyStream:
             with torch.cuda.stream(self._stream):
                 yield
 
-    @property
-    def raw(self) -> torch.cuda.Stream | None:
-        """The CUDA stream itself (None on CPU), for event waits and records."""
-        return self._stream
+    def wait(self, event: torch.cuda.Event | None) -> None:
+        """Make copies queued on this stream from now on wait for `event` (work the engine queued
+        earlier); a no-op on CPU, where there is no event."""
+        if self._stream is not None and event is not None:
+            self._stream.wait_event(event)
 
     def synchronize(self) -> None:
         if self._stream is not None:

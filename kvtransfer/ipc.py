@@ -219,16 +219,15 @@ class IpcReceiver(ZmqReceiver):
         live = [j for j in live if self._ids_fit(j, src.shape[2])]
         if not live:
             return
-        stream = self._stream.raw
         with self._stream.use():
             for job in live:
-                stream.wait_event(job.ready)  # the engine's earlier work on these dst blocks
+                self._stream.wait(job.ready)  # the engine's earlier work on these dst blocks
             device = self._kv.device
             src_ids = torch.tensor([b for j in live for b in j.src], device=device)
             dst_ids = torch.tensor([b for j in live for b in j.dst], device=device)
             copy_blocks(src, self._kv, src_ids, dst_ids)
             event = torch.cuda.Event()
-            event.record(stream)
+            event.record()  # on the current stream, which use() made the copy stream
         expires = min(float(j.endpoint["expires_at"]) for j in live)
         self._copying.append(CopyBatch(live[0].address, live, event, expires, live[0].endpoint["pid"]))
 

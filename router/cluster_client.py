@@ -134,9 +134,9 @@ class ClusterClient:
         suspending: one event-loop wakeup per batch instead of a future per message. Token messages
         are routed synchronously; the loop yields between batches so request tasks keep up."""
         assert self._inbox is not None
-        drain = zmq.Socket.shadow(self._inbox.underlying)
+        drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._inbox.underlying)
         while True:
-            await self._inbox.poll(flags=zmq.POLLIN)
+            await self._inbox.poll()  # waits for POLLIN, the default (pyzmq's stub omits `flags`)
             for _ in range(INBOX_BATCH):
                 try:
                     data = drain.recv(zmq.NOBLOCK)

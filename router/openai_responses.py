@@ -75,10 +75,8 @@ class _Formatter:
             u = item.update
             if u.text and u.finish_reason is None and u.logprobs is None:
                 yield self._text_line(item.choice_index, u.text)  # the common chunk, without models
-                continue
-            payload = self._chunk(item)
-            if payload is not None:
-                yield sse(payload)
+            elif u.text or u.finish_reason is not None or u.logprobs:  # an empty update sends nothing
+                yield sse(self._chunk(item.choice_index, u))
         if self.plan.include_usage:
             yield sse(self._envelope([], usage=self.usage().model_dump()))
         yield DONE
@@ -88,14 +86,15 @@ class _Formatter:
         per-choice template (made once by the same code as every other chunk) around the JSON text."""
         template = self._templates.get(choice_index)
         if template is None:
-            payload = self._chunk(ChoiceUpdate(choice_index, SequenceUpdate(_MARK, [], None), None))
-            template = self._templates[choice_index] = tuple(sse(payload).split(f'"{_MARK}"'))
+            head, tail = sse(self._chunk(choice_index, SequenceUpdate(_MARK, [], None))).split(f'"{_MARK}"')
+            template = self._templates[choice_index] = (head, tail)
         return template[0] + json.dumps(text, ensure_ascii=False) + template[1]
 
     def _opening_chunks(self) -> list[dict]:
         return []
 
-    def _chunk(self, item: ChoiceUpdate) -> dict | None:
+    def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
+        """The chunk payload for one choice's update (which carries text, logprobs or a finish)."""
         raise NotImplementedError
 
     def _envelope(self, choices: list, usage: dict | None = None) -> dict:
@@ -107,21 +106,17 @@ class CompletionFormatter(_Formatter):
         super().__init__(*args, **kwargs)
         self._text_offsets: dict[int, int] = {}
 
-    def _logprobs(self, item: ChoiceUpdate) -> CompletionLogprobs | None:
-        if item.update.logprobs is None:
+    def _logprobs(self, choice_index: int, u: SequenceUpdate) -> CompletionLogprobs | None:
+        if u.logprobs is None:
             return None
-        start = self._text_offsets.get(item.choice_index, 0)
-        lp = completion_logprobs(self.tokenizer, item.update.token_ids, item.update.logprobs, start)
-        self._text_offsets[item.choice_index] = start + sum(len(t) for t in lp.tokens)
+        start = self._text_offsets.get(choice_index, 0)
+        lp = completion_logprobs(self.tokenizer, u.token_ids, u.logprobs, start)
+        self._text_offsets[choice_index] = start + sum(len(t) for t in lp.tokens)
         return lp
 
-    def _chunk(self, item: ChoiceUpdate) -> dict | None:
-        u = item.update
-        if not u.text and u.finish_reason is None and not u.logprobs:
-            return None
-        choice = CompletionChoice(
-            index=item.choice_index, text=u.text, logprobs=self._logprobs(item), finish_reason=u.finish_reason
-        )
+    def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
+        lp = self._logprobs(choice_index, u)
+        choice = CompletionChoice(index=choice_index, text=u.text, logprobs=lp, finish_reason=u.finish_reason)
         return self._envelope([choice.model_dump()])
 
     def _envelope(self, choices: list, usage: dict | None = None) -> dict:
@@ -132,7 +127,7 @@ class CompletionFormatter(_Formatter):
         logprobs: dict[int, CompletionLogprobs] = {}
         async for item in updates:
             self.outputs[item.choice_index] = item.output
-            lp = self._logprobs(item)
+            lp = self._logprobs(item.choice_index, item.update)
             if lp is not None:
                 merged = logprobs.setdefault(item.choice_index, CompletionLogprobs())
                 for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
@@ -164,18 +159,15 @@ class ChatFormatter(_Formatter):
             for i in range(self.num_choices)
         ]
 
-    def _logprobs(self, item: ChoiceUpdate) -> ChatLogprobs | None:
-        if item.update.logprobs is None:
+    def _logprobs(self, u: SequenceUpdate) -> ChatLogprobs | None:
+        if u.logprobs is None:
             return None
-        return chat_logprobs(self.tokenizer, item.update.token_ids, item.update.logprobs)
+        return chat_logprobs(self.tokenizer, u.token_ids, u.logprobs)
 
-    def _chunk(self, item: ChoiceUpdate) -> dict | None:
-        u = item.update
-        if not u.text and u.finish_reason is None and not u.logprobs:
-            return None
-        lp = self._logprobs(item)
+    def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
+        lp = self._logprobs(u)
         choice = ChatChunkChoice(
-            index=item.choice_index,
+            index=choice_index,
             delta=DeltaMessage(content=u.text or None),
             logprobs=lp,
             finish_reason=u.finish_reason,
@@ -192,7 +184,7 @@ class ChatFormatter(_Formatter):
         logprobs: dict[int, ChatLogprobs] = {}
         async for item in updates:
             self.outputs[item.choice_index] = item.output
-            lp = self._logprobs(item)
+            lp = self._logprobs(item.update)
             if lp is not None:
                 logprobs.setdefault(item.choice_index, ChatLogprobs()).content.extend(lp.content)
         choices = [

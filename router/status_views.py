@@ -83,7 +83,8 @@ def refresh_worker_gauges(metrics: RouterMetrics, registry: WorkerRegistry, inde
     for w in registry.workers():
         metrics.worker_up.set(1 if w.state is WorkerState.LIVE else 0, role=w.role, worker=w.worker_id)
         metrics.kv_usage.set(w.kv_usage(), worker=w.worker_id)
-    for load in [*registry.prefill_loads(), *registry.decode_loads(("mixed",))]:
+    loads: list[PrefillLoad | DecodeLoad] = [*registry.prefill_loads(), *registry.decode_loads(("mixed",))]
+    for load in loads:
         metrics.queued_prefill.set(load.queued_prefill_tokens, worker=load.worker_id)
     for worker_id in index.worker_ids:
         metrics.index_blocks.set(index.num_blocks(worker_id), worker=worker_id)

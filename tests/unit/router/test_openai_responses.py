@@ -1,0 +1,74 @@
+"""SSE formatting of merged updates: the per-choice text template agrees with the model-built chunks,
+and an update that carries nothing sends nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from common.detokenizer import IncrementalDetokenizer
+from common.messages import FinishReason
+from common.sampling_params import SamplingParams
+from router.fanout import ChoiceUpdate
+from router.openai_responses import DONE, ChatFormatter, CompletionFormatter
+from router.request_builder import GenerationPlan
+from router.token_stream import SequenceOutput, SequenceUpdate
+
+# Quotes, a backslash, a newline, non-ASCII and a control character: everything JSON must escape.
+AWKWARD_TEXT = 'a "quoted" \\ line\nhé 日本 \x01'
+
+
+def _stream_lines(
+    formatter_cls, tokenizer, updates: list[tuple[int, SequenceUpdate]], n: int = 1
+) -> list[str]:
+    """Every SSE line the formatter streams for (choice index, update) pairs of one prompt."""
+    sampling = SamplingParams(max_tokens=8, n=n)
+    plan = GenerationPlan([[1, 2, 3]], sampling, stream=True, include_usage=False, skip_special_tokens=True)
+    formatter = formatter_cls("req-1", "model", 1700000000, plan, tokenizer)
+    output = SequenceOutput(IncrementalDetokenizer(tokenizer.backend), sampling)
+
+    async def items():
+        for i, u in updates:
+            yield ChoiceUpdate(i, u, output)
+
+    async def collect() -> list[str]:
+        return [line async for line in formatter.stream(items())]
+
+    return asyncio.run(collect())
+
+
+def _payload(line: str) -> dict:
+    assert line.startswith("data: ") and line.endswith("\n\n")
+    return json.loads(line[len("data: ") :])
+
+
+@pytest.mark.parametrize(
+    ("formatter_cls", "text_of"),
+    [
+        (ChatFormatter, lambda choice: choice["delta"]["content"]),
+        (CompletionFormatter, lambda choice: choice["text"]),
+    ],
+)
+def test_text_template_matches_model_built_chunk(tokenizer, formatter_cls, text_of):
+    updates = [
+        (0, SequenceUpdate(AWKWARD_TEXT, [5], None)),  # text only: the template path
+        (0, SequenceUpdate("", [], None)),  # nothing new: no chunk at all
+        (0, SequenceUpdate(AWKWARD_TEXT, [6], None, FinishReason.STOP)),  # built from the models
+    ]
+    lines = _stream_lines(formatter_cls, tokenizer, updates)
+    opening = 1 if formatter_cls is ChatFormatter else 0  # chat streams the assistant role first
+    assert len(lines) == opening + 3 and lines[-1] == DONE
+    templated, built = _payload(lines[opening]), _payload(lines[opening + 1])
+    assert text_of(templated["choices"][0]) == AWKWARD_TEXT
+    assert built["choices"][0]["finish_reason"] == "stop"
+    built["choices"][0]["finish_reason"] = None
+    assert templated == built  # same envelope, same choice: only the finish differed
+
+
+def test_template_is_per_choice(tokenizer):
+    updates = [(i, SequenceUpdate(text, [5], None)) for i, text in ((0, "zero"), (1, "one"), (0, "again"))]
+    lines = _stream_lines(ChatFormatter, tokenizer, updates, n=2)[2:-1]  # past both openings, before [DONE]
+    seen = [(c["index"], c["delta"]["content"]) for c in (_payload(x)["choices"][0] for x in lines)]
+    assert seen == [(0, "zero"), (1, "one"), (0, "again")]
