@@ -152,28 +152,15 @@ class IpcReceiver(ZmqReceiver):
 
     # ---- engine thread ----------------------------------------------------------------------------
 
-    def fetch(
-        self,
-        request_id: str,
-        sender_endpoint: Endpoint,
-        src_block_ids: list[int],
-        dst_block_ids: list[int],
-        timeout_s: float | None = None,
-    ) -> None:
-        if self._thread is None or self._closed:
-            raise RuntimeError(f"{type(self).__name__} is not running (call start(), not after close())")
-        if not isinstance(request_id, str):
-            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
-        self._book.begin(request_id)
-        job = Job(request_id, 0, sender_endpoint, src_block_ids, dst_block_ids, 0.0, time.monotonic())
-        error = self._validate(job, self._config.fetch_timeout_s if timeout_s is None else timeout_s)
-        if error:
-            self._fail_direct(job, error)
-            return
-        job.ready = torch.cuda.Event()
-        job.ready.record(torch.cuda.current_stream(self._kv.device))
-        self._queued.append(job)
-        self._book.set(request_id, TransferStatus.TRANSFERRING)
+    def _next_xid(self) -> int:
+        return 0  # nothing is ever fetched, so there are no attempts to tell apart
+
+    def _reject(self, job: Job, error: str) -> None:
+        self._fail_direct(job, error)
+
+    def _enqueue(self, job: Job) -> None:
+        self._queued.append(job)  # copied at the next flush(), with everything else queued by then
+        self._book.set(job.request_id, TransferStatus.TRANSFERRING)
 
     def flush(self) -> None:
         queued, self._queued = self._queued, []

@@ -74,14 +74,25 @@ class ZmqReceiver(KVReceiver):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
         self._book.begin(request_id)
         timeout = self._config.fetch_timeout_s if timeout_s is None else timeout_s
-        xid, now = next(self._xids), time.monotonic()
+        xid, now = self._next_xid(), time.monotonic()
         job = Job(request_id, xid, sender_endpoint, src_block_ids, dst_block_ids, 0.0, now)
         error = self._validate(job, timeout)
         if error:
-            self._finish(job, TransferStatus.FAILED, error)
+            self._reject(job, error)
             return
         job.timeout_s = float(timeout)
         job.ready = record_event(self._kv.device)
+        self._enqueue(job)
+
+    def _next_xid(self) -> int:
+        return next(self._xids)
+
+    def _reject(self, job: Job, error: str) -> None:
+        """A fetch that fails its checks: reported FAILED without ever starting."""
+        self._finish(job, TransferStatus.FAILED, error)
+
+    def _enqueue(self, job: Job) -> None:
+        """Hand a checked fetch to the I/O thread, which sends the fetch request."""
         self._inbox.put(job)
         self._waker.wake()
 
