@@ -31,6 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Prompt length of every request (env, so the spawned client processes see it too): admission cost
+# grows with it (JSON parsing, validation, block hashes), the per-token path does not.
+PROMPT_TOKENS = int(os.environ.get("ROUTER_BENCH_PROMPT_TOKENS", "32"))
 REPLY_TEXT = " The quick brown fox jumps over the lazy dog, and then it runs back home again."
 
 
@@ -81,7 +84,7 @@ async def _clients(url: str, concurrency: int, max_tokens: int, start_at: float,
 
     result = ClientResult()
     body = {
-        "prompt": list(range(1000, 1032)),
+        "prompt": list(range(1000, 1000 + PROMPT_TOKENS)),
         "max_tokens": max_tokens,
         "ignore_eos": True,
         "stream": True,
