@@ -14,7 +14,6 @@ warps and pipeline stages (to pick the defaults in decode_attention.DECODE_LAUNC
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from common.attention.base import AttentionMetadata  # noqa: E402
 from common.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from common.attention.triton_kernels import decode_attention  # noqa: E402
 from common.attention.triton_kernels.prefill_attention import paged_prefill_attention  # noqa: E402
+from common.blocks import blocks_for  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, NUM_LAYERS = 16, 8, 128, 28  # Qwen3-0.6B
 DTYPE = torch.bfloat16
@@ -36,7 +36,7 @@ REPLAYS = 10
 
 def make_paged(batch: int, ctx: int, block_size: int):
     """KV caches holding `ctx` tokens for each of `batch` sequences in shuffled blocks, plus metadata."""
-    per_seq = math.ceil(ctx / block_size)
+    per_seq = blocks_for(ctx, block_size)
     num_blocks = batch * per_seq
     shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
     k_cache = torch.randn(shape, device="cuda", dtype=DTYPE)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
+from common.blocks import blocks_for
 from common.hashing import block_hashes
 from router.disagg import LOCAL, REMOTE, Decision, DisaggInputs, LocalOption, RemoteOption, decide
 from router.errors import APIError
@@ -101,7 +102,7 @@ class RoutePlanner:
             new_prefill_tokens(len(prompt), pick.prefill.cached_blocks, block_size),
             pick.queued_tokens,
             len(prompt),
-            -(-len(prompt) // block_size),
+            blocks_for(len(prompt), block_size),
         )
 
     def _remote(

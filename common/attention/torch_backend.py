@@ -31,7 +31,7 @@ class TorchAttentionBackend(AttentionBackend):
         """All sequences in one SDPA call over their padded, gathered contexts."""
         tables = meta.block_tables.long()
         if meta.seq_lens_host:  # gather only the blocks some sequence uses (no device sync needed)
-            tables = tables[:, : -(-max(meta.seq_lens_host) // k_cache.shape[1])]
+            tables = tables[:, : blocks_for(max(meta.seq_lens_host), k_cache.shape[1])]
         k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
         v = v_cache[tables].flatten(1, 2).transpose(1, 2)
         valid = torch.arange(k.shape[2], device=q.device).unsqueeze(0) < meta.seq_lens.unsqueeze(1)
