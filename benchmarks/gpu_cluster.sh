@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_cluster.sh [MODEL_DIR]      (default: the default model; see device_prep.sh)
 # Setups (SETUPS, default "offline mixed nccl ipc auto"):
 #   offline  the offline engine on one GPU, random workload only (the reference figure)
-#   mixed    aggregated: two colocated workers, one per GPU, behind the router (--mixed 2)
+#   mixed    aggregated: colocated workers (MIXED_N, default 2: one per GPU) behind the router
 #   nccl/ipc 1 prefill (GPU 0) + 1 decode (GPU 1), KV over that transport, every request disaggregated
 #   auto     1 prefill + 1 decode, the router decides per request (--disagg auto)
 # Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving.py.
@@ -24,7 +24,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$LOG/gpu.txt"
 
 setup_flags() {
   case $1 in
-    mixed) echo "--prefill 0 --decode 0 --mixed 2 --disagg never" ;;
+    mixed) echo "--prefill 0 --decode 0 --mixed ${MIXED_N:-2} --disagg never" ;;
     nccl) echo "--prefill 1 --decode 1 --kv-transport nccl --disagg always" ;;
     ipc) echo "--prefill 1 --decode 1 --kv-transport ipc --disagg always" ;;
     auto) echo "--prefill 1 --decode 1 --kv-transport auto --disagg auto" ;;
