@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from common.detokenizer import IncrementalDetokenizer
 from common.messages import Abort, GenerateRequest, Message, PrefillRequest, RequestFailed, TokenOutput
-from common.sampling_params import SamplingParams
+from common.sampling_params import FinishReason, SamplingParams
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
 from router.errors import APIError
@@ -216,7 +216,7 @@ class RequestLifecycle:
                     return ready, _RetryElsewhere(msg.worker_id, msg.error)
                 error = f"worker {msg.worker_id} failed: {msg.error}"
                 return ready, APIError(500, error, code="worker_failed")
-            if msg.finish_reason == "abort":  # a worker gives up on its own only past the deadline
+            if msg.finish_reason == FinishReason.ABORT:  # a worker gives up on its own only past the deadline
                 return ready, APIError(504, "request timed out", code="request_timeout")
             learn_from(self.rates, dispatch.route, dispatch.sent_at, msg, now)
             ready += reorder.push(msg)
