@@ -175,10 +175,14 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
     add_engine_args(p)
     args = p.parse_args(argv)
     from common.default_model import resolve_model
+    from common.generation_config import load_generation_defaults
 
     try:
+        model = resolve_model(args.model)
+        if args.generation_config is not None:  # fail here, before anything starts, on a bad file
+            load_generation_defaults(args.generation_config, model)
         return LaunchPlan(
-            model=resolve_model(args.model),
+            model=model,
             num_prefill=args.prefill,
             num_decode=args.decode,
             num_mixed=args.mixed,

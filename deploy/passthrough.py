@@ -31,6 +31,12 @@ ROUTER_FLAGS = (
     PassThrough("--balance-threshold-tokens", int, "router: queue imbalance under which cache hits decide"),
     PassThrough("--disagg", str, "router: where prompts are prefilled (see router/disagg.py)", DISAGG_MODES),
     PassThrough("--disagg-stall-weight", float, "router (auto): cost of stalling each decoding sequence"),
+    PassThrough(
+        "--generation-config",
+        str,
+        "router: sampling defaults of requests that leave them out: auto (the model's "
+        "generation_config.json, the default), vllm (the engine's own) or a directory",
+    ),
 )
 WORKER_FLAGS = (
     PassThrough("--kv-lease-s", float, "workers: seconds blocks stay pinned waiting for the decode side"),

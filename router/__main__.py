@@ -2,7 +2,8 @@
 
 `--api-key KEY` (or $PDSERVE_API_KEY) turns on Bearer-key auth; `--protect-status` extends it to every
 route (see router/auth.py). `--disagg always|never|auto` chooses where prompts are prefilled (see
-router/disagg.py).
+router/disagg.py). `--generation-config auto|vllm|PATH` chooses the sampling defaults of requests that
+leave them out (see common/generation_config.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from common.generation_config import GENERATION_CONFIG_AUTO, load_generation_defaults
 from router.config import API_KEY_ENV, RouterConfig
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
 from router.policy import ROUTING_POLICIES
@@ -50,6 +52,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
         default=DEFAULT_STALL_WEIGHT,
         help="auto: weight of the latency a local prefill adds to each sequence decoding there",
     )
+    p.add_argument(
+        "--generation-config",
+        default=GENERATION_CONFIG_AUTO,
+        help="sampling defaults for requests that leave them out: auto (the model's "
+        "generation_config.json), vllm (the engine's own), or a directory holding a generation_config.json",
+    )
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request; 0 = no limit")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="silence before a worker is down")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default: the workers')")
@@ -79,7 +87,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
             protect_status=args.protect_status,
             disagg=args.disagg,
             disagg_stall_weight=args.disagg_stall_weight,
+            generation_config=args.generation_config,
         )
+        # Read here too (the router reads it again when it starts) so that a bad file is a usage
+        # error naming it, not a traceback from inside the server's start-up.
+        load_generation_defaults(config.generation_config, config.model)
     except ValueError as e:
         p.error(str(e))
     return config, args.log_level

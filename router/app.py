@@ -1,5 +1,6 @@
 """The router's HTTP API (FastAPI): OpenAI-compatible generation, health, metrics, debug views.
 
+Every response carries `X-Request-Id` (the client's, or a generated one; router/request_id.py).
 Answers, by case: 400 invalid request (OpenAI error JSON, naming the field), 401 missing or wrong API
 key (with --api-key), 404 unknown model or route, 413 body too large, 415 body not JSON, 429 too many
 requests in progress, 503 no usable workers, 504 request timeout. A streamed request that fails after
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -34,12 +36,14 @@ from router.protocol import (
     now,
 )
 from router.request_builder import GenerationPlan
+from router.request_id import RequestIdMiddleware
 from router.request_lifecycle import SequenceRequest
 from router.status_views import debug_index, health_report, refresh_worker_gauges
 
 if TYPE_CHECKING:
     from router.server import Router
 
+log = logging.getLogger(__name__)
 DISCONNECT_POLL_SECONDS = 0.5
 # Documented in the OpenAPI schema so that clients (and the schema fuzz test) know the error shape.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -112,6 +116,7 @@ def create_app(router: Router) -> FastAPI:
         app.add_middleware(
             APIKeyAuth, api_key=router.config.api_key, protect_status=router.config.protect_status
         )
+    app.add_middleware(RequestIdMiddleware)  # outermost: even a 401 or 413 carries X-Request-Id
     install_error_handlers(app)
     _add_generation_routes(app, router)
     _add_status_routes(app, router)
@@ -175,6 +180,8 @@ async def _serve(router: Router, request: Request, plan: GenerationPlan, request
             429, "too many requests in progress; retry later", code="too_many_requests", headers=RETRY_AFTER
         )
     ticket = _Ticket(router)
+    # The one line that ties the client's X-Request-Id to the id every other log line uses.
+    log.debug("X-Request-Id %s is %s", request.state.request_id, request_id)
     seqs = _sequences(request_id, plan)
     formatter = formatter_cls(request_id, router.config.model_name, now(), plan, router.tokenizer)
     updates = run_sequences(router.lifecycle, seqs)

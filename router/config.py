@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from common.generation_config import GENERATION_CONFIG_AUTO
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
 from router.policy import ROUTING_POLICIES
 
@@ -22,6 +23,9 @@ class RouterConfig:
     first accepted worker's block size. `api_key` (None: no auth) is required as a Bearer token on
     /v1/*, and on every route with `protect_status` (see router/auth.py). `disagg` and
     `disagg_stall_weight` choose between remote and local prefill (see router/disagg.py).
+    `generation_config` says where requests' missing sampling values come from: "auto" (the model's
+    generation_config.json), "vllm" (the engine's defaults) or a directory (read at start-up, see
+    common/generation_config.py).
     """
 
     model: str
@@ -44,6 +48,7 @@ class RouterConfig:
     protect_status: bool = False
     disagg: str = DEFAULT_DISAGG
     disagg_stall_weight: float = DEFAULT_STALL_WEIGHT
+    generation_config: str = GENERATION_CONFIG_AUTO
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -75,6 +80,10 @@ class RouterConfig:
         w = self.disagg_stall_weight
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < float("inf"):
             raise ValueError(f"disagg_stall_weight must be a finite number >= 0, got {w!r}")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ValueError(
+                f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}"
+            )
 
     def _check_auth(self) -> None:
         # The key travels in an HTTP header: printable ASCII without spaces is what every client can send.

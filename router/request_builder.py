@@ -3,7 +3,8 @@
 Everything a client can get wrong is answered here with a 400 naming the field: sampling values (via
 SamplingParams), prompt token ids outside the vocabulary, roles or content the template cannot take,
 and prompts that do not fit the context window. Defaults follow vLLM: max_tokens is 16 for
-completions and "the rest of the context window" for chat.
+completions and "the rest of the context window" for chat; sampling fields a request leaves out take
+the model's generation-config values (`GenerationDefaults`), whose max_new_tokens caps max_tokens.
 
 `max_model_len=None` (no live workers yet) validates everything that does not depend on the workers
 and skips the context-window check; the caller then answers 503 instead of running the plan.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from common.generation_config import GenerationDefaults
 from common.sampling_params import SamplingParams
 from router.errors import APIError, bad_request, from_value_error
 from router.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
@@ -41,8 +43,9 @@ class GenerationPlan:
 
 
 class RequestBuilder:
-    def __init__(self, tokenizer: ModelTokenizer) -> None:
+    def __init__(self, tokenizer: ModelTokenizer, defaults: GenerationDefaults | None = None) -> None:
         self.tokenizer = tokenizer
+        self.defaults = defaults or GenerationDefaults()
 
     def completion(self, req: CompletionRequest, max_model_len: int | None) -> GenerationPlan:
         if req.echo:
@@ -130,7 +133,7 @@ class RequestBuilder:
         logprobs: int | None,
         max_model_len: int | None,
     ) -> GenerationPlan:
-        sampling = self._sampling(req, max_tokens, logprobs)
+        sampling = self._sampling(req, self.defaults.max_tokens_for(max_tokens), logprobs)
         for ids in prompts:
             if max_model_len is not None:
                 _check_context(len(ids), sampling.max_tokens, max_model_len)
@@ -142,18 +145,20 @@ class RequestBuilder:
         )
 
     def _sampling(self, req: _GenerationRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        given: dict[str, Any] = {
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "top_k": req.top_k,
-            "min_p": req.min_p,
-            "presence_penalty": req.presence_penalty,
-            "frequency_penalty": req.frequency_penalty,
-            "repetition_penalty": req.repetition_penalty,
-            "stop": [req.stop] if isinstance(req.stop, str) else req.stop,
-            "stop_token_ids": req.stop_token_ids,
-            "seed": req.seed,
-        }
+        given: dict[str, Any] = self.defaults.fill(
+            {
+                "temperature": req.temperature,
+                "top_p": req.top_p,
+                "top_k": req.top_k,
+                "min_p": req.min_p,
+                "presence_penalty": req.presence_penalty,
+                "frequency_penalty": req.frequency_penalty,
+                "repetition_penalty": req.repetition_penalty,
+                "stop": [req.stop] if isinstance(req.stop, str) else req.stop,
+                "stop_token_ids": req.stop_token_ids,
+                "seed": req.seed,
+            }
+        )
         try:
             return SamplingParams(
                 max_tokens=max_tokens,

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import uvicorn
 from fastapi import FastAPI
 
+from common.generation_config import GenerationDefaults, load_generation_defaults
 from router.app import create_app
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
@@ -72,8 +73,11 @@ class RouterHandles(NamedTuple):
 
 
 def build_router(config: RouterConfig, tokenizer: ModelTokenizer | None = None) -> RouterHandles:
-    """Wire the router's parts; reads the tokenizer files from `config.model` unless one is given."""
+    """Wire the router's parts; reads the tokenizer files from `config.model` unless one is given,
+    and the requests' sampling defaults as `config.generation_config` says."""
     tokenizer = tokenizer or ModelTokenizer.from_dir(config.model)
+    defaults = load_generation_defaults(config.generation_config, config.model)
+    _log_defaults(config.generation_config, defaults)
     registry = WorkerRegistry(config.heartbeat_timeout, config.block_size, config.disagg)
     index = PrefixIndex()
     policy = make_policy(config.routing, config.balance_threshold_tokens)
@@ -82,9 +86,23 @@ def build_router(config: RouterConfig, tokenizer: ModelTokenizer | None = None) 
     planner = RoutePlanner(registry, index, policy, LiveRates(), config.disagg_stall_weight)
     lifecycle = RequestLifecycle(config, tokenizer, cluster, registry, planner, metrics)
     router = Router(
-        config, tokenizer, registry, index, policy, metrics, cluster, lifecycle, RequestBuilder(tokenizer)
+        config,
+        tokenizer,
+        registry,
+        index,
+        policy,
+        metrics,
+        cluster,
+        lifecycle,
+        RequestBuilder(tokenizer, defaults),
     )
     return RouterHandles(create_app(router), router)
+
+
+def _log_defaults(choice: str, defaults: GenerationDefaults) -> None:
+    # Said once at start-up (as vLLM does): a request's sampling then differs from the engine's defaults.
+    if defaults.as_dict():
+        log.info("requests' sampling defaults from generation config %r: %s", choice, defaults.as_dict())
 
 
 async def serve(config: RouterConfig, log_level: str = "info") -> None:

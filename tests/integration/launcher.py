@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,9 +58,22 @@ class LaunchedCluster:
             raise
 
 
-def launch(model: str, log_dir: Path, *extra: str, timeout: float = 180.0) -> LaunchedCluster:
-    """Start a cluster; returns once the launcher printed its ready line (or raises with the logs)."""
-    cmd = [sys.executable, "-m", "deploy.launch", "--model", model, "--backend", "local", "--port", "0"]
+LAUNCH_MODULE = ("-m", "deploy.launch")
+
+
+def script_command() -> list[str]:
+    """What pip's generated `pdserve` script runs: the entry point pyproject.toml declares."""
+    target = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]["pdserve"]
+    module, func = target.split(":")
+    return [sys.executable, "-c", f"import sys; from {module} import {func}; sys.exit({func}())"]
+
+
+def launch(
+    model: str, log_dir: Path, *extra: str, timeout: float = 180.0, entry: Sequence[str] = LAUNCH_MODULE
+) -> LaunchedCluster:
+    """Start a cluster; returns once the launcher printed its ready line (or raises with the logs).
+    `entry` is what follows the interpreter on the command line (e.g. the `pdserve serve` script)."""
+    cmd = [sys.executable, *entry, "--model", model, "--backend", "local", "--port", "0"]
     cmd += ["--log-dir", str(log_dir), "--log-level", "warning", "--startup-timeout", str(timeout), *extra]
     # One compute thread per worker: several processes share this machine's few cores.
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

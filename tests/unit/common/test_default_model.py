@@ -20,6 +20,7 @@ from common.default_model import (
     prepare_once,
     resolve_model,
 )
+from common.generation_config import load_generation_defaults
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 IM_END_ID = 2  # `<|im_end|>` in SmolLM2's vocabulary
@@ -47,6 +48,14 @@ def test_prepared_dir_is_an_hf_model(model_dir: Path) -> None:
     tok_config = json.loads((model_dir / "tokenizer_config.json").read_text())
     assert tok_config["eos_token"] == "<|im_end|>"
     assert "<|im_start|>" in tok_config["chat_template"]
+
+
+def test_prepared_model_carries_its_sampling_defaults(model_dir: Path) -> None:
+    # What the router applies to requests that set no sampling (--generation-config auto): greedy,
+    # the setting under which this copy answers the README's question correctly (see SAMPLING_DEFAULTS).
+    defaults = load_generation_defaults("auto", model_dir)
+    assert defaults.as_dict() == {"temperature": 0.0}
+    assert json.loads((model_dir / "generation_config.json").read_text())["do_sample"] is False
 
 
 def test_checkpoint_is_float32_with_tied_embeddings(model_dir: Path) -> None:

@@ -42,3 +42,16 @@ def test_disagg_flags_reach_the_router_and_bad_modes_fail_in_the_launcher(capsys
     with pytest.raises(SystemExit):
         parse_args(["--model", model, "--disagg", "sometimes"])
     assert "--disagg" in capsys.readouterr().err
+
+
+def test_generation_config_reaches_the_router_and_a_bad_one_fails_in_the_launcher(tmp_path, capsys):
+    model = str(prepare_default_model(progress=False))
+    assert parse_args(["--model", model, "--generation-config", "vllm"]).router_argv == (
+        "--generation-config",
+        "vllm",
+    )
+    (tmp_path / "generation_config.json").write_text('{"top_p": 0}')
+    for choice, says in ((str(tmp_path), "top_p"), (str(tmp_path / "missing"), "generation_config")):
+        with pytest.raises(SystemExit) as exc:
+            parse_args(["--model", model, "--generation-config", choice])
+        assert exc.value.code == 2 and says in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""The `pdserve` console script: one entry point for the `python -m` forms.
+
+    pdserve serve [launch options]   = python -m deploy.launch ...   (start a cluster, serve until Ctrl-C)
+    pdserve chat [options] QUESTION  = python -m common.chat ...     (answer one question offline)
+    pdserve bench [options]          = python benchmarks/serving.py ... (load an OpenAI endpoint)
+
+Each command hands the rest of the command line, unchanged, to the module's own `main`, so options and
+`--help` are the module's. `bench` lives in the repository's `benchmarks/` folder, which is not an
+installed package: it needs a source checkout (as `pip install -e .` gives).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _serve(argv: list[str]) -> int:
+    from deploy.launch import main
+
+    return main(argv)
+
+
+def _chat(argv: list[str]) -> int:
+    from common.chat import main
+
+    return main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    if not (REPO_ROOT / "benchmarks" / "serving.py").is_file():
+        print(
+            f"pdserve bench: needs a source checkout ({REPO_ROOT}/benchmarks/serving.py is missing)",
+            file=sys.stderr,
+        )
+        return 2
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    return importlib.import_module("benchmarks.serving").main(argv)
+
+
+COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "serve": (_serve, "start a router and workers (python -m deploy.launch)"),
+    "chat": (_chat, "answer one question with the offline engine (python -m common.chat)"),
+    "bench": (_bench, "benchmark an OpenAI-compatible endpoint (benchmarks/serving.py)"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: pdserve {serve,chat,bench} [options]  (pdserve COMMAND --help for its options)", ""]
+    lines += [f"  {name:<6} {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    if not args or args[0] not in COMMANDS:
+        problem = "a command is required" if not args else f"unknown command {args[0]!r}"
+        print(f"{usage()}\npdserve: error: {problem}", file=sys.stderr)
+        return 2
+    run, _ = COMMANDS[args[0]]
+    return run(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
