@@ -6,7 +6,8 @@
 #   mixed    aggregated: colocated workers (MIXED_N, default 2: one per GPU) behind the router
 #   nccl/ipc 1 prefill (GPU 0) + 1 decode (GPU 1), KV over that transport, every request disaggregated
 #   auto     1 prefill + 1 decode, the router decides per request (--disagg auto)
-# Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving.py.
+# Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving.py; REPEAT=N runs
+# each N times on the same cluster (short runs vary by 10-20%: judge small differences on several).
 # Logs and JSON go to ${OUT:-/tmp/pdserve-cluster}/$TAG; the table comes last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -69,12 +70,15 @@ run_setup() {
   if [ -z "$URL" ]; then echo "$setup: cluster did not start"; tail -5 "$dir/launch.txt"; kill $launch; return; fi
   $BENCH --base-url "$URL" --num-prompts 32 --input-len 512 --output-len 16 >/dev/null 2>&1  # warm-up
   for w in $WORKLOADS; do
-    curl -s "${URL%/v1}/metrics" > "$dir/$w.metrics.before"
-    [ -n "${PROFILE:-}" ] && profile "$dir/$w"
-    workload "$w" "$dir/$w.json" > "$dir/$w.txt" 2>&1
-    wait_profiles
-    curl -s "${URL%/v1}/metrics" > "$dir/$w.metrics.after"
-    echo "$setup/$w: $(grep -m1 -i 'output tok' "$dir/$w.txt")"
+    for r in $(seq 1 "${REPEAT:-1}"); do  # REPEAT > 1: runs named WORKLOAD.r2, .r3, ... in the table
+      local name="$w"
+      [ "$r" -gt 1 ] && name="$w.r$r"
+      curl -s "${URL%/v1}/metrics" > "$dir/$name.metrics.before"
+      [ -n "${PROFILE:-}" ] && profile "$dir/$name"
+      workload "$w" "$dir/$name.json" > "$dir/$name.txt" 2>&1
+      wait_profiles
+      curl -s "${URL%/v1}/metrics" > "$dir/$name.metrics.after"
+    done
   done
   kill -TERM $launch; wait $launch
 }
