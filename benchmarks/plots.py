@@ -52,11 +52,14 @@ def _distribution_panel(ax, runs: list[tuple[str, dict]], key: str, title: str) 
         values = run["requests"][key]
         if values:
             _cdf(ax, values, f"{label} (p50 {run['summary'][key]['p50']:.1f} ms)")
-    ax.set_xscale("log")
+    spread = [v for _, run in runs for v in run["requests"][key]]
+    log = bool(spread) and min(spread) > 0 and max(spread) > 10 * min(spread)  # log only for wide ranges
+    if log:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:g}")
+    scale = ", log scale" if log else ""
     ax.set(
-        title=title,
-        xlabel=f"{key.removesuffix('_ms').upper()} (ms, log scale)",
-        ylabel="fraction of requests",
+        title=title, xlabel=f"{key.removesuffix('_ms').upper()} (ms{scale})", ylabel="fraction of requests"
     )
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
@@ -67,6 +70,8 @@ def _sweep_panel(ax, runs: list[tuple[str, dict]]) -> None:
     points = sorted((r["max_concurrency"], r["summary"]["output_tokens_per_s"]) for _, r in runs)
     ax.plot([c for c, _ in points], [t for _, t in points], marker="o")
     ax.set_xscale("log", base=2)
+    ax.set_xticks([c for c, _ in points], [str(c) for c, _ in points])
+    ax.set_ylim(0, max(t for _, t in points) * 1.1)
     ax.set(title="Throughput against concurrency", xlabel="max concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
     ax.grid(True, alpha=0.3)
