@@ -93,6 +93,12 @@ def rows(log: Path) -> list[dict]:
     return out
 
 
+def offline_tok_s(log: Path) -> float | None:
+    """The one-GPU offline engine's output tok/s (LOG/offline.json, benchmarks/offline.py), if run."""
+    path = log / "offline.json"
+    return json.loads(path.read_text())[0]["tok_per_s"] if path.exists() else None
+
+
 def render(table: list[dict], offline: float | None) -> str:
     head = "| setup | workload | output tok/s | TTFT p50/p99 ms | TPOT p50/p99 ms | KV GB (GB/s) | "
     head += " / ".join(STAGES) + " (mean ms) | decisions | failed |"
@@ -114,8 +120,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("log", type=Path)
     a = p.parse_args()
-    offline_path = a.log / "offline.json"
-    offline = json.loads(offline_path.read_text())[0]["tok_per_s"] if offline_path.exists() else None
+    offline = offline_tok_s(a.log)
     table = rows(a.log)
     print(render(table, offline))
     by = defaultdict(dict)

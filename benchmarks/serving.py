@@ -16,6 +16,9 @@ goodput counts the requests meeting every SLO given (`--goodput-ttft-ms`, `--goo
 Against a pdserve router the run's per-stage breakdown (`pdserve_stage_seconds` from /metrics, scraped
 before and after) is printed too. `--client-procs N` spreads the requests over N client processes,
 so the client never limits a fast server (one process parses roughly 20-40k chunks/s).
+`--max-concurrency 1,4,16,64,256` sweeps: one run per value, the JSON then holds a `sweep` list of
+runs. `--plot PATH` draws the TTFT/TPOT distributions (and throughput against concurrency when
+sweeping) into a PNG with benchmarks/plots.py (needs matplotlib, the dev extra).
 """
 
 from __future__ import annotations
@@ -23,16 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import json
 import math
 import multiprocessing
-import random
 import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import aiohttp
@@ -43,53 +44,25 @@ from benchmarks.serving_stats import (  # noqa: E402
     format_table,
     is_good,
     json_safe,
+    per_request_ms,
     percentile,
     summarize,
 )
 from benchmarks.stage_metrics import format_breakdown, scrape, stage_breakdown  # noqa: E402
-from benchmarks.workloads import add_timed_args, run_timed  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    TOKEN_RANGE,
+    WorkloadRequest,
+    add_timed_args,
+    arrival_offsets,
+    random_workload,
+    run_timed,
+    shared_prefix_workload,
+)
 
-__all__ = ["RequestResult", "format_table", "is_good", "json_safe", "percentile", "summarize"]  # re-exported
-
-# Prompts are token ids (the completions API takes them), so input lengths are exact whatever the
-# tokenizer; drawn above the special tokens that vocabularies put first, below any real vocabulary size.
-TOKEN_RANGE = (100, 10_000)
-
-
-@dataclass(frozen=True)
-class WorkloadRequest:
-    prompt: list[int]
-    max_tokens: int
-    prefix_id: int | None = None  # which shared prefix (shared-prefix workload)
-
-
-def _prompt(rng: random.Random, length: int) -> list[int]:
-    return [rng.randrange(*TOKEN_RANGE) for _ in range(length)]
-
-
-def random_workload(num: int, input_len: int, output_len: int, seed: int) -> list[WorkloadRequest]:
-    rng = random.Random(seed)
-    return [WorkloadRequest(_prompt(rng, input_len), output_len) for _ in range(num)]
-
-
-def shared_prefix_workload(
-    num: int, num_prefixes: int, prefix_len: int, suffix_len: int, output_len: int, seed: int
-) -> list[WorkloadRequest]:
-    """`num` requests over `num_prefixes` long prefixes, each used about equally, in random order."""
-    rng = random.Random(seed)
-    prefixes = [_prompt(rng, prefix_len) for _ in range(num_prefixes)]
-    ids = [i % num_prefixes for i in range(num)]
-    rng.shuffle(ids)
-    return [WorkloadRequest(prefixes[i] + _prompt(rng, suffix_len), output_len, i) for i in ids]
-
-
-def arrival_offsets(num: int, rate: float, seed: int) -> list[float]:
-    """Seconds from the start at which each request is sent: a Poisson process, or all at 0."""
-    if math.isinf(rate):
-        return [0.0] * num
-    rng = random.Random(seed)
-    return list(itertools.accumulate((rng.expovariate(rate) for _ in range(num - 1)), initial=0.0))
-
+__all__ = [  # re-exported: the benchmark's one import for its callers and tests
+    "RequestResult", "format_table", "is_good", "json_safe", "percentile", "summarize",
+    "TOKEN_RANGE", "WorkloadRequest", "arrival_offsets", "random_workload", "shared_prefix_workload",
+]  # fmt: skip
 
 # Chunks after the first text that carry neither are not parsed at all (one process then keeps up with
 # far more chunks per second); JSON strings escape their quotes, so text can never match.
@@ -236,6 +209,17 @@ def build_workload(a: argparse.Namespace) -> list[WorkloadRequest]:
     )
 
 
+def concurrency_list(text: str) -> list[int]:
+    """`--max-concurrency`: one cap, or a comma list of caps to sweep (each an int >= 1, no repeats)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ints >= 1 separated by commas, got {text!r}") from None
+    if any(v < 1 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct ints >= 1, got {text!r}")
+    return values
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", required=True, help="the server's OpenAI base, e.g. http://HOST:PORT/v1")
@@ -250,7 +234,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
     p.add_argument("--prefix-len", type=int, default=1024)
     p.add_argument("--suffix-len", type=int, default=64)
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (Poisson) or inf")
-    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument(
+        "--max-concurrency", dest="concurrencies", type=concurrency_list, default=None, help="N or N1,N2,..."
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", dest="timeout_s", type=float, default=600.0, help="seconds per request")
@@ -259,8 +245,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
     p.add_argument("--client-procs", type=int, default=1, help="client processes sharing the requests")
     p.add_argument("--metrics-url", default=None, help="default: the base URL's /metrics (stage breakdown)")
     p.add_argument("--json-out", default=None)
+    p.add_argument("--plot", default=None, help="PNG of the TTFT/TPOT distributions (and the sweep)")
     add_timed_args(p)
     a = p.parse_args(argv)
+    if a.concurrencies and len(a.concurrencies) > 1 and a.workload in ("interference", "multi-turn"):
+        p.error("--max-concurrency sweeps need a request-count workload (random, shared-prefix)")
+    a.max_concurrency = a.concurrencies[0] if a.concurrencies else None
     for name in ("num_prompts", "input_len", "output_len", "num_prefixes", "prefix_len", "suffix_len"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -275,8 +265,8 @@ async def _run_timed(a: argparse.Namespace, cfg: RunConfig) -> tuple[dict, float
     return await run_timed(a, cfg.base_url, model, send_request, WorkloadRequest)
 
 
-def main(argv: list[str] | None = None) -> int:
-    a, cfg = parse_args(argv)
+def run_once(a: argparse.Namespace, cfg: RunConfig) -> dict:
+    """One run at `cfg.max_concurrency`: prints its tables, returns its JSON document (less args)."""
     metrics_url = a.metrics_url or cfg.base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     before = scrape(metrics_url)
     by_kind = {}
@@ -288,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         results, duration = asyncio.run(run_benchmark(cfg, build_workload(a)))
     after = scrape(metrics_url) if before is not None else None
     summary = summarize(results, duration, a.goodput_ttft_ms, a.goodput_tpot_ms)
-    print(format_table(summary))
+    print(f"== max_concurrency {cfg.max_concurrency} ==\n{format_table(summary)}")
     for kind, figures in by_kind.items():
         print(f"-- {kind} requests only --\n{format_table(figures)}")
     stages = stage_breakdown(before, after) if before is not None and after is not None else {}
@@ -297,16 +287,27 @@ def main(argv: list[str] | None = None) -> int:
     errors = [r.error for r in results if not r.ok]
     if errors:
         print(f"first error: {errors[0]}", file=sys.stderr)
+    return {
+        "max_concurrency": cfg.max_concurrency,
+        "summary": summary,
+        "by_kind": by_kind,
+        "stages": stages,
+        "errors": errors[:20],
+        "requests": per_request_ms(results),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, cfg = parse_args(argv)
+    runs = [run_once(a, replace(cfg, max_concurrency=c)) for c in a.concurrencies or [None]]
+    doc = {"args": vars(a)} | (runs[0] if len(runs) == 1 else {"sweep": runs})
     if a.json_out:
-        doc = {
-            "args": vars(a),
-            "summary": summary,
-            "by_kind": by_kind,
-            "stages": stages,
-            "errors": errors[:20],
-        }
         Path(a.json_out).write_text(json.dumps(json_safe(doc), indent=2))
-    return 0 if summary["completed"] else 1
+    if a.plot:
+        from benchmarks.plots import plot_docs  # matplotlib only when a picture is asked for
+
+        plot_docs([(Path(a.json_out or "run").stem, doc)], a.plot)
+    return 0 if all(r["summary"]["completed"] for r in runs) else 1
 
 
 if __name__ == "__main__":

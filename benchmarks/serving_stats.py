@@ -74,6 +74,16 @@ def summarize(results: list[RequestResult], duration_s: float, ttft_ms=None, tpo
     }
 
 
+def per_request_ms(results: list[RequestResult]) -> dict[str, list[float]]:
+    """Each succeeded request's TTFT and TPOT in ms, rounded to 0.01 ms (keeps the JSON small), for
+    distributions (benchmarks/plots.py); TPOT leaves out one-token outputs, which have none."""
+    ok = [r for r in results if r.ok]
+    return {
+        "ttft_ms": [round(r.ttft_s * 1e3, 2) for r in ok if r.ttft_s is not None],
+        "tpot_ms": [round(t * 1e3, 2) for r in ok if (t := r.tpot_s) is not None],
+    }
+
+
 def json_safe(obj):
     """inf/NaN (an unlimited rate, a percentile of nothing) become null: strict JSON has neither."""
     if isinstance(obj, dict):

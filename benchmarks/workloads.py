@@ -1,4 +1,5 @@
-"""Time-driven serving workloads for `benchmarks/serving.py`: interference and multi-turn.
+"""Serving workloads for `benchmarks/serving.py`: request-count ones (random, shared-prefix, sent by
+a Poisson process) and time-driven ones (interference and multi-turn).
 
 Both take `send`, a coroutine that sends one request and returns its result (serving.py's
 `send_request` bound to a session), so the HTTP side and the metrics stay in one place.
@@ -15,13 +16,16 @@ multi-turn    `num_conversations` conversations of `turns` turns each, `max_conc
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-# Same range as serving.py's prompts: above the special tokens, below any real vocabulary size.
+# Prompts are token ids (the completions API takes them), so input lengths are exact whatever the
+# tokenizer; drawn above the special tokens that vocabularies put first, below any real vocabulary size.
 TOKEN_RANGE = (100, 10_000)
 LONG_OUTPUT_TOKENS = 16  # a long prompt's answer: short, so it measures prefill, not decode
 
@@ -40,6 +44,37 @@ Send = Callable[[Turn], Awaitable[Any]]
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    prompt: list[int]
+    max_tokens: int
+    prefix_id: int | None = None  # which shared prefix (shared-prefix workload)
+
+
+def random_workload(num: int, input_len: int, output_len: int, seed: int) -> list[WorkloadRequest]:
+    rng = random.Random(seed)
+    return [WorkloadRequest(_tokens(rng, input_len), output_len) for _ in range(num)]
+
+
+def shared_prefix_workload(
+    num: int, num_prefixes: int, prefix_len: int, suffix_len: int, output_len: int, seed: int
+) -> list[WorkloadRequest]:
+    """`num` requests over `num_prefixes` long prefixes, each used about equally, in random order."""
+    rng = random.Random(seed)
+    prefixes = [_tokens(rng, prefix_len) for _ in range(num_prefixes)]
+    ids = [i % num_prefixes for i in range(num)]
+    rng.shuffle(ids)
+    return [WorkloadRequest(prefixes[i] + _tokens(rng, suffix_len), output_len, i) for i in ids]
+
+
+def arrival_offsets(num: int, rate: float, seed: int) -> list[float]:
+    """Seconds from the start at which each request is sent: a Poisson process, or all at 0."""
+    if math.isinf(rate):
+        return [0.0] * num
+    rng = random.Random(seed)
+    return list(itertools.accumulate((rng.expovariate(rate) for _ in range(num - 1)), initial=0.0))
 
 
 async def interference(

@@ -272,3 +272,38 @@ def test_cli_prints_the_runs_stage_breakdown(fake_server, tmp_path, capsys):
     assert stages["decode"]["count"] == 4 and 100 < stages["decode"]["p50_ms"] <= 250  # in (0.1, 0.25]
     printed = capsys.readouterr().out
     assert "stage" in printed and "prefill" in printed and "p99_ms" in printed
+
+
+# --- concurrency sweeps and pictures ------------------------------------------------------------
+
+
+def test_concurrency_list_parses_and_rejects_bad_values(capsys):
+    assert serving.concurrency_list("1,4,16,64,256") == [1, 4, 16, 64, 256]
+    a, cfg = serving.parse_args(["--base-url", "http://h/v1", "--max-concurrency", "8"])
+    assert a.concurrencies == [8] and cfg.max_concurrency == 8
+    assert serving.parse_args(["--base-url", "http://h/v1"])[1].max_concurrency is None
+    for bad in ("0", "4,-1", "a", "4,,8", "", "4,4", "1.5"):
+        with pytest.raises(SystemExit) as exc:
+            serving.parse_args(["--base-url", "http://h/v1", "--max-concurrency", bad])
+        assert exc.value.code == 2 and "--max-concurrency" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        serving.parse_args(
+            ["--base-url", "http://h/v1", "--workload", "multi-turn", "--max-concurrency", "1,2"]
+        )
+    assert "request-count workload" in capsys.readouterr().err
+
+
+def test_cli_sweeps_concurrency_and_plots(fake_server, tmp_path):
+    base_url, state = fake_server
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    argv = ["--base-url", base_url, "--num-prompts", "8", "--input-len", "8", "--output-len", "4"]
+    assert serving.main(argv + ["--max-concurrency", "1,4", "--json-out", str(out), "--plot", str(png)]) == 0
+    doc = json.loads(out.read_text())
+    assert [run["max_concurrency"] for run in doc["sweep"]] == [1, 4]
+    assert len(state.bodies) == 16 and state.max_in_flight <= 4
+    for run in doc["sweep"]:
+        ttft, tpot = run["requests"]["ttft_ms"], run["requests"]["tpot_ms"]
+        assert len(ttft) == len(tpot) == 8 and min(ttft) >= 1e3 * FIRST_TOKEN_DELAY_S
+        assert all(round(v, 2) == v for v in ttft + tpot)
+        assert run["summary"]["ttft_ms"]["p50"] == pytest.approx(percentile(ttft, 50), abs=0.01)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
