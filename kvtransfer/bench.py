@@ -120,15 +120,15 @@ def raw_copy_GBps(args: argparse.Namespace, mib: int = 1024) -> float:
     dst = torch.empty_like(src, device=args.dst_device)
     rates = []
     for _ in range(4):
-        _sync(args)
+        _sync()
         t0 = time.perf_counter()
         dst.copy_(src)
-        _sync(args)
+        _sync()
         rates.append(src.numel() / (time.perf_counter() - t0) / 1e9)
     return statistics.median(rates[1:])
 
 
-def _sync(args: argparse.Namespace) -> None:
+def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 

@@ -34,12 +34,12 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, src_ids: torch.Tensor, dst
     word = torch.int32 if block_bytes % 4 == 0 else torch.uint8  # dtype-agnostic: move raw words
     s, d = s.view(word), d.view(word)
     elems = s.shape[2]
-    chunk = min(triton_next_pow2(elems), 2048)
+    chunk = min(_next_pow2(elems), 2048)
     grid = (src_ids.numel(), s.shape[0])
     _get_kernel()[grid](s, d, src_ids, dst_ids, s.stride(0), d.stride(0), elems, chunk, num_warps=4)
 
 
-def triton_next_pow2(n: int) -> int:
+def _next_pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 

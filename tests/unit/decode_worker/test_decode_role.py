@@ -9,23 +9,19 @@ from dataclasses import replace
 
 import pytest
 
-from common import LLM, SamplingParams
+from common import SamplingParams
 from common.messages import Abort, DecodeRequest, TokenOutput
 from common.sequence import SequenceStatus
 from decode_worker.admission import sequence_from_request, transferable
 from decode_worker.role import DecodeRole
 from prefill_worker.role import PrefillRole
+from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS, offline_reference
 from tests.unit.prefill_worker.harness import Pair, make_service, prefill_request, run_until
-
-PROMPTS = [[(i * 37 + k * 101 + 11) % 500 for i in range(n)] for k, n in enumerate((5, 16, 40, 70))]
-MAX_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dirs) -> list[list[int]]:
-    llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [o["token_ids"] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    return offline_reference(tiny_model_dirs["llama"])
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import time
 import msgpack
 import pytest
 
-from common import LLM, SamplingParams
+from common import SamplingParams
 from common.hashing import block_hashes
 from common.kv_events import BlockStored
 from common.messages import (
@@ -26,17 +26,13 @@ from common.messages import (
 )
 from decode_worker.role import DecodeRole, MixedRole
 from prefill_worker.role import PrefillRole
+from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS, offline_reference
 from tests.unit.prefill_worker.harness import Pair, make_service, prefill_request, run_until
-
-PROMPTS = [[(i * 37 + k * 101 + 11) % 500 for i in range(n)] for k, n in enumerate((5, 16, 40, 70))]
-MAX_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dirs) -> list[list[int]]:
-    llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [o["token_ids"] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    return offline_reference(tiny_model_dirs["llama"])
 
 
 @pytest.fixture(params=[DecodeRole, MixedRole], ids=["decode", "mixed"])

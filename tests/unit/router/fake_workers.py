@@ -155,12 +155,9 @@ class FakeWorker:
 
     async def _prefill(self, req: PrefillRequest) -> None:
         s = self.script
-        if s.silent:
+        cached = await self._admit(req)
+        if cached is None:
             return
-        if s.fail_retryable:
-            await self.send(RequestFailed(req.request_id, self.worker_id, "out of blocks", True))
-            return
-        cached = await self._cache_prompt(req.prompt_token_ids)
         first = s.reply[0]
         max_tokens = req.sampling.max_tokens
         done = "stop" if first == s.eos_id else ("length" if max_tokens == 1 else None)
@@ -193,6 +190,16 @@ class FakeWorker:
         )
         await self.send(out)
 
+    async def _admit(self, req: PrefillRequest | GenerateRequest) -> int | None:
+        """A request that computes its prompt here, as the script says: None when it is dropped
+        (silent) or refused (retryable failure), else the leading blocks the cache already held."""
+        if self.script.silent:
+            return None
+        if self.script.fail_retryable:
+            await self.send(RequestFailed(req.request_id, self.worker_id, "out of blocks", True))
+            return None
+        return await self._cache_prompt(req.prompt_token_ids)
+
     async def _cache_prompt(self, prompt: list[int]) -> int:
         """Leading blocks already held; the rest are added (and published by workers with events)."""
         s = self.script
@@ -208,12 +215,9 @@ class FakeWorker:
     async def _generate(self, req: GenerateRequest) -> None:
         """A decode/mixed worker prefilling the prompt itself: every token from index 0, one stream."""
         s = self.script
-        if s.silent:
+        cached = await self._admit(req)
+        if cached is None:
             return
-        if s.fail_retryable:
-            await self.send(RequestFailed(req.request_id, self.worker_id, "out of blocks", True))
-            return
-        cached = await self._cache_prompt(req.prompt_token_ids)
         await asyncio.sleep(s.first_token_delay)
         await self._stream(req.request_id, req.prompt_token_ids, req.sampling, 0, cached * s.block_size)
 
