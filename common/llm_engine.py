@@ -91,13 +91,20 @@ class LLMEngine:
             # Run-ahead feeds device-side tokens that only rank 0 (the sampler) holds.
             logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
             self.async_scheduling = False
+        self._in_flight: run_ahead.InFlightStep | None = None
         if config.speculative == "ngram" and proposer is None:
             proposer = NgramProposer(speculative_config(config), self.max_model_len)
+        self._plain_async = self.async_scheduling
+        self.set_proposer(proposer)
+
+    def set_proposer(self, proposer: Proposer | None) -> None:
+        """Speculate with `proposer` from the next step on (None: stop speculating). The proposer
+        weighs drafts against this runner's measured step costs (timed once, on first use)."""
         if proposer is not None:
-            self.scheduler.proposer = proposer
-            # Proposals are read from the host-side tokens, which run-ahead leaves as placeholders.
-            self.async_scheduling = False
-        self._in_flight: run_ahead.InFlightStep | None = None
+            proposer.costs = self.runner.step_costs()
+        self.scheduler.proposer = proposer
+        # Proposals are read from the host-side tokens, which run-ahead leaves as placeholders.
+        self.async_scheduling = self._plain_async and proposer is None
 
     @classmethod
     def from_config(cls, config: EngineConfig, runner_cls: type[ModelRunner] = ModelRunner) -> LLMEngine:
@@ -271,8 +278,8 @@ def speculative_config(config: EngineConfig) -> SpeculativeConfig:
 def build_draft_proposer(
     config: EngineConfig, model_config: ModelConfig, runner: ModelRunner, max_model_len: int
 ) -> Proposer:
-    """Load the draft model beside the target: same device, dtype and block size, eager (it runs a
-    handful of tokens per call), as many KV blocks as the target."""
+    """Load the draft model beside the target: same device, dtype and block size, as many KV blocks
+    as the target, and (unless the target runs eager) its own CUDA graphs for its one-token steps."""
     from common.draft_proposer import DraftModelProposer
 
     draft_config = ModelConfig.from_dir(config.draft_model)
@@ -286,7 +293,8 @@ def build_draft_proposer(
         model=config.draft_model,
         device=config.device,
         dtype=config.dtype,
-        enforce_eager=True,
+        enforce_eager=config.enforce_eager,
+        max_num_seqs=config.max_num_seqs,
         kvcache_block_size=config.kvcache_block_size,
         num_kvcache_blocks=runner.num_kv_blocks,
         max_model_len=limit,

@@ -21,6 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.sequence import Sequence
+from common.spec_policy import (
+    StepCosts,
+    draft_length,
+    record_acceptance,
+    worth_speculating,
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +34,8 @@ class SpeculativeConfig:
     num_tokens: int = 4  # k: proposals per step
     max_n: int = 3  # longest n-gram matched
     min_n: int = 1
-    max_batch: int = 16  # above this many running sequences, speculation is off (decode is compute-rich)
+    # Without measured step costs (the CPU), speculation is off above this many running sequences.
+    max_batch: int = 16
 
     def __post_init__(self) -> None:
         for name in ("num_tokens", "max_n", "min_n", "max_batch"):
@@ -57,37 +64,76 @@ def can_speculate(seq: Sequence) -> bool:
 
 
 class Proposer:
-    """Proposes draft tokens for decoding sequences; subclasses implement `draft(seq, room)`.
+    """Proposes draft tokens for decoding sequences; subclasses implement `draft(seq, room)` or, when
+    proposing for many sequences at once is cheaper (a draft model), `draft_batch`.
 
     Drafts must be a deterministic function of the sequence's tokens (a point-mass proposal), which
-    is what makes `accept_drafts` exact."""
+    is what makes `accept_drafts` exact. `costs` (measured step costs, set by the engine on a device
+    with CUDA graphs) turns on the cost-based batch decision of `common.spec_policy`; without it the
+    fixed `config.max_batch` rule applies."""
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
+        self.costs: StepCosts | None = None
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
         raise NotImplementedError
 
+    def draft_batch(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]]:
+        """Up to `rooms[i]` drafts for each of `seqs`."""
+        return [self.draft(seq, room) for seq, room in zip(seqs, rooms, strict=True)]
+
     def release(self, seq: Sequence) -> None:
         """The sequence finished or was preempted: drop any per-sequence proposer state."""
 
-    def propose(self, seq: Sequence) -> list[int]:
-        """Draft tokens for a decoding sequence, capped so the verified run never passes max_tokens
-        or max_model_len (the accepted drafts plus one sampled token must fit)."""
+    def room(self, seq: Sequence) -> int:
+        """Drafts to propose for a decoding sequence now: 0 when it cannot speculate or is backing off,
+        else its adaptive draft length capped so the verified run never passes max_tokens or
+        max_model_len (the accepted drafts plus one sampled token must fit)."""
         if not can_speculate(seq):
-            return []
+            return 0
         if seq.spec_skip_steps > 0:  # backing off after proposals that were all rejected
             seq.spec_skip_steps -= 1
-            return []
-        room = min(
-            self.config.num_tokens,
-            seq.sampling_params.max_tokens - seq.num_completion_tokens - 1,
-            self.max_model_len - len(seq) - 1,
+            return 0
+        return max(
+            0,
+            min(
+                draft_length(seq, self.config.num_tokens),
+                seq.sampling_params.max_tokens - seq.num_completion_tokens - 1,
+                self.max_model_len - len(seq) - 1,
+            ),
         )
-        if room <= 0:
-            return []
-        return self.draft(seq, room)
+
+    def plan(self, running: list[Sequence], budget: int) -> None:
+        """Add this step's drafts to the decoding sequences among `running` (maybe to none).
+
+        `budget`: tokens the step may compute; every running sequence keeps one, drafts share the rest.
+        """
+        if self.costs is None and len(running) > self.config.max_batch:
+            return
+        wanted = []
+        for seq in running:
+            if seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0:
+                room = self.room(seq)
+                if room > 0:
+                    wanted.append((seq, room))
+        # An optimistic check first: proposals cost host (or draft model) time.
+        if not wanted or (self.costs is not None and not worth_speculating(self.costs, len(running), wanted)):
+            return
+        drafts = self.draft_batch([s for s, _ in wanted], [r for _, r in wanted])
+        spare = budget - len(running)
+        chosen = []
+        for (seq, _), d in zip(wanted, drafts, strict=True):
+            d = d[: max(spare, 0)]
+            if d:
+                chosen.append((seq, d))
+                spare -= len(d)
+        counts = [(seq, len(d)) for seq, d in chosen]
+        if self.costs is not None and not worth_speculating(self.costs, len(running), counts):
+            return
+        for seq, d in chosen:
+            seq.add_drafts(d)
 
 
 class NgramProposer(Proposer):
@@ -123,6 +169,7 @@ def accept_drafts(seq: Sequence, samples: list[int], stats: SpecStats) -> list[i
     seq.append_token(samples[accepted])
     stats.proposed += len(drafts)
     stats.accepted += accepted
+    record_acceptance(seq, len(drafts), accepted)
     stats.verify_steps += 1
     _back_off(seq, accepted)
     return drafts[:accepted] + [samples[accepted]]

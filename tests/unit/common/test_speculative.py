@@ -91,32 +91,36 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_model_dirs):
     often wrong: both the accept and the reject paths are exercised. Runs are deterministic (the
     engine seeds its generator), so the bound is not flaky.
     """
-    model = tiny_model_dirs["qwen3"]
+    n = 1500
+    tv, accepted, rejected = two_sample_total_variation(
+        tiny_model_dirs["qwen3"], n=n, max_num_seqs=n, speculative_max_batch=n
+    )
+    assert accepted > 100 and rejected > 100  # both paths ran
+    # Binned so that every category is seen ~40+ times, two samples of 1500 from one distribution
+    # differ by about 0.03 in total variation; a verifier that skewed towards the proposals would
+    # move far more mass.
+    assert tv < 0.08, tv
+
+
+def two_sample_total_variation(model: str, n: int = 1500, **engine_kw) -> tuple[float, int, int]:
+    """(binned total variation between the 4th sampled token with and without n-gram speculation,
+    drafts accepted, drafts rejected) for n requests of a prompt that repeats the model's own greedy
+    continuation."""
     seed = [3, 4, 5, 6]
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     own = LLM(model, num_kvcache_blocks=64).generate([seed], greedy, use_tqdm=False)[0]["token_ids"]
-    prompt, n = seed + own + seed, 1500
-    counts = []
+    prompt = seed + own + seed
+    counts, stats = [], None
     for speculative in (None, "ngram"):
         llm = LLM(
-            model,
-            num_kvcache_blocks=2048,
-            max_num_seqs=n,
-            speculative=speculative,
-            num_speculative_tokens=3,
-            speculative_max_batch=n,
+            model, num_kvcache_blocks=2048, speculative=speculative, num_speculative_tokens=3, **engine_kw
         )
         params = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
         outs = llm.generate([prompt] * n, params, use_tqdm=False)
         counts.append(Counter(o["token_ids"][3] for o in outs))
         stats = llm.engine.scheduler.spec_stats
-        if speculative:
-            assert stats.accepted > 100 and stats.proposed - stats.accepted > 100  # both paths ran
     tv = _binned_total_variation(counts[0], counts[1], n)
-    # Binned so that every category is seen ~40+ times, two samples of 1500 from one distribution
-    # differ by about 0.03 in total variation; a verifier that skewed towards the proposals would
-    # move far more mass.
-    assert tv < 0.08, (tv, counts[0].most_common(5), counts[1].most_common(5))
+    return tv, stats.accepted, stats.proposed - stats.accepted
 
 
 def _binned_total_variation(a: Counter, b: Counter, n: int, min_count: int = 40) -> float:
