@@ -35,24 +35,50 @@ from common.llm_engine import build_draft_proposer, speculative_config  # noqa: 
 from common.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
 
 FUNCTIONS = [
-    "def total(xs):\n    t = 0\n    for x in xs:\n        t = t + x\n    return t\n",
-    "def longest(words):\n    best = ''\n    for w in words:\n        if len(w) > len(best):\n"
-    "            best = w\n    return best\n",
-    "def count_vowels(text):\n    n = 0\n    for ch in text.lower():\n        if ch in 'aeiou':\n"
-    "            n += 1\n    return n\n",
-    "def merge(a, b):\n    out = dict(a)\n    for key, value in b.items():\n        out[key] = value\n"
-    "    return out\n",
+    "def summarize(orders):\n    t = 0\n    count = 0\n    largest = None\n    for order in orders:\n"
+    "        if order.cancelled:\n            continue\n        t = t + order.amount\n        count += 1\n"
+    "        if largest is None or order.amount > largest.amount:\n            largest = order\n"
+    "    average = t / count if count else 0\n    return {'total': t, 'count': count, 'average': average,"
+    " 'largest': largest}\n",
+    "def parse_config(lines):\n    cfg = {}\n    section = 'default'\n    for raw in lines:\n"
+    "        line = raw.strip()\n        if not line or line.startswith('#'):\n            continue\n"
+    "        if line.startswith('[') and line.endswith(']'):\n            section = line[1:-1]\n"
+    "            cfg.setdefault(section, {})\n            continue\n"
+    "        key, _, value = line.partition('=')\n"
+    "        cfg.setdefault(section, {})[key.strip()] = value.strip()\n    return cfg\n",
+    "def find_duplicates(paths):\n    seen = {}\n    dups = []\n    for path in paths:\n"
+    "        with open(path, 'rb') as handle:\n"
+    "            digest = hashlib.sha256(handle.read()).hexdigest()\n"
+    "        if digest in seen:\n            dups.append((seen[digest], path))\n        else:\n"
+    "            seen[digest] = path\n    dups.sort()\n    return dups\n",
+    "def moving_average(values, window):\n    out = []\n    acc = 0.0\n    for i, v in enumerate(values):\n"
+    "        acc += v\n        if i >= window:\n            acc -= values[i - window]\n"
+    "        if i + 1 >= window:\n            out.append(acc / window)\n    return out\n",
 ]
-RENAMES = [("t", "running_sum"), ("best", "longest_word"), ("n", "vowel_count"), ("out", "merged")]
+RENAMES = [
+    ("t", "running_total"),
+    ("cfg", "settings"),
+    ("seen", "first_path_by_digest"),
+    ("acc", "window_sum"),
+]
 TYPOS = [
     "Teh river rose slowly thrugh the night, and by morning the low feilds near the mill were under "
-    "water. Farmers moved there animals to the hill, were the old chapel stood.",
-    "Our libary opens at nine o'clock on weekdays. Visitors can borow up to five books at a tiem, and "
-    "overdue books are charged a smal fee each day.",
-    "The recipe is simple: mix the flour and the sugar, add two eggs, and bake the cake for fourty "
-    "minutes untill it is golden brown on top.",
+    "water. Farmers moved there animals to the hill, were the old chapel stood, and waited for the rain "
+    "to stop. By noon the sky had cleard, the water began to fall, and children came out to watch the "
+    "boats drift past the flooded road. In the evening the miller opend his doors and offered bread to "
+    "evryone who had helped.",
+    "Our libary opens at nine o'clock on weekdays and at ten on saturdays. Visitors can borow up to five "
+    "books at a tiem, and overdue books are charged a smal fee each day. The reading room on the secund "
+    "floor is quiet, and laptops are alowed at the long tables by the windows. Please ask the staff if "
+    "you need help finding a book or using the computers.",
+    "The recipe is simple: mix the flour and the sugar in a large bowl, add two eggs and a cup of milk, "
+    "and stir untill the batter is smooth. Pour it into a buttered tin and bake the cake for fourty "
+    "minutes, or untill it is golden brown on top. Let it cool for ten minuts before you cut it, and "
+    "serve it with fresh frut and cream.",
     "Please remeber to turn off the lights when you leave the office, and make shure the windows are "
-    "closed before the weekend begins.",
+    "closed before the weekend begins. The cleaning team will arive on saturday morning, so leave your "
+    "desk tidy and put any papers in the drawers. If you are the last person to leave, set the alarm "
+    "and lock the front door behind you.",
 ]
 COPY = [
     f"Rename the variable `{old}` to `{new}` in this function and return the whole function:\n\n{code}"
@@ -145,7 +171,16 @@ def main() -> None:
     p.add_argument("--draft-layers", type=int, default=None, help="also run a draft model: first N layers")
     args = p.parse_args()
     model = resolve_model(args.model)
-    llm = LLM(model, dtype=args.dtype, max_num_seqs=max(max(args.batches), 16), num_kvcache_blocks=4096)
+    # Configured for speculation so the decode graphs have room for verification rows; the baseline
+    # runs with the proposer removed.
+    llm = LLM(
+        model,
+        dtype=args.dtype,
+        max_num_seqs=max(max(args.batches), 16),
+        num_kvcache_blocks=4096,
+        speculative="ngram",
+        num_speculative_tokens=max(args.ks),
+    )
     with tempfile.TemporaryDirectory() as tmp:
         draft_dir = truncated_copy(model, Path(tmp), args.draft_layers) if args.draft_layers else None
         best = sweep(llm, args, proposers(llm, args.ks, draft_dir))
@@ -167,8 +202,10 @@ def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> float
             run(llm, prompts, None, 4)  # warm-up
             base, ref, _ = run(llm, prompts, None, args.max_tokens)
             for kind, k, proposer in runs:
-                tpot, outs, stats = (base, ref, SpecStats()) if proposer is None else run(
-                    llm, prompts, proposer, args.max_tokens
+                tpot, outs, stats = (
+                    (base, ref, SpecStats())
+                    if proposer is None
+                    else run(llm, prompts, proposer, args.max_tokens)
                 )
                 same = sum(a == b for a, b in zip(outs, ref, strict=True)) / len(ref)
                 print(

@@ -18,7 +18,7 @@ from common.runner.model_runner import ModelRunner
 from common.sampling_params import SamplingParams
 from common.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from common.sequence import Sequence
-from common.speculative import NgramProposer, Proposer, SpeculativeConfig
+from common.speculative import SKIP_AFTER_NO_MATCH, NgramProposer, Proposer, SpeculativeConfig
 
 if TYPE_CHECKING:
     import torch
@@ -94,7 +94,6 @@ class LLMEngine:
         self._in_flight: run_ahead.InFlightStep | None = None
         if config.speculative == "ngram" and proposer is None:
             proposer = NgramProposer(speculative_config(config), self.max_model_len)
-        self._plain_async = self.async_scheduling
         self.set_proposer(proposer)
 
     def set_proposer(self, proposer: Proposer | None) -> None:
@@ -102,9 +101,8 @@ class LLMEngine:
         weighs drafts against this runner's measured step costs (timed once, on first use)."""
         if proposer is not None:
             proposer.costs = self.runner.step_costs()
+            proposer.skip_after_no_match = SKIP_AFTER_NO_MATCH if self.async_scheduling else 0
         self.scheduler.proposer = proposer
-        # Proposals are read from the host-side tokens, which run-ahead leaves as placeholders.
-        self.async_scheduling = self._plain_async and proposer is None
 
     @classmethod
     def from_config(cls, config: EngineConfig, runner_cls: type[ModelRunner] = ModelRunner) -> LLMEngine:

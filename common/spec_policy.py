@@ -78,6 +78,26 @@ def expected_tokens(seq: Sequence, drafts: int) -> float:
     return 1.0 + sum(a**j for j in range(1, drafts + 1))
 
 
+def choose_drafts(
+    costs: StepCosts, num_rows: int, wanted: list[tuple[Sequence, int]]
+) -> list[tuple[Sequence, int]]:
+    """The (sequence, draft count) pairs of `wanted` worth verifying in a step of `num_rows` plain rows:
+    sequences join most-likely-accepted first while their rows fit the largest captured step, and the
+    prefix with the most expected tokens per second wins if it beats the plain step (else none)."""
+    ranked = sorted(wanted, key=lambda pair: acceptance_rate(pair[0]), reverse=True)
+    best_rate, best_len = num_rows / costs.cost(num_rows), 0
+    rows, tokens = num_rows, float(num_rows)
+    for i, (seq, drafts) in enumerate(ranked):
+        rows += drafts
+        if rows > costs.max_rows:
+            break
+        tokens += expected_tokens(seq, drafts) - 1.0
+        rate = tokens / costs.cost(rows)
+        if rate > best_rate:
+            best_rate, best_len = rate, i + 1
+    return ranked[:best_len]
+
+
 def worth_speculating(costs: StepCosts, num_rows: int, drafts: list[tuple[Sequence, int]]) -> bool:
     """Does a step of `num_rows` plain rows plus `drafts` ((sequence, draft count) pairs) yield more
     expected tokens per second than the plain step alone?"""
@@ -85,5 +105,4 @@ def worth_speculating(costs: StepCosts, num_rows: int, drafts: list[tuple[Sequen
     if not extra or num_rows + extra > costs.max_rows:
         return False
     gain = sum(expected_tokens(seq, d) - 1.0 for seq, d in drafts)
-    plain_rate = num_rows / costs.cost(num_rows)
-    return (num_rows + gain) / costs.cost(num_rows + extra) > plain_rate
+    return (num_rows + gain) / costs.cost(num_rows + extra) > num_rows / costs.cost(num_rows)

@@ -1,7 +1,7 @@
 """CUDA-graph replay of decode-shaped steps.
 
 A decode step launches hundreds of small kernels; captured once per row count and replayed, the
-launch cost disappears. Graphs are captured for 1, 2, 4, 8 and then steps of 16 up to `max_num_seqs`
+launch cost disappears. Graphs are captured for 1, 2, 4, 8 and then steps of 16 up to `max_rows`
 rows; a step is padded to the next captured size (padding rows write no KV: slot -1).
 
 A row is one query token with its own context length, so any step whose sequences each compute a few
@@ -31,11 +31,11 @@ from common.spec_policy import StepCosts
 logger = logging.getLogger(__name__)
 
 
-def capture_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]
-    sizes += list(range(16, max_num_seqs + 1, 16))
-    if sizes[-1] < max_num_seqs:
-        sizes.append(max_num_seqs)
+def capture_sizes(max_rows: int) -> list[int]:
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_rows]
+    sizes += list(range(16, max_rows + 1, 16))
+    if sizes[-1] < max_rows:
+        sizes.append(max_rows)
     return sizes
 
 
@@ -117,14 +117,14 @@ class DecodeGraphs:
         self,
         model: torch.nn.Module,
         backend: AttentionBackend,
-        max_num_seqs: int,
+        max_rows: int,
         max_blocks_per_seq: int,
         max_seq_len: int,
         block_size: int,
         device: torch.device,
     ) -> None:
         self.model, self.backend, self.device = model, backend, device
-        self.sizes = capture_sizes(max_num_seqs)
+        self.sizes = capture_sizes(max_rows)
         self.max_bs, self.width = self.sizes[-1], max_blocks_per_seq
         self.max_seq_len, self.block_size = max_seq_len, block_size
         n = self.max_bs * (5 + self.width)

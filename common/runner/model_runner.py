@@ -30,6 +30,17 @@ logger = logging.getLogger(__name__)
 
 # Context length at which decode step costs are measured: a chat turn's worth of tokens.
 _COST_CONTEXT_TOKENS = 512
+# Most rows a speculating engine captures graphs for (a verification of k drafts takes k + 1 rows).
+_MAX_SPECULATIVE_ROWS = 512
+
+
+def graph_rows(config: EngineConfig) -> int:
+    """Largest captured step: a decode step of `max_num_seqs`, or, with speculation configured, room
+    for that many sequences verifying k drafts each, up to `_MAX_SPECULATIVE_ROWS`."""
+    if config.speculative is None:
+        return config.max_num_seqs
+    wanted = config.max_num_seqs * (config.num_speculative_tokens + 1)
+    return max(config.max_num_seqs, min(wanted, _MAX_SPECULATIVE_ROWS))
 
 
 class ModelRunner:
@@ -119,7 +130,7 @@ class ModelRunner:
         self.graphs = DecodeGraphs(
             self.model,
             self.backend,
-            self.config.max_num_seqs,
+            graph_rows(self.config),
             blocks_for(self.max_model_len, self.block_size),
             self.max_model_len,
             self.block_size,

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from common import LLM, SamplingParams
+from common import LLM, SamplingParams, run_ahead
 from common.hashing import block_hashes
-from common.speculative import accepted_length, ngram_propose
+from common.speculative import NgramIndex, accepted_length, ngram_propose
 
 
 def test_ngram_propose_takes_the_most_recent_longest_match():
@@ -20,6 +20,15 @@ def test_ngram_propose_takes_the_most_recent_longest_match():
     assert ngram_propose(tokens, 2, max_n=3, min_n=1) == [7, 8]
     assert ngram_propose([4, 5, 6], 3, max_n=3, min_n=1) == []  # nothing repeats
     assert ngram_propose([5, 6, 5], 4, max_n=2, min_n=1) == [6, 5]  # falls back to a 1-gram
+
+
+def test_ngram_index_answers_as_the_scan_does():
+    rng = random.Random(0)
+    for _ in range(200):
+        tokens = [rng.randrange(6) for _ in range(rng.randint(1, 40))]
+        index = NgramIndex(max_n=3, min_n=1)
+        for length in range(1, len(tokens) + 1):  # grown one token at a time, as a sequence does
+            assert index.propose(tokens[:length], 4) == ngram_propose(tokens[:length], 4, 3, 1)
 
 
 def test_accepted_length():
@@ -165,3 +174,30 @@ def test_draft_model_must_share_the_vocabulary(tiny_model_dirs, tmp_path):
         LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64, speculative="draft", draft_model=str(other))
     with pytest.raises(ValueError, match="draft_model"):
         LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64, speculative="draft")
+
+
+def test_speculation_alongside_run_ahead(tiny_model_dirs, monkeypatch):
+    """With run-ahead on, steps without drafts run ahead and steps with drafts sync first: greedy
+    outputs stay identical, and both kinds of step happen."""
+    prompts = _repetitive_prompts(4, seed=5) + [[7, 300, 21, 9, 411]]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=256)
+    expected = [o["token_ids"] for o in plain.generate(prompts, params, use_tqdm=False)]
+    spec = LLM(
+        tiny_model_dirs["llama"],
+        num_kvcache_blocks=256,
+        speculative="ngram",
+        num_speculative_tokens=4,
+        async_scheduling=True,
+    )
+    launched_ahead = []
+    original = run_ahead.start
+
+    def counting(seqs, handle):
+        launched_ahead.append(len(seqs))
+        return original(seqs, handle)
+
+    monkeypatch.setattr(run_ahead, "start", counting)
+    outs = [o["token_ids"] for o in spec.generate(prompts, params, use_tqdm=False)]
+    assert outs == expected
+    assert spec.engine.scheduler.spec_stats.verify_steps > 0 and launched_ahead
