@@ -16,6 +16,10 @@ python3 benchmarks/speculative.py --dtype bfloat16 --ks $KS --batches ${SPEC_BAT
     --max-tokens 160 --draft-layers "${SPEC_DRAFT_LAYERS:-16}" 2>&1 | grep -v Loading | tee "$LOG/bf16.txt"
 python3 benchmarks/speculative.py --dtype float32 --ks $KS --batches 1 8 --max-tokens 160 2>&1 \
     | grep -v Loading | tee "$LOG/fp32.txt"
+if [ -n "${SPEC_PROFILE:-}" ]; then  # where the host's time goes in speculating steps
+  python3 -m cProfile -s tottime benchmarks/speculative.py --dtype bfloat16 --ks 4 --batches 8 \
+      --max-tokens 160 2>&1 | grep -v Loading | head -45 | tee "$LOG/profile.txt"
+fi
 # The engine's own GPU tests last: the graph path they check now also runs verification rows.
 python3 -m pytest -q -p no:cacheprovider -m gpu ${ENGINE_TESTS:-tests/unit/common/test_gpu_engine.py} 2>&1 \
     | tail -30 | tee "$LOG/engine_tests.txt"

@@ -8,9 +8,10 @@ outputs stay identical to plain decoding.
 Workloads (greedy, `ignore_eos`): copy-heavy, edit-and-copy requests whose answer repeats most of the
 prompt (rename a variable in a short function and return the code; fix the typos in a paragraph and
 return it), and free writing (open questions). ms/token = decode wall time after every sequence has
-its first token / tokens generated after it. `same` = share of sequences whose output equals the
-k = 0 output token for token (in float32 it must be 1.00; in bf16 a verification step's rows run in
-a differently sized batch than plain decode, so near-ties can flip).
+its first token / tokens generated after it (batch 1 runs each prompt alone, in turn). `same` =
+share of sequences whose output equals the k = 0 output token for token (in float32 it must be
+1.00; in bf16 a verification step's rows run in a differently sized batch than plain decode, so
+near-ties can flip).
 
 `--draft-layers N` also runs the draft-model proposer, with a draft made here from the target: its
 first N decoder layers, its embeddings, final norm and head (same tokenizer by construction). The
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import LLM, SamplingParams  # noqa: E402
 from common.default_model import resolve_model  # noqa: E402
-from common.llm_engine import build_draft_proposer, speculative_config  # noqa: E402
+from common.draft_proposer import build_draft_proposer  # noqa: E402
 from common.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
 
 FUNCTIONS = [
@@ -96,30 +97,41 @@ FREE = [
 ]
 
 
-def prompts_for(llm: LLM, texts: list[str], batch: int) -> list[list[int]]:
+def prompt_rounds(llm: LLM, texts: list[str], batch: int) -> list[list[list[int]]]:
+    """Batches of `batch` chat prompts; a batch smaller than the prompt set runs once per slice of it
+    (batch 1 runs every prompt alone), so no single prompt decides a small batch's figure."""
     tok = llm.tokenizer
     rendered = [
-        tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+            )
+        )
         for t in texts
     ]
-    return [tok.encode(rendered[i % len(rendered)]) for i in range(batch)]
+    rounds = max(1, len(rendered) // batch)
+    return [[rendered[(r * batch + i) % len(rendered)] for i in range(batch)] for r in range(rounds)]
 
 
 def run(
-    llm: LLM, prompts: list[list[int]], proposer: Proposer | None, max_tokens: int
+    llm: LLM, rounds: list[list[list[int]]], proposer: Proposer | None, max_tokens: int
 ) -> tuple[float, list[list[int]], SpecStats]:
+    """(seconds per output token after the first, outputs, speculation stats) over all rounds."""
     engine = llm.engine
     engine.set_proposer(proposer)
     engine.scheduler.spec_stats = SpecStats()
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    seqs = [engine.add_request(p, params) for p in prompts]
-    while any(s.num_completion_tokens == 0 for s in seqs):
-        engine.step()  # prefill: every sequence has its first token
-    t0 = time.perf_counter()
-    while engine.has_unfinished:
-        engine.step()
-    elapsed = time.perf_counter() - t0
-    return elapsed / (max_tokens - 1), [s.completion_token_ids for s in seqs], engine.scheduler.spec_stats
+    elapsed, outputs = 0.0, []
+    for prompts in rounds:
+        seqs = [engine.add_request(p, params) for p in prompts]
+        while any(s.num_completion_tokens == 0 for s in seqs):
+            engine.step()  # prefill: every sequence has its first token
+        t0 = time.perf_counter()
+        while engine.has_unfinished:
+            engine.step()
+        elapsed += time.perf_counter() - t0
+        outputs += [s.completion_token_ids for s in seqs]
+    return elapsed / len(rounds) / (max_tokens - 1), outputs, engine.scheduler.spec_stats
 
 
 def truncated_copy(src: str, dst: Path, num_layers: int) -> str:
@@ -156,7 +168,7 @@ def proposers(llm: LLM, ks: list[int], draft_dir: str | None) -> list[tuple[str,
         config = replace(llm.config, speculative="draft", draft_model=draft_dir)
         draft = build_draft_proposer(config, engine.model_config, engine.runner, engine.max_model_len)
         for k in ks:
-            draft.config = speculative_config(replace(config, num_speculative_tokens=k))
+            draft.config = SpeculativeConfig.from_engine(replace(config, num_speculative_tokens=k))
             out.append(("draft", k, draft))
     return out
 
@@ -198,8 +210,8 @@ def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> float
     best = 0.0
     for name, texts in (("copy", COPY), ("free", FREE)):
         for batch in args.batches:
-            prompts = prompts_for(llm, texts, batch)
-            run(llm, prompts, None, 4)  # warm-up
+            prompts = prompt_rounds(llm, texts, batch)
+            run(llm, prompts[:1], None, 4)  # warm-up
             base, ref, _ = run(llm, prompts, None, args.max_tokens)
             for kind, k, proposer in runs:
                 tpot, outs, stats = (

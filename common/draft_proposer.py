@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from common.block_manager import BlockManager
+from common.config import EngineConfig
+from common.model_config import ModelConfig
 from common.runner.model_runner import ModelRunner
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
@@ -110,3 +112,31 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def build_draft_proposer(
+    config: EngineConfig, model_config: ModelConfig, runner: ModelRunner, max_model_len: int
+) -> Proposer:
+    """Load the draft model beside the target: same device, dtype and block size, as many KV blocks
+    as the target, and (unless the target runs eager) its own CUDA graphs for its one-token steps."""
+    draft_config = ModelConfig.from_dir(config.draft_model)
+    if draft_config.vocab_size != model_config.vocab_size:
+        raise ValueError(
+            f"draft_model: vocabulary of {draft_config.vocab_size} tokens differs from the target's "
+            f"{model_config.vocab_size}"
+        )
+    limit = min(max_model_len, draft_config.max_position_embeddings)
+    engine = EngineConfig(
+        model=config.draft_model,
+        device=config.device,
+        dtype=config.dtype,
+        enforce_eager=config.enforce_eager,
+        max_num_seqs=config.max_num_seqs,
+        kvcache_block_size=config.kvcache_block_size,
+        num_kvcache_blocks=runner.num_kv_blocks,
+        max_model_len=limit,
+        attention_backend=config.attention_backend,
+        seed=config.seed,
+    )
+    draft_runner = ModelRunner.load(engine, draft_config, runner.platform, limit)
+    return DraftModelProposer(SpeculativeConfig.from_engine(config), limit, draft_runner)

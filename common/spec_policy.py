@@ -23,6 +23,10 @@ from common.sequence import Sequence
 # Acceptance counts decay by this factor per verification, so the draft length follows the text the
 # sequence is writing now (copying, then free prose, then copying again).
 _DECAY = 0.7
+# Weight of the newest step in a size's moving average of observed step times.
+_STEP_EMA = 0.2
+# Host seconds a synchronous verification adds per row before any was observed (then learned).
+_PRIOR_HOST_SECONDS_PER_ROW = 15e-6
 
 
 @dataclass(frozen=True)
@@ -42,12 +46,54 @@ class StepCosts:
     def max_rows(self) -> int:
         return self.sizes[-1]
 
-    def cost(self, rows: int) -> float:
-        """Seconds for a step of `rows` rows (padded up to the next measured size)."""
+    def padded(self, rows: int) -> int:
+        """The measured size a step of `rows` rows runs at."""
         i = bisect.bisect_left(self.sizes, rows)
         if i == len(self.sizes):
             raise ValueError(f"rows ({rows}) exceed the largest measured size ({self.sizes[-1]})")
-        return self.seconds[i]
+        return self.sizes[i]
+
+    def cost(self, rows: int) -> float:
+        """Seconds for a step of `rows` rows (padded up to the next measured size)."""
+        return self.seconds[self.sizes.index(self.padded(rows))]
+
+
+class StepClock:
+    """What a step really costs on this engine, learned from its own steps.
+
+    The graph replay times (`StepCosts`) are only the device's part. A plain decode step runs ahead,
+    so its host work hides behind the device; a verification step is synchronous (its proposals read
+    the tokens on the host), so the host's scheduling, proposing, sampling and acceptance add to it.
+    The engine reports every plain run-ahead step and every verification step (wall seconds from one
+    step's start to the next); each padded size keeps a moving average, and sizes not yet seen are
+    estimated from the replay time plus the host time per row learned so far."""
+
+    def __init__(self, costs: StepCosts) -> None:
+        self.costs = costs
+        self.plain: dict[int, float] = {}
+        self.verify: dict[int, float] = {}
+        self.host_per_row = _PRIOR_HOST_SECONDS_PER_ROW
+
+    @property
+    def max_rows(self) -> int:
+        return self.costs.max_rows
+
+    def observe(self, verify: bool, rows: int, seconds: float) -> None:
+        if rows > self.costs.max_rows:
+            return
+        size = self.costs.padded(rows)
+        table = self.verify if verify else self.plain
+        table[size] = seconds if size not in table else (1 - _STEP_EMA) * table[size] + _STEP_EMA * seconds
+        if verify:
+            extra = max(0.0, seconds - self.costs.cost(rows)) / rows
+            self.host_per_row = (1 - _STEP_EMA) * self.host_per_row + _STEP_EMA * extra
+
+    def plain_cost(self, rows: int) -> float:
+        return self.plain.get(self.costs.padded(rows), self.costs.cost(rows))
+
+    def verify_cost(self, rows: int) -> float:
+        estimate = self.costs.cost(rows) + self.host_per_row * rows
+        return self.verify.get(self.costs.padded(rows), estimate)
 
 
 def acceptance_rate(seq: Sequence) -> float:
@@ -79,30 +125,20 @@ def expected_tokens(seq: Sequence, drafts: int) -> float:
 
 
 def choose_drafts(
-    costs: StepCosts, num_rows: int, wanted: list[tuple[Sequence, int]]
+    clock: StepClock, num_rows: int, wanted: list[tuple[Sequence, int]]
 ) -> list[tuple[Sequence, int]]:
     """The (sequence, draft count) pairs of `wanted` worth verifying in a step of `num_rows` plain rows:
     sequences join most-likely-accepted first while their rows fit the largest captured step, and the
     prefix with the most expected tokens per second wins if it beats the plain step (else none)."""
     ranked = sorted(wanted, key=lambda pair: acceptance_rate(pair[0]), reverse=True)
-    best_rate, best_len = num_rows / costs.cost(num_rows), 0
+    best_rate, best_len = num_rows / clock.plain_cost(num_rows), 0
     rows, tokens = num_rows, float(num_rows)
     for i, (seq, drafts) in enumerate(ranked):
         rows += drafts
-        if rows > costs.max_rows:
+        if rows > clock.max_rows:
             break
         tokens += expected_tokens(seq, drafts) - 1.0
-        rate = tokens / costs.cost(rows)
+        rate = tokens / clock.verify_cost(rows)
         if rate > best_rate:
             best_rate, best_len = rate, i + 1
     return ranked[:best_len]
-
-
-def worth_speculating(costs: StepCosts, num_rows: int, drafts: list[tuple[Sequence, int]]) -> bool:
-    """Does a step of `num_rows` plain rows plus `drafts` ((sequence, draft count) pairs) yield more
-    expected tokens per second than the plain step alone?"""
-    extra = sum(d for _, d in drafts)
-    if not extra or num_rows + extra > costs.max_rows:
-        return False
-    gain = sum(expected_tokens(seq, d) - 1.0 for seq, d in drafts)
-    return (num_rows + gain) / costs.cost(num_rows + extra) > num_rows / costs.cost(num_rows)

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config import EngineConfig
 from common.sequence import Sequence
-from common.spec_policy import StepCosts, choose_drafts, draft_length, record_acceptance
+from common.spec_policy import StepClock, choose_drafts, draft_length, record_acceptance
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class SpeculativeConfig:
                 raise ValueError(f"speculative {name} must be a positive int, got {value!r}")
         if self.min_n > self.max_n:
             raise ValueError(f"speculative min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
+
+    @classmethod
+    def from_engine(cls, config: EngineConfig) -> SpeculativeConfig:
+        return cls(config.num_speculative_tokens, max_batch=config.speculative_max_batch)
 
 
 def ngram_propose(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int]:
@@ -101,14 +106,14 @@ class Proposer:
     proposing for many sequences at once is cheaper (a draft model), `draft_batch`.
 
     Drafts must be a deterministic function of the sequence's tokens (a point-mass proposal), which
-    is what makes `accept_drafts` exact. `costs` (measured step costs, set by the engine on a device
-    with CUDA graphs) turns on the cost-based batch decision of `common.spec_policy`; without it the
-    fixed `config.max_batch` rule applies."""
+    is what makes `accept_drafts` exact. `clock` (measured step costs, set and fed by the engine on a
+    device with CUDA graphs) turns on the cost-based batch decision of `common.spec_policy`; without
+    it the fixed `config.max_batch` rule applies."""
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
-        self.costs: StepCosts | None = None
+        self.clock: StepClock | None = None
         self.skip_after_no_match = 0  # set by an engine that runs ahead (SKIP_AFTER_NO_MATCH)
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
@@ -157,9 +162,9 @@ class Proposer:
             if d:
                 chosen.append((seq, d))
                 spare -= len(d)
-        if self.costs is not None:  # the proposals are known now: weigh them for real
+        if self.clock is not None:  # the proposals are known now: weigh them for real
             keep = {
-                id(s) for s, _ in choose_drafts(self.costs, len(running), [(s, len(d)) for s, d in chosen])
+                id(s) for s, _ in choose_drafts(self.clock, len(running), [(s, len(d)) for s, d in chosen])
             }
             chosen = [(s, d) for s, d in chosen if id(s) in keep]
         for seq, d in chosen:
@@ -168,19 +173,19 @@ class Proposer:
     def may_speculate(self, running: list[Sequence]) -> bool:
         """Could this step's batch speculate? False lets the engine run the step ahead (run-ahead
         leaves the last token on the device, where no proposal can read it)."""
-        if self.costs is None and len(running) > self.config.max_batch:
+        if self.clock is None and len(running) > self.config.max_batch:
             return False
         candidates = [s for s in running if s.spec_skip_steps == 0 and can_speculate_later(s)]
         if not candidates:
             return False
-        if self.costs is None:
+        if self.clock is None:
             return True
-        return bool(choose_drafts(self.costs, len(running), [(s, self._length(s)) for s in candidates]))
+        return bool(choose_drafts(self.clock, len(running), [(s, self._length(s)) for s in candidates]))
 
     def _wanted(self, running: list[Sequence]) -> list[tuple[Sequence, int]]:
         """(sequence, draft room) of the decoding sequences that may propose now; an optimistic
         selection when step costs are known (proposals cost host or draft-model time)."""
-        if self.costs is None and len(running) > self.config.max_batch:
+        if self.clock is None and len(running) > self.config.max_batch:
             return []
         wanted = []
         for seq in running:
@@ -188,8 +193,8 @@ class Proposer:
                 room = self.room(seq)
                 if room > 0:
                     wanted.append((seq, room))
-        if self.costs is not None and wanted:
-            return choose_drafts(self.costs, len(running), wanted)
+        if self.clock is not None and wanted:
+            return choose_drafts(self.clock, len(running), wanted)
         return wanted
 
     def _length(self, seq: Sequence) -> int:

@@ -78,7 +78,7 @@ def plain_outputs(model_dir) -> list[list[int]]:
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_fp32_greedy_identical_with_ngram_verification_in_graphs(model_dir, plain_outputs, k):
     llm = _llm(model_dir, speculative="ngram", num_speculative_tokens=k)
-    assert llm.engine.scheduler.proposer.costs is not None  # the policy weighs measured step costs
+    assert llm.engine.scheduler.proposer.clock is not None  # the policy weighs measured step costs
     verified = _count_graph_verifications(llm)
     assert _generate(llm) == plain_outputs
     stats = llm.engine.scheduler.spec_stats

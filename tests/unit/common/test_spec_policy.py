@@ -7,12 +7,13 @@ import pytest
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 from common.spec_policy import (
+    StepClock,
     StepCosts,
     acceptance_rate,
+    choose_drafts,
     draft_length,
     expected_tokens,
     record_acceptance,
-    worth_speculating,
 )
 from common.speculative import NgramProposer, SpeculativeConfig
 
@@ -45,13 +46,39 @@ def test_launch_bound_steps_speculate_compute_bound_steps_do_not():
     seq = _seq()
     for _ in range(3):
         record_acceptance(seq, 4, 2)
-    flat = StepCosts((1, 8, 16, 64), (1.0, 1.05, 1.1, 1.5))
-    assert worth_speculating(flat, 1, [(seq, 4)])
-    linear = StepCosts((1, 8, 16, 64, 80), (1.0, 8.0, 16.0, 64.0, 80.0))
-    assert not worth_speculating(linear, 64, [(seq, 4)])
-    assert not worth_speculating(flat, 62, [(seq, 4)])  # more rows than any captured graph
+    flat = StepClock(StepCosts((1, 8, 16, 64), (1.0, 1.05, 1.1, 1.5)))
+    flat.host_per_row = 0.0
+    assert choose_drafts(flat, 1, [(seq, 4)]) == [(seq, 4)]
+    linear = StepClock(StepCosts((1, 8, 16, 64, 80), (1.0, 8.0, 16.0, 64.0, 80.0)))
+    assert choose_drafts(linear, 64, [(seq, 4)]) == []
+    assert choose_drafts(flat, 62, [(seq, 4)]) == []  # more rows than any captured graph
     with pytest.raises(ValueError):
         StepCosts((8, 1), (1.0, 1.0))
+
+
+def test_the_likeliest_sequences_speculate_when_not_all_fit():
+    good, bad = _seq(), _seq()
+    for _ in range(5):
+        record_acceptance(good, 4, 4)
+        record_acceptance(bad, 4, 0)
+    clock = StepClock(StepCosts((1, 2, 4, 8, 16), (1.0, 1.0, 1.0, 1.1, 3.0)))
+    clock.host_per_row = 0.0
+    assert choose_drafts(clock, 2, [(bad, 4), (good, 4)]) == [(good, 4)]
+
+
+def test_observed_host_time_stops_speculation_that_does_not_pay():
+    seq = _seq()
+    for _ in range(3):
+        record_acceptance(seq, 4, 2)
+    clock = StepClock(StepCosts((1, 8, 16), (1.0, 1.0, 1.0)))
+    clock.host_per_row = 0.0
+    assert choose_drafts(clock, 1, [(seq, 4)])
+    for _ in range(10):  # verification steps really take 3x a plain one (the host's share)
+        clock.observe(verify=True, rows=5, seconds=3.0)
+        clock.observe(verify=False, rows=1, seconds=1.0)
+    assert choose_drafts(clock, 1, [(seq, 4)]) == []
+    assert clock.host_per_row > 0.1  # and sizes not yet seen are estimated with it
+    assert clock.verify_cost(16) > 2.0
 
 
 def test_measured_costs_replace_the_fixed_batch_cap():
@@ -63,7 +90,7 @@ def test_measured_costs_replace_the_fixed_batch_cap():
         seqs.append(seq)
     proposer.plan(seqs, budget=64)
     assert all(s.num_draft_tokens == 0 for s in seqs)  # 3 running > max_batch, no costs: no drafts
-    proposer.costs = StepCosts((1, 4, 8, 16), (1.0, 1.0, 1.0, 1.0))
+    proposer.clock = StepClock(StepCosts((1, 4, 8, 16), (1.0, 1.0, 1.0, 1.0)))
     proposer.plan(seqs, budget=64)
     assert [s.token_ids[-2:] for s in seqs] == [[6, 5]] * 3
     assert all(s.num_draft_tokens == 2 for s in seqs)
