@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import LLM, SamplingParams  # noqa: E402
 from common.default_model import resolve_model  # noqa: E402
 from common.draft_proposer import build_draft_proposer  # noqa: E402
+from common.llm_engine import StepTimings  # noqa: E402
 from common.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
 
 FUNCTIONS = [
@@ -120,6 +121,7 @@ def run(
     engine = llm.engine
     engine.set_proposer(proposer)
     engine.scheduler.spec_stats = SpecStats()
+    engine.timings = StepTimings()
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     elapsed, outputs = 0.0, []
     for prompts in rounds:
@@ -181,6 +183,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--draft-layers", type=int, default=None, help="also run a draft model: first N layers")
+    p.add_argument("--verbose", action="store_true", help="print the policy's learned step times per run")
     args = p.parse_args()
     model = resolve_model(args.model)
     # Configured for speculation so the decode graphs have room for verification rows; the baseline
@@ -190,6 +193,9 @@ def main() -> None:
         dtype=args.dtype,
         max_num_seqs=max(max(args.batches), 16),
         num_kvcache_blocks=4096,
+        # A prompt seen before would prefill only its uncached tail, with other rounding in bf16: every
+        # run must start from the same state for `same` to measure speculation alone.
+        enable_prefix_caching=False,
         speculative="ngram",
         num_speculative_tokens=max(args.ks),
     )
@@ -225,6 +231,15 @@ def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> float
                     f"{stats.acceptance_rate:>8.2f}{stats.tokens_per_step:>9.2f}{same:>6.2f}",
                     flush=True,
                 )
+                clock = proposer.clock if proposer is not None else None
+                if args.verbose and clock is not None:
+                    plain = {k: round(v * 1e3, 3) for k, v in sorted(clock.plain.items())}
+                    verify = {k: round(v * 1e3, 3) for k, v in sorted(clock.verify.items())}
+                    steps = llm.engine.timings.decode_steps + llm.engine.timings.prefill_steps
+                    print(
+                        f"    clock ms plain {plain} verify {verify} host/row "
+                        f"{clock.host_per_row * 1e6:.1f} us; verify steps {stats.verify_steps} of {steps}"
+                    )
                 if name == "copy" and batch == 1 and kind == "ngram":
                     best = max(best, base / tpot)
     return best

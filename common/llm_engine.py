@@ -211,7 +211,8 @@ class LLMEngine:
             if start - began < _MAX_TIMED_STEP_SECONDS:  # longer: the engine sat idle in between
                 clock.observe(verify, rows, start - began)
         verify = batch.num_draft_tokens > 0
-        timed = verify or (ran_ahead and batch.is_decode)
+        # A plain step is timed when it ran ahead, or when no step does (then plain steps sync too).
+        timed = verify or (batch.is_decode and (ran_ahead or not self.async_scheduling))
         self._timed_step = (verify, batch.num_decode_tokens, start) if timed else None
 
     def _resolve(self, launched: set[int]) -> list[SeqUpdate]:
