@@ -96,7 +96,9 @@ class LLMEngine:
             logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
             self.async_scheduling = False
         self._in_flight: run_ahead.InFlightStep | None = None
-        self._timed_step: tuple[bool, int, float] | None = None  # (verify, rows, start) of the last step
+        # (verify, rows, start, rows of the run-ahead step it drained first) of the last timed step
+        self._timed_step: tuple[bool, int, float, int] | None = None
+        self._ahead_rows = 0  # rows of the last step if it ran ahead (a draining step waits for it)
         if config.speculative == "ngram" and proposer is None:
             proposer = NgramProposer(SpeculativeConfig.from_engine(config), self.max_model_len)
         self.set_proposer(proposer)
@@ -173,8 +175,10 @@ class LLMEngine:
     def step(self) -> StepResult:
         t0 = time.perf_counter()
         updates: list[SeqUpdate] = []
+        drained = False
         if self._in_flight is not None and not run_ahead.can_run_ahead(self._in_flight, self.scheduler):
             updates += self._resolve(set())
+            drained = True
         batch = self.scheduler.schedule()
         result = StepResult(num_preempted=len(batch.preempted))
         if not batch.seqs:
@@ -194,26 +198,31 @@ class LLMEngine:
         else:
             updates += self.scheduler.update_from_output(batch.seqs, handle.result())
         result.updates = updates
-        self._time_step(t0, batch, ran_ahead=self._in_flight is not None)
+        self._time_step(t0, batch, ran_ahead=self._in_flight is not None, drained=drained)
         self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
         result.num_prefill_tokens = batch.num_prefill_tokens
         result.num_decode_tokens = batch.num_decode_tokens
         return result
 
-    def _time_step(self, start: float, batch: ScheduledBatch, ran_ahead: bool) -> None:
+    def _time_step(self, start: float, batch: ScheduledBatch, ran_ahead: bool, drained: bool) -> None:
         """Feed the speculation policy's clock: the previous step took from its start to this one's.
-        Only run-ahead plain decode steps and verification steps are timed (the two it compares)."""
+        Only plain decode steps that ran ahead (or any, when no step does) and verification steps are
+        timed: the two it compares. A step that first drained a run-ahead step waits there for that
+        step's device work, so the drained step's own interval is cut short (not recorded) and one
+        plain step of its size is taken off the draining step's."""
         clock = self.scheduler.proposer.clock if self.scheduler.proposer is not None else None
         if clock is None:
             return
-        if self._timed_step is not None:
-            verify, rows, began = self._timed_step
-            if start - began < _MAX_TIMED_STEP_SECONDS:  # longer: the engine sat idle in between
-                clock.observe(verify, rows, start - began)
+        if self._timed_step is not None and not drained:
+            verify, rows, began, drained_rows = self._timed_step
+            seconds = start - began - (clock.plain_cost(drained_rows) if drained_rows else 0.0)
+            if 0 < seconds < _MAX_TIMED_STEP_SECONDS:  # longer: the engine sat idle in between
+                clock.observe(verify, rows, seconds)
         verify = batch.num_draft_tokens > 0
-        # A plain step is timed when it ran ahead, or when no step does (then plain steps sync too).
         timed = verify or (batch.is_decode and (ran_ahead or not self.async_scheduling))
-        self._timed_step = (verify, batch.num_decode_tokens, start) if timed else None
+        drained_rows = self._ahead_rows if drained else 0
+        self._timed_step = (verify, batch.num_decode_tokens, start, drained_rows) if timed else None
+        self._ahead_rows = batch.num_decode_tokens if ran_ahead else 0
 
     def _resolve(self, launched: set[int]) -> list[SeqUpdate]:
         if self._in_flight is None:

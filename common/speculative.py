@@ -22,7 +22,13 @@ from dataclasses import dataclass
 
 from common.config import EngineConfig
 from common.sequence import Sequence
-from common.spec_policy import StepClock, choose_drafts, draft_length, record_acceptance
+from common.spec_policy import (
+    StepClock,
+    acceptance_rate,
+    choose_drafts,
+    draft_length,
+    record_acceptance,
+)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,7 @@ def can_speculate(seq: Sequence) -> bool:
 # Steps a sequence waits after finding no n-gram match when the engine runs ahead: each skipped step
 # may run ahead, where a proposal needs a synced one.
 SKIP_AFTER_NO_MATCH = 4
+_MAX_SKIP_STEPS = 16
 
 
 class Proposer:
@@ -251,14 +258,12 @@ def accept_drafts(seq: Sequence, samples: list[int], stats: SpecStats) -> list[i
 
 
 def _back_off(seq: Sequence, accepted: int) -> None:
-    """A verification step costs more than a plain decode step, so after a fully rejected proposal a
-    sequence skips 1, 2, 4, ... 32 steps before proposing again (free text rarely repeats itself;
-    copying text keeps being accepted and never backs off)."""
+    """After a fully rejected proposal a sequence waits before proposing again, longer the less its
+    drafts have been accepted lately (about 1/acceptance - 1 steps, at most 16): free text rarely
+    repeats itself, and each skipped step may run ahead; copying text keeps being accepted."""
     if accepted:
-        seq.spec_backoff = 0
         return
-    seq.spec_backoff = min(max(1, 2 * seq.spec_backoff), 32)
-    seq.spec_skip_steps = seq.spec_backoff
+    seq.spec_skip_steps = min(_MAX_SKIP_STEPS, int(1.0 / acceptance_rate(seq)) - 1)
 
 
 def accepted_length(drafts: list[int], samples: list[int]) -> int:
