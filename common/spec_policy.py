@@ -88,6 +88,12 @@ class StepClock:
             extra = max(0.0, seconds - self.costs.cost(rows)) / rows
             self.host_per_row = (1 - _STEP_EMA) * self.host_per_row + _STEP_EMA * extra
 
+    def can_pay(self, num_rows: int) -> bool:
+        """Could any verification beside a plain step of `num_rows` rows pay, even with every draft
+        accepted (a step of s rows then yields s tokens)? A cheap bound checked before proposing."""
+        plain_rate = num_rows / self.plain_cost(num_rows)
+        return any(s / self.verify_cost(s) > plain_rate for s in self.costs.sizes if s > num_rows)
+
     def plain_cost(self, rows: int) -> float:
         return self.plain.get(self.costs.padded(rows), self.costs.cost(rows))
 

@@ -134,12 +134,9 @@ class Proposer:
         """The sequence finished or was preempted: drop any per-sequence proposer state."""
 
     def room(self, seq: Sequence) -> int:
-        """Drafts to propose for a decoding sequence now: 0 when it cannot speculate or is backing off,
-        else its adaptive draft length capped so the verified run never passes max_tokens or
-        max_model_len (the accepted drafts plus one sampled token must fit)."""
-        if seq.spec_skip_steps > 0:  # backing off after proposals that were all rejected
-            seq.spec_skip_steps -= 1
-            return 0
+        """Drafts to propose for a decoding sequence: its adaptive draft length capped so the verified
+        run never passes max_tokens or max_model_len (the accepted drafts plus one sampled token must
+        fit); 0 when it cannot speculate now."""
         if not can_speculate(seq):
             return 0
         return max(
@@ -187,19 +184,26 @@ class Proposer:
             return False
         if self.clock is None:
             return True
+        if not self.clock.can_pay(len(running)):
+            return False
         return bool(choose_drafts(self.clock, len(running), [(s, self._length(s)) for s in candidates]))
 
     def _wanted(self, running: list[Sequence]) -> list[tuple[Sequence, int]]:
-        """(sequence, draft room) of the decoding sequences that may propose now; an optimistic
-        selection when step costs are known (proposals cost host or draft-model time)."""
+        """(sequence, draft room) of the decoding sequences that propose this step. The step
+        verifies when some sequence is due (not waiting after a rejection); then every sequence may
+        propose, since the step is synchronous anyway, and measured costs pick the ones that pay."""
         if self.clock is None and len(running) > self.config.max_batch:
             return []
-        wanted = []
-        for seq in running:
-            if seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0:
-                room = self.room(seq)
-                if room > 0:
-                    wanted.append((seq, room))
+        decoding = [s for s in running if s.num_uncomputed_tokens == 1 and s.num_completion_tokens > 0]
+        due = False
+        for seq in decoding:  # every step counts down the waits, whether or not it verifies
+            if seq.spec_skip_steps > 0:
+                seq.spec_skip_steps -= 1
+            elif can_speculate(seq):
+                due = True
+        if not due or (self.clock is not None and not self.clock.can_pay(len(running))):
+            return []
+        wanted = [(seq, room) for seq in decoding if (room := self.room(seq)) > 0]
         if self.clock is not None and wanted:
             return choose_drafts(self.clock, len(running), wanted)
         return wanted

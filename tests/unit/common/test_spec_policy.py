@@ -94,3 +94,10 @@ def test_measured_costs_replace_the_fixed_batch_cap():
     proposer.plan(seqs, budget=64)
     assert [s.token_ids[-2:] for s in seqs] == [[6, 5]] * 3
     assert all(s.num_draft_tokens == 2 for s in seqs)
+
+
+def test_no_proposals_when_even_perfect_drafts_could_not_pay():
+    clock = StepClock(StepCosts((1, 8, 64, 128), (1.0, 1.0, 1.2, 3.0)))
+    clock.host_per_row = 0.0
+    assert clock.can_pay(1) and clock.can_pay(8)
+    assert not clock.can_pay(64)  # 128 rows cost 2.5x a 64-row step: at most 2x the tokens
