@@ -13,7 +13,7 @@ python3 -m pytest -q -p no:cacheprovider -m gpu ${SPEC_TESTS:-tests/unit/common/
     tests/unit/prefill_worker/test_worker_engine.py} 2>&1 | tail -30 | tee "$LOG/tests.txt"
 KS="${SPEC_KS:-4 8}"
 python3 benchmarks/speculative.py --dtype bfloat16 --ks $KS --batches ${SPEC_BATCHES:-1 8 64} \
-    --max-tokens 160 --draft-layers "${SPEC_DRAFT_LAYERS:-16}" 2>&1 | grep -v Loading | tee "$LOG/bf16.txt"
+    --max-tokens 160 --draft-layers "${SPEC_DRAFT_LAYERS:-16}" --verbose 2>&1 | grep -v Loading | tee "$LOG/bf16.txt"
 python3 benchmarks/speculative.py --dtype float32 --ks $KS --batches 1 8 --max-tokens 160 2>&1 \
     | grep -v Loading | tee "$LOG/fp32.txt"
 if [ -n "${SPEC_PROFILE:-}" ]; then  # where the host's time goes in speculating steps
