@@ -53,6 +53,12 @@ def _generate(llm: LLM) -> list[list[int]]:
     return [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
+def _always_speculate(llm: LLM) -> None:
+    """Exactness is under test, not the cost policy: drop the measured clock so every step that can
+    verify does (the fixed batch rule, with speculative_max_batch above the batch)."""
+    llm.engine.scheduler.proposer.clock = None
+
+
 def _count_graph_verifications(llm: LLM) -> list[int]:
     """Wrap the graph runner: the returned list grows by one per graph step that verified drafts."""
     graphs, calls = llm.engine.runner.graphs, []
@@ -79,6 +85,7 @@ def plain_outputs(model_dir) -> list[list[int]]:
 def test_fp32_greedy_identical_with_ngram_verification_in_graphs(model_dir, plain_outputs, k):
     llm = _llm(model_dir, speculative="ngram", num_speculative_tokens=k)
     assert llm.engine.scheduler.proposer.clock is not None  # the policy weighs measured step costs
+    _always_speculate(llm)
     verified = _count_graph_verifications(llm)
     assert _generate(llm) == plain_outputs
     stats = llm.engine.scheduler.spec_stats
@@ -89,6 +96,7 @@ def test_fp32_greedy_identical_with_a_draft_model_on_graphs(model_dir, plain_out
     llm = _llm(model_dir, speculative="draft", draft_model=model_dir, num_speculative_tokens=4)
     proposer = llm.engine.scheduler.proposer
     assert proposer.runner.graphs is not None  # the draft runs its own CUDA graphs
+    _always_speculate(llm)
     assert _generate(llm) == plain_outputs
     stats = llm.engine.scheduler.spec_stats
     assert stats.proposed > 0 and stats.accepted == stats.proposed  # the draft is the target
@@ -96,9 +104,13 @@ def test_fp32_greedy_identical_with_a_draft_model_on_graphs(model_dir, plain_out
 
 
 def test_sampling_keeps_the_target_distribution_on_the_gpu(tiny_model_dirs):
-    # Synchronous steps: a request proposes at every step, as on the CPU (run-ahead would skip some).
+    # Synchronous steps and no cost policy: a request proposes at every step, as on the CPU.
     tv, accepted, rejected = two_sample_total_variation(
-        tiny_model_dirs["qwen3"], max_num_seqs=64, async_scheduling=False
+        tiny_model_dirs["qwen3"],
+        max_num_seqs=64,
+        async_scheduling=False,
+        speculative_max_batch=64,
+        prepare=_always_speculate,
     )
     assert accepted > 100 and rejected > 100  # both paths ran
     assert tv < 0.08, tv

@@ -111,10 +111,12 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_model_dirs):
     assert tv < 0.08, tv
 
 
-def two_sample_total_variation(model: str, n: int = 1500, **engine_kw) -> tuple[float, int, int]:
+def two_sample_total_variation(
+    model: str, n: int = 1500, prepare=None, **engine_kw
+) -> tuple[float, int, int]:
     """(binned total variation between the 4th sampled token with and without n-gram speculation,
     drafts accepted, drafts rejected) for n requests of a prompt that repeats the model's own greedy
-    continuation."""
+    continuation. `prepare(llm)` adjusts the speculating engine before it runs."""
     seed = [3, 4, 5, 6]
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     own = LLM(model, num_kvcache_blocks=64).generate([seed], greedy, use_tqdm=False)[0]["token_ids"]
@@ -124,6 +126,8 @@ def two_sample_total_variation(model: str, n: int = 1500, **engine_kw) -> tuple[
         llm = LLM(
             model, num_kvcache_blocks=2048, speculative=speculative, num_speculative_tokens=3, **engine_kw
         )
+        if prepare is not None and speculative:
+            prepare(llm)
         params = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
         outs = llm.generate([prompt] * n, params, use_tqdm=False)
         counts.append(Counter(o["token_ids"][3] for o in outs))
