@@ -25,6 +25,8 @@ from common.sequence import Sequence
 _DECAY = 0.7
 # Weight of the newest step in a size's moving average of observed step times.
 _STEP_EMA = 0.2
+# An observed step this many times slower than the current estimate is a one-off and is not learned.
+_OUTLIER_FACTOR = 3.0
 # Host seconds a synchronous verification adds per row before any was observed (then learned).
 _PRIOR_HOST_SECONDS_PER_ROW = 15e-6
 
@@ -83,6 +85,9 @@ class StepClock:
             return
         size = self.costs.padded(rows)
         table = self.verify if verify else self.plain
+        current = self.verify_cost(rows) if verify else self.plain_cost(rows)
+        if seconds > _OUTLIER_FACTOR * current:
+            return  # a one-off (a draft model's first prefill of a prompt, a collector pause)
         table[size] = seconds if size not in table else (1 - _STEP_EMA) * table[size] + _STEP_EMA * seconds
         if verify:
             extra = max(0.0, seconds - self.costs.cost(rows)) / rows

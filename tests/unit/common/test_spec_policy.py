@@ -101,3 +101,11 @@ def test_no_proposals_when_even_perfect_drafts_could_not_pay():
     clock.host_per_row = 0.0
     assert clock.can_pay(1) and clock.can_pay(8)
     assert not clock.can_pay(64)  # 128 rows cost 2.5x a 64-row step: at most 2x the tokens
+
+
+def test_one_off_slow_steps_are_not_learned():
+    clock = StepClock(StepCosts((1, 8), (1.0, 1.0)))
+    clock.observe(verify=False, rows=1, seconds=9.0)  # a pause, not what a step costs
+    assert clock.plain_cost(1) == 1.0
+    clock.observe(verify=False, rows=1, seconds=2.0)
+    assert clock.plain_cost(1) == 2.0
