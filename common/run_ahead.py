@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.runner.model_runner import StepHandle
+from common.runner.step_handle import StepHandle
 from common.scheduler import Scheduler, SeqUpdate
 from common.sequence import Sequence, SequenceStatus
 from common.stopping import length_exhausted

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
@@ -21,6 +20,7 @@ from common.runner.cuda_graph import DecodeGraphs
 from common.runner.inputs import StepInputs, plan_step, prepare_sampling, prepare_step
 from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
+from common.runner.step_handle import HostTokens, StepHandle
 from common.runner.tp_group import TPGroup, start_group
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
@@ -262,9 +262,9 @@ class ModelRunner:
             self.graphs.set_prev_tokens(out.token_ids)
         return out, sample_index
 
-    def _stage_to_host(self, tokens: torch.Tensor) -> _HostTokens:
+    def _stage_to_host(self, tokens: torch.Tensor) -> HostTokens:
         if not self.platform.is_cuda:
-            return _HostTokens(tokens, None)
+            return HostTokens(tokens, None)
         if self._token_buffers is None:
             size = max(self.config.max_num_seqs, self.config.max_num_batched_tokens)
             self._token_buffers = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
@@ -275,7 +275,7 @@ class ModelRunner:
         host = self._token_buffers[turn][: tokens.shape[0]]
         host.copy_(tokens, non_blocking=True)
         self._token_events[turn].record()
-        return _HostTokens(host, self._token_events[turn])
+        return HostTokens(host, self._token_events[turn])
 
     def _run_eager(
         self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None
@@ -313,29 +313,3 @@ class ModelRunner:
         while (plan := self.tp.broadcast()) is not None:
             inputs = plan.to_inputs(self.device)
             self._forward(inputs, inputs.input_ids)
-
-
-@dataclass
-class _HostTokens:
-    tokens: torch.Tensor  # host tensor (pinned on CUDA) being filled by an async copy
-    ready: torch.cuda.Event | None
-
-
-class StepHandle:
-    """A launched step; `result()` waits for its sampled tokens (the step's one host sync)."""
-
-    def __init__(self, num_seqs: int, sample_index: list[int], host: _HostTokens | None, logprobs) -> None:
-        self.num_seqs, self.sample_index, self.host, self.logprobs = num_seqs, sample_index, host, logprobs
-
-    def result(self) -> RunnerOutput:
-        sampled: list[list[int]] = [[] for _ in range(self.num_seqs)]
-        logprobs: list[dict | None] = [None] * self.num_seqs
-        if self.host is None:
-            return RunnerOutput(sampled, logprobs)
-        if self.host.ready is not None:
-            self.host.ready.synchronize()
-        for row, (i, tok) in enumerate(zip(self.sample_index, self.host.tokens.tolist(), strict=True)):
-            sampled[i].append(tok)
-            if self.logprobs is not None:
-                logprobs[i] = self.logprobs[row]
-        return RunnerOutput(sampled, logprobs)
