@@ -107,7 +107,9 @@ class LLM:
             if sp.grammar is None:
                 continue
             if self.tokenizer is None:
-                raise ValueError(f"sampling_params[{i}].grammar needs a tokenizer; the model directory has none")
+                raise ValueError(
+                    f"sampling_params[{i}].grammar needs a tokenizer; the model directory has none"
+                )
             check_grammar(sp.grammar, f"sampling_params[{i}].grammar")
 
     def _encode(self, prompt: str | list[int], index: int) -> list[int]:

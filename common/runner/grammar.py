@@ -54,7 +54,9 @@ class GrammarState:
             return
         if not self._reported:
             self._reported = True
-            logger.warning("request %s: grammar error, ending it: %s", self.request_id, self.matcher.get_error())
+            logger.warning(
+                "request %s: grammar error, ending it: %s", self.request_id, self.matcher.get_error()
+            )
         bits[row] = 0
         for t in eos_token_ids:
             bits[row, t // 32] |= _bit(t % 32)

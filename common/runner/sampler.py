@@ -34,7 +34,7 @@ class SamplingBatch:
     banned: list[list[int]] | None = None  # per row: ids that must not be sampled (min_tokens)
     num_logprobs: list[int | None] | None = None
     any_greedy: bool = True  # some row has temperature 0 (host-known, so no device check is needed)
-    allowed: torch.Tensor | None = None  # [B, V] bool: structured-output rows' grammar masks (runner/grammar.py)
+    allowed: torch.Tensor | None = None  # [B, V] bool, grammar rows' allowed tokens (runner/grammar.py)
 
 
 @dataclass
