@@ -1,15 +1,17 @@
 """Structured output in the offline engine on the real default model: every answer parses and
-validates against its schema (or matches its regex), greedy and sampled, with speculation and
-run-ahead configured, and next to free-text requests in the same batches."""
+validates against its schema (or matches its regex), greedy and sampled, with speculation
+configured, and next to a free-text request in the same batches."""
 
 from __future__ import annotations
 
 import pytest
 
-from common import LLM, SamplingParams
+from common import LLM, SamplingParams, run_ahead
 from common.default_model import prepare_default_model
-from common.structured_output import GuidedRequest, json_schema_grammar
-from tests.helpers.structured_cases import CASES, PERSON
+from common.sequence import Sequence
+from common.speculative import can_speculate
+from common.structured_output import GuidedRequest, choice_grammar
+from tests.helpers.structured_cases import CASES
 
 MAX_TOKENS = 64
 COPY_PROMPT = (
@@ -55,38 +57,40 @@ def _check_all(outs: list[dict]) -> None:
         case.check(out["text"])
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_answers_validate_against_their_schemas(default_llm, temperature):
-    outs = _generate_cases(default_llm, temperature, seed=7)
-    _check_all(outs)
+@pytest.fixture(scope="module")
+def greedy_outputs(default_llm):
+    return _generate_cases(default_llm, 0.0)
+
+
+def test_greedy_answers_validate_against_their_schemas(greedy_outputs):
+    _check_all(greedy_outputs)
     # The free-text request shared the batches and is not constrained to anything.
-    assert not outs[-1]["text"].lstrip().startswith(("{", "["))
+    assert not greedy_outputs[-1]["text"].lstrip().startswith(("{", "["))
 
 
-def test_many_sampled_answers_validate(default_llm):
-    """Sampling explores the grammar's corners (escapes, empty arrays, bounds): 8 draws of one schema."""
-    prompt = _chat(default_llm, CASES[0].question)
-    params = SamplingParams(
-        temperature=1.2, max_tokens=MAX_TOKENS, n=8, seed=3, grammar=json_schema_grammar(PERSON)
-    )
-    (out,) = default_llm.generate([prompt], params, use_tqdm=False)
-    for sample in out["outputs"]:
-        assert sample["finish_reason"] == "stop", sample
-        CASES[0].check(sample["text"])
+def test_sampled_answers_validate_against_their_schemas(default_llm):
+    """Sampling at temperature 1 explores more of each grammar than the greedy path."""
+    _check_all(_generate_cases(default_llm, 1.0, seed=7))
 
 
-def test_speculation_and_run_ahead_keep_grammar_answers(default_llm):
-    """Grammar requests are neither speculated nor run ahead (`reads_token_history`), while the
-    free-text request beside them is: the greedy answers equal the plain engine's."""
-    reference = _generate_cases(default_llm, 0.0)
-    for overrides in ({"speculative": "ngram"}, {"async_scheduling": True}):
-        llm = _engine(**overrides)
-        outs = _generate_cases(llm, 0.0)
-        _check_all(outs)
-        assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in reference], overrides
-        if "speculative" in overrides:
-            assert llm.engine.scheduler.spec_stats.proposed > 0  # the free-text request was speculated
-        llm.close()
+def test_a_speculating_engine_gives_the_same_answers(greedy_outputs):
+    """Grammar requests are not speculated, the free-text request beside them is: the greedy answers
+    equal the plain engine's."""
+    llm = _engine(speculative="ngram")
+    outs = _generate_cases(llm, 0.0)
+    _check_all(outs)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in greedy_outputs]
+    assert llm.engine.scheduler.spec_stats.proposed > 0  # the free-text request was speculated
+    llm.close()
+
+
+def test_grammar_requests_neither_speculate_nor_run_ahead():
+    """Each step's mask depends on the token before it, which run-ahead and drafts do not have."""
+    seq = Sequence([1, 2, 3], SamplingParams(grammar=choice_grammar(["a", "b"])), block_size=16)
+    assert not can_speculate(seq)
+    assert run_ahead.needs_host_tokens(seq)
+    free = Sequence([1, 2, 3], SamplingParams(), block_size=16)
+    assert can_speculate(free) and not run_ahead.needs_host_tokens(free)
 
 
 def test_a_bad_grammar_is_refused_before_anything_runs(default_llm):
