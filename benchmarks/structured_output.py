@@ -1,12 +1,14 @@
 """What structured output costs per token: the grammar mask's host time, and decode throughput with
-and without a grammar at the same batch size and output length.
+and without a grammar for exactly the same work.
 
-Workload: `--batch-sizes` sequences of one chat prompt each, greedy, `--max-tokens` output tokens per
-sequence. Grammar run: a JSON schema whose array needs more items than fit in max_tokens
-(`minItems`), so every sequence stays under the grammar for all its tokens (no early stop, the mask
-is computed for every token). Free run: the same prompts without a grammar, ignore_eos, the same
-token count. The mask time is measured inside the engine (`GrammarMasker.mask`: advancing each
-matcher, llguidance's bitmask fill, the host-to-device copy and the unpack) per generated token.
+1. Mask micro-benchmark: `GrammarMasker.mask` (advance the matcher, llguidance's bitmask fill, the copy
+   to the device, the unpack with torch ops) driven over a fixed JSON answer, token by token, for
+   `--batch-sizes` rows at once; reported per row and token (p50 and mean).
+2. Engine: `--batch-sizes` copies of one chat prompt, greedy, under a JSON schema (an array of small
+   objects), at most `--max-tokens` tokens each. Then the same prompts without a grammar, ignore_eos,
+   each sequence's max_tokens set to the length its grammar run produced: both runs generate exactly
+   the same number of tokens per sequence, so the throughput difference is the grammar's cost. The
+   mask time inside the engine is measured too (synchronised on CUDA).
 
     python benchmarks/structured_output.py                          # CPU or the first GPU, default model
     python benchmarks/structured_output.py --batch-sizes 1,8,32,128 --max-tokens 256 --json-out out.json
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -29,6 +32,7 @@ import torch  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
 from common.default_model import resolve_model  # noqa: E402
 from common.runner.grammar import GrammarMasker  # noqa: E402
+from common.sequence import Sequence  # noqa: E402
 from common.structured_output import json_schema_grammar  # noqa: E402
 
 ITEMS = {
@@ -41,17 +45,19 @@ ITEMS = {
     "required": ["name", "age", "city"],
     "additionalProperties": False,
 }
-SCHEMA = {"type": "array", "items": ITEMS, "minItems": 1000}
+SCHEMA = {"type": "array", "items": ITEMS}
+ANSWER = json.dumps(
+    [{"name": "Alice", "age": 30, "city": "Paris"}, {"name": "Bob", "age": 41, "city": "Rome"}] * 4
+)
 QUESTION = "List people as a JSON array of objects with a name, an age and a city."
 
 
 class MaskTimer:
-    """Wraps the engine's GrammarMasker.mask and adds up its wall time (synchronised on CUDA, so
-    the host-to-device copy and the unpack are counted)."""
+    """Wraps the engine's GrammarMasker.mask and adds up its wall time and the grammar rows it masked."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self.calls = 0
+        self.rows = 0
         self._original = GrammarMasker.mask
 
     def __enter__(self) -> MaskTimer:
@@ -63,7 +69,7 @@ class MaskTimer:
             if out is not None and out.is_cuda:
                 torch.cuda.synchronize()
             timer.seconds += time.perf_counter() - t0
-            timer.calls += out is not None
+            timer.rows += sum(s.sampling_params.grammar is not None for s in seqs)
             return out
 
         GrammarMasker.mask = timed  # type: ignore[method-assign]
@@ -73,25 +79,58 @@ class MaskTimer:
         GrammarMasker.mask = self._original  # type: ignore[method-assign]
 
 
-def run_batch(llm: LLM, batch: int, max_tokens: int, grammar: str | None) -> dict:
-    prompt = llm.tokenizer.apply_chat_template(
-        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
-    )
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=grammar is None, grammar=grammar)
+def mask_microbench(llm: LLM, batch: int) -> dict:
+    """Per row and token: the mask of `batch` sequences that all follow ANSWER under SCHEMA."""
+    runner = llm.engine.runner
+    masker, vocab, device = runner.grammar, runner.model_config.vocab_size, runner.device
+    answer = masker.tokenizer(vocab).tokenize_str(ANSWER)
+    grammar = json_schema_grammar(SCHEMA)
+    seqs = [Sequence([1, 2, 3], SamplingParams(grammar=grammar), 16) for _ in range(batch)]
+    times = []
+    for token in answer:
+        t0 = time.perf_counter()
+        masker.mask(seqs, vocab, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / batch)
+        for seq in seqs:
+            seq.append_token(token)
+    return {
+        "batch": batch,
+        "tokens": len(answer),
+        "p50_us": round(1e6 * statistics.median(times), 1),
+        "mean_us": round(1e6 * statistics.fmean(times), 1),
+    }
+
+
+def run_batch(llm: LLM, prompt: str, params: list[SamplingParams]) -> dict:
     with MaskTimer() as timer:
         t0 = time.perf_counter()
-        outs = llm.generate([prompt] * batch, params, use_tqdm=False)
+        outs = llm.generate([prompt] * len(params), params, use_tqdm=False)
         wall = time.perf_counter() - t0
     tokens = sum(len(o["token_ids"]) for o in outs)
     return {
-        "batch": batch,
+        "lengths": [len(o["token_ids"]) for o in outs],
         "tokens": tokens,
         "wall_s": round(wall, 3),
         "tok_s": round(tokens / wall, 1),
-        "mask_steps": timer.calls,
-        "mask_us_per_token": round(1e6 * timer.seconds / tokens, 1) if grammar else 0.0,
-        "mask_ms_per_step": round(1e3 * timer.seconds / max(timer.calls, 1), 3) if grammar else 0.0,
+        "mask_s": round(timer.seconds, 4),
+        "mask_us_per_row": round(1e6 * timer.seconds / timer.rows, 1) if timer.rows else 0.0,
     }
+
+
+def engine_pair(llm: LLM, batch: int, max_tokens: int) -> dict:
+    prompt = llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+    )
+    grammar = json_schema_grammar(SCHEMA)
+    guided = run_batch(
+        llm, prompt, [SamplingParams(temperature=0, max_tokens=max_tokens, grammar=grammar)] * batch
+    )
+    free_params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in guided["lengths"]]
+    free = run_batch(llm, prompt, free_params)
+    loss = 100.0 * (1 - guided["tok_s"] / free["tok_s"])
+    return {"batch": batch, "free": free, "grammar": guided, "throughput_loss_pct": round(loss, 1)}
 
 
 def machine() -> dict:
@@ -113,25 +152,24 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,8", help="comma list of concurrent sequences")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--engine-kwargs", default="{}", help="JSON of extra EngineConfig fields")
+    p.add_argument("--skip-engine", action="store_true", help="the mask micro-benchmark only")
     p.add_argument("--json-out", default=None)
     args = p.parse_args()
+    batches = [int(b) for b in args.batch_sizes.split(",")]
     llm = LLM(resolve_model(args.model), max_model_len=2048, **json.loads(args.engine_kwargs))
-    grammar = json_schema_grammar(SCHEMA)
-    run_batch(llm, 2, 8, grammar)  # warm-up: the llguidance tokenizer, first compiles
-    rows = []
-    for batch in (int(b) for b in args.batch_sizes.split(",")):
-        free = run_batch(llm, batch, args.max_tokens, None)
-        guided = run_batch(llm, batch, args.max_tokens, grammar)
-        slowdown = 100.0 * (1 - guided["tok_s"] / free["tok_s"])
-        rows.append(
-            {"batch": batch, "free": free, "grammar": guided, "throughput_loss_pct": round(slowdown, 1)}
-        )
+    mask_microbench(llm, 1)  # warm-up: the llguidance tokenizer, first compiles
+    micro = [mask_microbench(llm, b) for b in batches]
+    for m in micro:
+        print(f"mask, {m['batch']:4d} rows: {m['p50_us']:8.1f} us/row/token p50, {m['mean_us']:8.1f} mean")
+    rows = [] if args.skip_engine else [engine_pair(llm, b, args.max_tokens) for b in batches]
+    for r in rows:
+        free, guided = r["free"], r["grammar"]
         print(
-            f"batch {batch:4d}: free {free['tok_s']:8.1f} tok/s, grammar {guided['tok_s']:8.1f} tok/s "
-            f"({slowdown:+.1f}% slower), mask {guided['mask_us_per_token']:.1f} us/token, "
-            f"{guided['mask_ms_per_step']:.3f} ms/step"
+            f"engine, batch {r['batch']:4d}: free {free['tok_s']:8.1f} tok/s, grammar {guided['tok_s']:8.1f} "
+            f"tok/s ({r['throughput_loss_pct']:+.1f}%), {guided['tokens']} tokens each, "
+            f"mask {guided['mask_us_per_row']:.1f} us/row in the engine"
         )
-    result = {"machine": machine(), "max_tokens": args.max_tokens, "rows": rows}
+    result = {"machine": machine(), "max_tokens": args.max_tokens, "mask": micro, "engine": rows}
     print(json.dumps(result["machine"]))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))

@@ -11,6 +11,7 @@ as the OpenAI error's `param`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,7 @@ class GuidedRequest:
         if len(given) > 1:
             raise ValueError(f"{given[1]} cannot be combined with {given[0]}: ask for one output format")
         field = given[0]
-        return check_grammar(_BUILDERS[field](getattr(self, field)), field)
+        return check_grammar(_BUILDERS[field](getattr(self, field), field), field)
 
 
 def json_schema_grammar(schema: dict[str, Any] | str, field: str = "guided_json") -> str:
@@ -114,7 +115,7 @@ def _format_type(response_format: dict[str, Any]) -> object:
     return response_format.get("type", "text")
 
 
-_BUILDERS = {
+_BUILDERS: dict[str, Callable[[Any, str], str]] = {
     "response_format": response_format_grammar,
     "guided_json": json_schema_grammar,
     "guided_regex": regex_grammar,
