@@ -76,6 +76,12 @@ class SamplingParams:
             _integer("stop_token_ids", t, 0, None)
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar):
             raise ValueError("grammar must be a non-empty grammar text or None")
+        if self.grammar is not None and self.min_tokens:
+            # The grammar decides where the output ends (only EOS once it is complete); banning EOS
+            # until min_tokens would leave no token to sample.
+            raise ValueError(
+                "min_tokens cannot be combined with structured output (the grammar ends the output)"
+            )
 
     @property
     def greedy(self) -> bool:

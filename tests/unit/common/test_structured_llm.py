@@ -100,3 +100,5 @@ def test_a_bad_grammar_is_refused_before_anything_runs(default_llm):
         )
     with pytest.raises(ValueError, match="grammar"):
         SamplingParams(grammar="")
+    with pytest.raises(ValueError, match="^min_tokens"):  # the grammar decides where the output ends
+        SamplingParams(grammar=choice_grammar(["a"]), min_tokens=1)

@@ -219,6 +219,7 @@ STRUCTURED = [
         ("guided_choice empty", "guided_choice", {"guided_choice": []}),
         ("guided_choice empty string", "guided_choice", {"guided_choice": ["yes", ""]}),
         ("guided_grammar nonsense", "guided_grammar", {"guided_grammar": "start: ((("}),
+        ("min_tokens with a grammar", "min_tokens", {"guided_choice": ["a"], "min_tokens": 2}),
         ("two formats at once", "guided_choice", {"guided_regex": "a+", "guided_choice": ["a"]}),
         (
             "guided_regex with json_object",
