@@ -1,97 +1,233 @@
-"""Speculative decoding (n-gram prompt lookup): acceptance and per-token decode time vs no speculation.
+"""Speculative decoding: time per output token against no speculation, acceptance, and how many
+outputs stay identical to plain decoding.
 
-    python benchmarks/speculative.py                      # default model, CPU-sized
-    python benchmarks/speculative.py --ks 1 2 4 8 --batches 1 32 --max-tokens 64
+    python benchmarks/speculative.py                                   # default model, CPU-sized
+    python benchmarks/speculative.py --ks 4 8 --batches 1 8 64 --max-tokens 160 --dtype bfloat16 \\
+        --draft-layers 8                                               # the H200 run
 
-Workloads: copy-heavy (chat prompts asking to repeat or lightly edit a passage: the answer repeats the
-prompt) and free-writing (open-ended prompts). Greedy decoding, so outputs must be identical with and
-without speculation; the script checks that. Time per output token = decode wall time after the first
-token / tokens generated after it, per sequence.
+Workloads (greedy, `ignore_eos`): copy-heavy, edit-and-copy requests whose answer repeats most of the
+prompt (rename a variable in a short function and return the code; fix the typos in a paragraph and
+return it), and free writing (open questions). ms/token = decode wall time after every sequence has
+its first token / tokens generated after it (batch 1 runs each prompt alone, in turn). `same` =
+share of sequences whose output equals the k = 0 output token for token (in float32 it must be
+1.00; in bf16 a verification step's rows run in a differently sized batch than plain decode, so
+near-ties can flip).
+
+`--draft-layers N` also runs the draft-model proposer, with a draft made here from the target: its
+first N decoder layers, its embeddings, final norm and head (same tokenizer by construction). The
+last line is the summary: `speculative <device> copy-heavy b1: N.NNx` (best k, n-gram proposer).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import LLM, SamplingParams  # noqa: E402
 from common.default_model import resolve_model  # noqa: E402
-from common.speculative import NgramProposer, SpecStats, SpeculativeConfig  # noqa: E402
+from common.draft_proposer import build_draft_proposer  # noqa: E402
+from common.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
 
-PASSAGE = (
-    "The river rose slowly through the night, and by morning the low fields near the mill were under "
-    "water. Farmers moved their animals to the hill, where the old chapel stood, and waited for the rain "
-    "to stop. By noon the sky had cleared, the water began to fall, and children came out to watch the "
-    "boats drift past the flooded road."
-)
-COPY = [
-    f"Repeat the following passage exactly, word for word:\n\n{PASSAGE}",
-    f"Rewrite this passage in the present tense, changing nothing else:\n\n{PASSAGE}",
-    f"Copy this text and put it in quotation marks:\n\n{PASSAGE}",
-    f"Here is a passage. Print it again without changes.\n\n{PASSAGE}",
+FUNCTIONS = [
+    "def summarize(orders):\n    t = 0\n    count = 0\n    largest = None\n    for order in orders:\n"
+    "        if order.cancelled:\n            continue\n        t = t + order.amount\n        count += 1\n"
+    "        if largest is None or order.amount > largest.amount:\n            largest = order\n"
+    "    average = t / count if count else 0\n    return {'total': t, 'count': count, 'average': average,"
+    " 'largest': largest}\n",
+    "def parse_config(lines):\n    cfg = {}\n    section = 'default'\n    for raw in lines:\n"
+    "        line = raw.strip()\n        if not line or line.startswith('#'):\n            continue\n"
+    "        if line.startswith('[') and line.endswith(']'):\n            section = line[1:-1]\n"
+    "            cfg.setdefault(section, {})\n            continue\n"
+    "        key, _, value = line.partition('=')\n"
+    "        cfg.setdefault(section, {})[key.strip()] = value.strip()\n    return cfg\n",
+    "def find_duplicates(paths):\n    seen = {}\n    dups = []\n    for path in paths:\n"
+    "        with open(path, 'rb') as handle:\n"
+    "            digest = hashlib.sha256(handle.read()).hexdigest()\n"
+    "        if digest in seen:\n            dups.append((seen[digest], path))\n        else:\n"
+    "            seen[digest] = path\n    dups.sort()\n    return dups\n",
+    "def moving_average(values, window):\n    out = []\n    acc = 0.0\n    for i, v in enumerate(values):\n"
+    "        acc += v\n        if i >= window:\n            acc -= values[i - window]\n"
+    "        if i + 1 >= window:\n            out.append(acc / window)\n    return out\n",
 ]
+RENAMES = [
+    ("t", "running_total"),
+    ("cfg", "settings"),
+    ("seen", "first_path_by_digest"),
+    ("acc", "window_sum"),
+]
+TYPOS = [
+    "Teh river rose slowly thrugh the night, and by morning the low feilds near the mill were under "
+    "water. Farmers moved there animals to the hill, were the old chapel stood, and waited for the rain "
+    "to stop. By noon the sky had cleard, the water began to fall, and children came out to watch the "
+    "boats drift past the flooded road. In the evening the miller opend his doors and offered bread to "
+    "evryone who had helped.",
+    "Our libary opens at nine o'clock on weekdays and at ten on saturdays. Visitors can borow up to five "
+    "books at a tiem, and overdue books are charged a smal fee each day. The reading room on the secund "
+    "floor is quiet, and laptops are alowed at the long tables by the windows. Please ask the staff if "
+    "you need help finding a book or using the computers.",
+    "The recipe is simple: mix the flour and the sugar in a large bowl, add two eggs and a cup of milk, "
+    "and stir untill the batter is smooth. Pour it into a buttered tin and bake the cake for fourty "
+    "minutes, or untill it is golden brown on top. Let it cool for ten minuts before you cut it, and "
+    "serve it with fresh frut and cream.",
+    "Please remeber to turn off the lights when you leave the office, and make shure the windows are "
+    "closed before the weekend begins. The cleaning team will arive on saturday morning, so leave your "
+    "desk tidy and put any papers in the drawers. If you are the last person to leave, set the alarm "
+    "and lock the front door behind you.",
+]
+COPY = [
+    f"Rename the variable `{old}` to `{new}` in this function and return the whole function:\n\n{code}"
+    for code, (old, new) in zip(FUNCTIONS, RENAMES, strict=True)
+] + [f"Fix the typos in this paragraph and return the corrected paragraph:\n\n{text}" for text in TYPOS]
 FREE = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Describe your ideal weekend in a few sentences.",
     "Explain how a bicycle works to a ten-year-old.",
     "Write a poem about autumn leaves.",
+    "What makes a good friend? Answer in a paragraph.",
+    "Describe a busy market in a city you imagine.",
+    "Give advice to someone starting to learn the piano.",
+    "Write a letter to your future self.",
 ]
 
 
-def prompts_for(llm: LLM, texts: list[str], batch: int) -> list[list[int]]:
+def prompt_rounds(llm: LLM, texts: list[str], batch: int) -> list[list[list[int]]]:
+    """Batches of `batch` chat prompts; a batch smaller than the prompt set runs once per slice of it
+    (batch 1 runs every prompt alone), so no single prompt decides a small batch's figure."""
     tok = llm.tokenizer
     rendered = [
-        tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
+            )
+        )
         for t in texts
     ]
-    return [tok.encode(rendered[i % len(rendered)]) for i in range(batch)]
+    rounds = max(1, len(rendered) // batch)
+    return [[rendered[(r * batch + i) % len(rendered)] for i in range(batch)] for r in range(rounds)]
 
 
 def run(
-    llm: LLM, prompts: list[list[int]], k: int, max_tokens: int
+    llm: LLM, rounds: list[list[list[int]]], proposer: Proposer | None, max_tokens: int
 ) -> tuple[float, list[list[int]], SpecStats]:
+    """(seconds per output token after the first, outputs, speculation stats) over all rounds."""
     engine = llm.engine
-    spec = SpeculativeConfig(k) if k else None  # default max_batch: large batches do not speculate
-    engine.scheduler.proposer = NgramProposer(spec, engine.max_model_len) if spec else None
+    engine.set_proposer(proposer)
     engine.scheduler.spec_stats = SpecStats()
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    seqs = [engine.add_request(p, params) for p in prompts]
-    while any(s.num_completion_tokens == 0 for s in seqs):
-        engine.step()  # prefill: every sequence has its first token
-    t0 = time.perf_counter()
-    while engine.has_unfinished:
-        engine.step()
-    elapsed = time.perf_counter() - t0
-    return elapsed / (max_tokens - 1), [s.completion_token_ids for s in seqs], engine.scheduler.spec_stats
+    elapsed, outputs = 0.0, []
+    for prompts in rounds:
+        seqs = [engine.add_request(p, params) for p in prompts]
+        while any(s.num_completion_tokens == 0 for s in seqs):
+            engine.step()  # prefill: every sequence has its first token
+        t0 = time.perf_counter()
+        while engine.has_unfinished:
+            engine.step()
+        elapsed += time.perf_counter() - t0
+        outputs += [s.completion_token_ids for s in seqs]
+    return elapsed / len(rounds) / (max_tokens - 1), outputs, engine.scheduler.spec_stats
+
+
+def truncated_copy(src: str, dst: Path, num_layers: int) -> str:
+    """A draft model: the first `num_layers` decoder layers of `src` with its embeddings, final norm
+    and head, in `dst` (config, safetensors, tokenizer files)."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((Path(src) / "config.json").read_text())
+    if not 0 < num_layers < config["num_hidden_layers"]:
+        raise ValueError(f"--draft-layers must be in [1, {config['num_hidden_layers'] - 1}]")
+    config["num_hidden_layers"] = num_layers
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text(json.dumps(config))
+    tensors = {}
+    for f in sorted(Path(src).glob("*.safetensors")):
+        for name, t in load_file(f).items():
+            parts = name.split(".")
+            if "layers" in parts and int(parts[parts.index("layers") + 1]) >= num_layers:
+                continue
+            tensors[name] = t
+    save_file(tensors, dst / "model.safetensors")
+    for f in Path(src).iterdir():
+        if f.name.startswith(("tokenizer", "generation_config", "special_tokens")):
+            (dst / f.name).write_bytes(f.read_bytes())
+    return str(dst)
+
+
+def proposers(llm: LLM, ks: list[int], draft_dir: str | None) -> list[tuple[str, int, Proposer | None]]:
+    engine = llm.engine
+    out: list[tuple[str, int, Proposer | None]] = [("-", 0, None)]
+    for k in ks:
+        out.append(("ngram", k, NgramProposer(SpeculativeConfig(k), engine.max_model_len)))
+    if draft_dir is not None:
+        config = replace(llm.config, speculative="draft", draft_model=draft_dir)
+        draft = build_draft_proposer(config, engine.model_config, engine.runner, engine.max_model_len)
+        for k in ks:
+            draft.config = SpeculativeConfig.from_engine(replace(config, num_speculative_tokens=k))
+            out.append(("draft", k, draft))
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--draft-layers", type=int, default=None, help="also run a draft model: first N layers")
     args = p.parse_args()
-    llm = LLM(resolve_model(args.model), max_num_seqs=max(args.batches), num_kvcache_blocks=4096)
-    print(f"{'workload':<10}{'batch':>6}{'k':>4}{'ms/token':>10}{'speedup':>9}{'accept':>8}{'tok/step':>9}")
+    model = resolve_model(args.model)
+    # Configured for speculation so the decode graphs have room for verification rows; the baseline
+    # runs with the proposer removed.
+    llm = LLM(
+        model,
+        dtype=args.dtype,
+        max_num_seqs=max(max(args.batches), 16),
+        num_kvcache_blocks=4096,
+        speculative="ngram",
+        num_speculative_tokens=max(args.ks),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        draft_dir = truncated_copy(model, Path(tmp), args.draft_layers) if args.draft_layers else None
+        best = sweep(llm, args, proposers(llm, args.ks, draft_dir))
+    device = "H200" if llm.engine.runner.platform.is_cuda else "CPU"
+    print(f"speculative {device} copy-heavy b1: {best:.2f}x")
+
+
+def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> float:
+    """Print one row per (workload, batch, proposer, k); returns the best copy-heavy batch-1 n-gram
+    speed-up."""
+    print(
+        f"{'workload':<9}{'batch':>6}{'proposer':>9}{'k':>3}{'ms/token':>10}{'speedup':>9}"
+        f"{'accept':>8}{'tok/step':>9}{'same':>6}"
+    )
+    best = 0.0
     for name, texts in (("copy", COPY), ("free", FREE)):
         for batch in args.batches:
-            prompts = prompts_for(llm, texts, batch)
-            run(llm, prompts, 0, 4)  # warm-up
-            base, ref, _ = run(llm, prompts, 0, args.max_tokens)
-            print(f"{name:<10}{batch:>6}{0:>4}{base * 1e3:>10.1f}{1.0:>9.2f}{'-':>8}{'-':>9}")
-            for k in args.ks:
-                tpot, outs, stats = run(llm, prompts, k, args.max_tokens)
-                if outs != ref:
-                    raise SystemExit(f"outputs differ with k={k} ({name}, batch {batch})")
-                print(
-                    f"{name:<10}{batch:>6}{k:>4}{tpot * 1e3:>10.1f}{base / tpot:>9.2f}"
-                    f"{stats.acceptance_rate:>8.2f}{stats.tokens_per_step:>9.2f}"
+            prompts = prompt_rounds(llm, texts, batch)
+            run(llm, prompts[:1], None, 4)  # warm-up
+            base, ref, _ = run(llm, prompts, None, args.max_tokens)
+            for kind, k, proposer in runs:
+                tpot, outs, stats = (
+                    (base, ref, SpecStats())
+                    if proposer is None
+                    else run(llm, prompts, proposer, args.max_tokens)
                 )
+                same = sum(a == b for a, b in zip(outs, ref, strict=True)) / len(ref)
+                print(
+                    f"{name:<9}{batch:>6}{kind:>9}{k:>3}{tpot * 1e3:>10.2f}{base / tpot:>9.2f}"
+                    f"{stats.acceptance_rate:>8.2f}{stats.tokens_per_step:>9.2f}{same:>6.2f}",
+                    flush=True,
+                )
+                if name == "copy" and batch == 1 and kind == "ngram":
+                    best = max(best, base / tpot)
+    return best
 
 
 if __name__ == "__main__":

@@ -16,14 +16,18 @@ from common.kv_events import KVEvent
 from common.model_config import ModelConfig
 from common.runner.model_runner import ModelRunner
 from common.sampling_params import SamplingParams
-from common.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from common.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SeqUpdate
 from common.sequence import Sequence
-from common.speculative import NgramProposer, Proposer, SpeculativeConfig
+from common.spec_policy import StepClock
+from common.speculative import SKIP_AFTER_NO_MATCH, NgramProposer, Proposer, SpeculativeConfig
 
 if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+
+# A decode-shaped step takes milliseconds; a longer gap between two steps is idle time, not step time.
+_MAX_TIMED_STEP_SECONDS = 0.1
 
 
 @dataclass
@@ -91,13 +95,20 @@ class LLMEngine:
             # Run-ahead feeds device-side tokens that only rank 0 (the sampler) holds.
             logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
             self.async_scheduling = False
-        if config.speculative == "ngram" and proposer is None:
-            proposer = NgramProposer(speculative_config(config), self.max_model_len)
-        if proposer is not None:
-            self.scheduler.proposer = proposer
-            # Proposals are read from the host-side tokens, which run-ahead leaves as placeholders.
-            self.async_scheduling = False
         self._in_flight: run_ahead.InFlightStep | None = None
+        self._timed_step: tuple[bool, int, float] | None = None  # (verify, rows, start) of the last step
+        if config.speculative == "ngram" and proposer is None:
+            proposer = NgramProposer(SpeculativeConfig.from_engine(config), self.max_model_len)
+        self.set_proposer(proposer)
+
+    def set_proposer(self, proposer: Proposer | None) -> None:
+        """Speculate with `proposer` from the next step on (None: stop speculating). The proposer
+        weighs drafts against this runner's measured step costs (timed once, on first use)."""
+        if proposer is not None:
+            costs = self.runner.step_costs()
+            proposer.clock = StepClock(costs) if costs is not None else None
+            proposer.skip_after_no_match = SKIP_AFTER_NO_MATCH if self.async_scheduling else 0
+        self.scheduler.proposer = proposer
 
     @classmethod
     def from_config(cls, config: EngineConfig, runner_cls: type[ModelRunner] = ModelRunner) -> LLMEngine:
@@ -110,6 +121,8 @@ class LLMEngine:
         runner = runner_cls.load(config, model_config, platform, max_model_len)
         proposer = None
         if config.speculative == "draft":
+            from common.draft_proposer import build_draft_proposer
+
             proposer = build_draft_proposer(config, model_config, runner, max_model_len)
         return cls(config, model_config, runner, proposer)
 
@@ -181,10 +194,25 @@ class LLMEngine:
         else:
             updates += self.scheduler.update_from_output(batch.seqs, handle.result())
         result.updates = updates
+        self._time_step(t0, batch, ran_ahead=self._in_flight is not None)
         self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
         result.num_prefill_tokens = batch.num_prefill_tokens
         result.num_decode_tokens = batch.num_decode_tokens
         return result
+
+    def _time_step(self, start: float, batch: ScheduledBatch, ran_ahead: bool) -> None:
+        """Feed the speculation policy's clock: the previous step took from its start to this one's.
+        Only run-ahead plain decode steps and verification steps are timed (the two it compares)."""
+        clock = self.scheduler.proposer.clock if self.scheduler.proposer is not None else None
+        if clock is None:
+            return
+        if self._timed_step is not None:
+            verify, rows, began = self._timed_step
+            if start - began < _MAX_TIMED_STEP_SECONDS:  # longer: the engine sat idle in between
+                clock.observe(verify, rows, start - began)
+        verify = batch.num_draft_tokens > 0
+        timed = verify or (ran_ahead and batch.is_decode)
+        self._timed_step = (verify, batch.num_decode_tokens, start) if timed else None
 
     def _resolve(self, launched: set[int]) -> list[SeqUpdate]:
         if self._in_flight is None:
@@ -262,39 +290,6 @@ class LLMEngine:
             num_transferring=len(sched.transferring),
             queued_prefill_tokens=sched.queued_prefill_tokens,
         )
-
-
-def speculative_config(config: EngineConfig) -> SpeculativeConfig:
-    return SpeculativeConfig(config.num_speculative_tokens, max_batch=config.speculative_max_batch)
-
-
-def build_draft_proposer(
-    config: EngineConfig, model_config: ModelConfig, runner: ModelRunner, max_model_len: int
-) -> Proposer:
-    """Load the draft model beside the target: same device, dtype and block size, eager (it runs a
-    handful of tokens per call), as many KV blocks as the target."""
-    from common.draft_proposer import DraftModelProposer
-
-    draft_config = ModelConfig.from_dir(config.draft_model)
-    if draft_config.vocab_size != model_config.vocab_size:
-        raise ValueError(
-            f"draft_model: vocabulary of {draft_config.vocab_size} tokens differs from the target's "
-            f"{model_config.vocab_size}"
-        )
-    limit = min(max_model_len, draft_config.max_position_embeddings)
-    engine = EngineConfig(
-        model=config.draft_model,
-        device=config.device,
-        dtype=config.dtype,
-        enforce_eager=True,
-        kvcache_block_size=config.kvcache_block_size,
-        num_kvcache_blocks=runner.num_kv_blocks,
-        max_model_len=limit,
-        attention_backend=config.attention_backend,
-        seed=config.seed,
-    )
-    draft_runner = ModelRunner.load(engine, draft_config, runner.platform, limit)
-    return DraftModelProposer(speculative_config(config), limit, draft_runner)
 
 
 def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:

@@ -53,6 +53,8 @@ def start(seqs: list[Sequence], handle: StepHandle) -> InFlightStep:
 def can_run_ahead(step: InFlightStep | None, scheduler: Scheduler) -> bool:
     if step is None or scheduler.waiting:
         return False
+    if scheduler.proposer is not None and scheduler.proposer.may_speculate(scheduler.running):
+        return False  # proposals read the host-side tokens: resolve, then speculate
     max_len = scheduler.config.max_model_len
     for seq in scheduler.running:
         if seq.seq_id not in step.rows or seq.num_pending_tokens != 1 or needs_host_tokens(seq):

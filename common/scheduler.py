@@ -74,7 +74,7 @@ class Scheduler:
         self.transferring: dict[int, Sequence] = {}
         self.handed_off: dict[int, Sequence] = {}
         self._admit_counter = count()
-        self.proposer = None  # speculative decoding: an object with propose(seq) -> draft tokens
+        self.proposer = None  # speculative decoding: a `Proposer`, whose `plan` adds drafts each step
         self.spec_stats = SpecStats()
         self._deferred_free: list[Sequence] = []  # finished while a launched step writes their KV
 
@@ -120,10 +120,11 @@ class Scheduler:
         return batch
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        if self.proposer is not None:
+            self.proposer.plan(self.running, budget)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            self._add_drafts(seq, budget)
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.grow(seq, seq.num_cached_tokens + n):
                 victim = self.running[-1]
@@ -153,14 +154,6 @@ class Scheduler:
             self.running.append(seq)
             self._put(batch, seq, n)
             budget -= n
-
-    def _add_drafts(self, seq: Sequence, budget: int) -> None:
-        """Append speculative proposals to a decoding sequence (verified in this step's forward)."""
-        if self.proposer is None or seq.num_uncomputed_tokens != 1 or seq.num_completion_tokens == 0:
-            return
-        if len(self.running) > self.proposer.config.max_batch or budget < 2:
-            return
-        seq.add_drafts(self.proposer.propose(seq)[: budget - 1])
 
     @staticmethod
     def _put(batch: ScheduledBatch, seq: Sequence, n: int) -> None:

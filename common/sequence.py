@@ -77,6 +77,9 @@ class Sequence:
         self.num_draft_tokens = 0  # trailing speculative proposals being verified this step
         self.spec_backoff = 0  # speculative decoding: current back-off after rejected proposals
         self.spec_skip_steps = 0  # decode steps left before proposing again
+        # Decayed counts of accepted and rejected drafts (written only by `spec_policy.record_acceptance`).
+        self.spec_accepted = 0.0
+        self.spec_rejected = 0.0
         self.logprobs: list[TokenLogprob] = []
         # A seeded request's own random stream for its whole life (created by the runner on first use).
         self.generator: torch.Generator | None = None

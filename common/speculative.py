@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config import EngineConfig
 from common.sequence import Sequence
+from common.spec_policy import StepClock, choose_drafts, draft_length, record_acceptance
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,8 @@ class SpeculativeConfig:
     num_tokens: int = 4  # k: proposals per step
     max_n: int = 3  # longest n-gram matched
     min_n: int = 1
-    max_batch: int = 16  # above this many running sequences, speculation is off (decode is compute-rich)
+    # Without measured step costs (the CPU), speculation is off above this many running sequences.
+    max_batch: int = 16
 
     def __post_init__(self) -> None:
         for name in ("num_tokens", "max_n", "min_n", "max_batch"):
@@ -38,9 +41,14 @@ class SpeculativeConfig:
         if self.min_n > self.max_n:
             raise ValueError(f"speculative min_n ({self.min_n}) must not exceed max_n ({self.max_n})")
 
+    @classmethod
+    def from_engine(cls, config: EngineConfig) -> SpeculativeConfig:
+        return cls(config.num_speculative_tokens, max_batch=config.speculative_max_batch)
+
 
 def ngram_propose(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the longest suffix n-gram."""
+    """Up to k tokens that followed the most recent earlier occurrence of the longest suffix n-gram
+    (the reference for `NgramIndex`, which gives the same answer incrementally)."""
     length = len(tokens)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         pattern = tokens[length - n :]
@@ -51,48 +59,161 @@ def ngram_propose(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int
     return []
 
 
-def can_speculate(seq: Sequence) -> bool:
+class NgramIndex:
+    """For one sequence: the last end position of every n-gram (min_n..max_n) that ends before the
+    sequence's last token. Grows with the tokens, so a lookup costs O(new tokens), where a scan costs
+    O(length) per step (a millisecond of host time per sequence at a few thousand tokens)."""
+
+    def __init__(self, max_n: int, min_n: int) -> None:
+        self.max_n, self.min_n = max_n, min_n
+        self.last_end: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # n-grams ending at positions < indexed are in `last_end`
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        length = len(tokens)
+        if length - 1 < self.indexed:  # the tokens shrank below the index (not expected): rebuild
+            self.last_end.clear()
+            self.indexed = 0
+        for end in range(self.indexed, length - 1):
+            for n in range(self.min_n, min(self.max_n, end + 1) + 1):
+                self.last_end[tuple(tokens[end - n + 1 : end + 1])] = end
+        self.indexed = max(self.indexed, length - 1)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            end = self.last_end.get(tuple(tokens[length - n :]))
+            if end is not None:
+                return tokens[end + 1 : end + 1 + k]
+        return []
+
+
+def can_speculate_later(seq: Sequence) -> bool:
+    """The request's sampling allows speculation (its per-row state would not include the drafts
+    otherwise); `can_speculate` also needs its tokens on the host now."""
     p = seq.sampling_params
-    return not p.reads_token_history and p.min_tokens == 0 and seq.num_pending_tokens == 0
+    return not p.reads_token_history and p.min_tokens == 0
+
+
+def can_speculate(seq: Sequence) -> bool:
+    return can_speculate_later(seq) and seq.num_pending_tokens == 0
+
+
+# Steps a sequence waits after finding no n-gram match when the engine runs ahead: each skipped step
+# may run ahead, where a proposal needs a synced one.
+SKIP_AFTER_NO_MATCH = 4
 
 
 class Proposer:
-    """Proposes draft tokens for decoding sequences; subclasses implement `draft(seq, room)`.
+    """Proposes draft tokens for decoding sequences; subclasses implement `draft(seq, room)` or, when
+    proposing for many sequences at once is cheaper (a draft model), `draft_batch`.
 
     Drafts must be a deterministic function of the sequence's tokens (a point-mass proposal), which
-    is what makes `accept_drafts` exact."""
+    is what makes `accept_drafts` exact. `clock` (measured step costs, set and fed by the engine on a
+    device with CUDA graphs) turns on the cost-based batch decision of `common.spec_policy`; without
+    it the fixed `config.max_batch` rule applies."""
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
         self.max_model_len = max_model_len
+        self.clock: StepClock | None = None
+        self.skip_after_no_match = 0  # set by an engine that runs ahead (SKIP_AFTER_NO_MATCH)
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
         raise NotImplementedError
 
+    def draft_batch(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]]:
+        """Up to `rooms[i]` drafts for each of `seqs`."""
+        return [self.draft(seq, room) for seq, room in zip(seqs, rooms, strict=True)]
+
     def release(self, seq: Sequence) -> None:
         """The sequence finished or was preempted: drop any per-sequence proposer state."""
 
-    def propose(self, seq: Sequence) -> list[int]:
-        """Draft tokens for a decoding sequence, capped so the verified run never passes max_tokens
-        or max_model_len (the accepted drafts plus one sampled token must fit)."""
-        if not can_speculate(seq):
-            return []
+    def room(self, seq: Sequence) -> int:
+        """Drafts to propose for a decoding sequence now: 0 when it cannot speculate or is backing off,
+        else its adaptive draft length capped so the verified run never passes max_tokens or
+        max_model_len (the accepted drafts plus one sampled token must fit)."""
         if seq.spec_skip_steps > 0:  # backing off after proposals that were all rejected
             seq.spec_skip_steps -= 1
-            return []
-        room = min(
-            self.config.num_tokens,
-            seq.sampling_params.max_tokens - seq.num_completion_tokens - 1,
-            self.max_model_len - len(seq) - 1,
+            return 0
+        if not can_speculate(seq):
+            return 0
+        return max(
+            0,
+            min(
+                self._length(seq),
+                seq.sampling_params.max_tokens - seq.num_completion_tokens - 1,
+                self.max_model_len - len(seq) - 1,
+            ),
         )
-        if room <= 0:
+
+    def plan(self, running: list[Sequence], budget: int) -> None:
+        """Add this step's drafts to the decoding sequences among `running` (maybe to none).
+
+        `budget`: tokens the step may compute; every running sequence keeps one, drafts share the rest.
+        """
+        wanted = self._wanted(running)
+        if not wanted:
+            return
+        drafts = self.draft_batch([s for s, _ in wanted], [r for _, r in wanted])
+        spare = budget - len(running)
+        chosen = []
+        for (seq, _), d in zip(wanted, drafts, strict=True):
+            if not d:  # nothing to propose (free text): maybe let a few steps run ahead first
+                seq.spec_skip_steps = self.skip_after_no_match
+            d = d[: max(spare, 0)]
+            if d:
+                chosen.append((seq, d))
+                spare -= len(d)
+        if self.clock is not None:  # the proposals are known now: weigh them for real
+            keep = {
+                id(s) for s, _ in choose_drafts(self.clock, len(running), [(s, len(d)) for s, d in chosen])
+            }
+            chosen = [(s, d) for s, d in chosen if id(s) in keep]
+        for seq, d in chosen:
+            seq.add_drafts(d)
+
+    def may_speculate(self, running: list[Sequence]) -> bool:
+        """Could this step's batch speculate? False lets the engine run the step ahead (run-ahead
+        leaves the last token on the device, where no proposal can read it)."""
+        if self.clock is None and len(running) > self.config.max_batch:
+            return False
+        candidates = [s for s in running if s.spec_skip_steps == 0 and can_speculate_later(s)]
+        if not candidates:
+            return False
+        if self.clock is None:
+            return True
+        return bool(choose_drafts(self.clock, len(running), [(s, self._length(s)) for s in candidates]))
+
+    def _wanted(self, running: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """(sequence, draft room) of the decoding sequences that may propose now; an optimistic
+        selection when step costs are known (proposals cost host or draft-model time)."""
+        if self.clock is None and len(running) > self.config.max_batch:
             return []
-        return self.draft(seq, room)
+        wanted = []
+        for seq in running:
+            if seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0:
+                room = self.room(seq)
+                if room > 0:
+                    wanted.append((seq, room))
+        if self.clock is not None and wanted:
+            return choose_drafts(self.clock, len(running), wanted)
+        return wanted
+
+    def _length(self, seq: Sequence) -> int:
+        return draft_length(seq, self.config.num_tokens)
 
 
 class NgramProposer(Proposer):
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        super().__init__(config, max_model_len)
+        self.indexes: dict[int, NgramIndex] = {}
+
     def draft(self, seq: Sequence, room: int) -> list[int]:
-        return ngram_propose(seq.token_ids, room, self.config.max_n, self.config.min_n)
+        index = self.indexes.get(seq.seq_id)
+        if index is None:
+            index = self.indexes[seq.seq_id] = NgramIndex(self.config.max_n, self.config.min_n)
+        return index.propose(seq.token_ids, room)
+
+    def release(self, seq: Sequence) -> None:
+        self.indexes.pop(seq.seq_id, None)
 
 
 @dataclass
@@ -123,6 +244,7 @@ def accept_drafts(seq: Sequence, samples: list[int], stats: SpecStats) -> list[i
     seq.append_token(samples[accepted])
     stats.proposed += len(drafts)
     stats.accepted += accepted
+    record_acceptance(seq, len(drafts), accepted)
     stats.verify_steps += 1
     _back_off(seq, accepted)
     return drafts[:accepted] + [samples[accepted]]

@@ -1,8 +1,14 @@
-"""CUDA-graph replay of decode steps.
+"""CUDA-graph replay of decode-shaped steps.
 
-A decode step launches hundreds of small kernels; captured once per batch size and replayed, the
-launch cost disappears. Graphs are captured for batch sizes 1, 2, 4, 8 and then steps of 16 up to
-`max_num_seqs`; a batch is padded to the next captured size (padding rows write no KV: slot -1).
+A decode step launches hundreds of small kernels; captured once per row count and replayed, the
+launch cost disappears. Graphs are captured for 1, 2, 4, 8 and then steps of 16 up to `max_rows`
+rows; a step is padded to the next captured size (padding rows write no KV: slot -1).
+
+A row is one query token with its own context length, so any step whose sequences each compute a few
+tokens ending at their last token runs here, not only plain decode: a speculative verification
+(the last token plus k drafts: k + 1 rows of one sequence, row j attending to positions <= its own,
+whose KV the same step stored first) and a draft model's catch-up step. Such a row computes exactly
+what a decode step at that position computes, with the same fused kernels.
 
 All of a step's integer inputs live in one packed int32 device buffer with a pinned host mirror, so
 preparing a step is one host->device copy. Each graph reads fixed views of that buffer and writes
@@ -20,15 +26,16 @@ import torch
 from common.attention.base import AttentionBackend, AttentionMetadata
 from common.attention.context import ForwardContext, set_forward_context
 from common.sequence import Sequence
+from common.spec_policy import StepCosts
 
 logger = logging.getLogger(__name__)
 
 
-def capture_sizes(max_num_seqs: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4, 8) if s <= max_num_seqs]
-    sizes += list(range(16, max_num_seqs + 1, 16))
-    if sizes[-1] < max_num_seqs:
-        sizes.append(max_num_seqs)
+def capture_sizes(max_rows: int) -> list[int]:
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_rows]
+    sizes += list(range(16, max_rows + 1, 16))
+    if sizes[-1] < max_rows:
+        sizes.append(max_rows)
     return sizes
 
 
@@ -42,19 +49,82 @@ class _Views:
     block_tables: torch.Tensor
 
 
+# Longest run of query tokens one sequence may send through the graphs (k + 1 for speculation, a draft
+# mirror's catch-up); longer runs are prefill chunks, which the varlen prefill kernel does better.
+MAX_GRAPH_QUERY = 16
+
+
+def query_lens(seqs: list[Sequence], max_rows: int) -> list[int] | None:
+    """Rows per sequence when the step is decode-shaped (every sequence computes 1..MAX_GRAPH_QUERY
+    tokens that end at its last token, at most `max_rows` in all); None when it is not."""
+    lens, total = [], 0
+    for s in seqs:
+        q = s.num_scheduled_tokens
+        if not 1 <= q <= MAX_GRAPH_QUERY or s.num_cached_tokens + q != len(s):
+            return None
+        lens.append(q)
+        total += q
+    return lens if total <= max_rows else None
+
+
+def sampled_rows(seqs: list[Sequence], q_lens: list[int]) -> list[int] | None:
+    """Rows whose logits are sampled: each sequence's last token plus its drafts (the rule of
+    `plan_step`). None when that is every row (plain decode, verification)."""
+    if all(q == 1 + s.num_draft_tokens for s, q in zip(seqs, q_lens, strict=True)):
+        return None
+    rows, end = [], 0
+    for s, q in zip(seqs, q_lens, strict=True):
+        end += q
+        rows.extend(range(end - 1 - s.num_draft_tokens, end))
+    return rows
+
+
+def fill_rows(
+    v: _Views, seqs: list[Sequence], q_lens: list[int], bs: int, src_rows: list[int] | None, block: int
+) -> None:
+    """Write one step's rows into the host views: sequence i owns `q_lens[i]` consecutive rows, its
+    last tokens, each with its own position, slot and context length; rows past the end up to the
+    captured size `bs` are padding. `src_rows[i]` (run-ahead) applies to sequence i's last row."""
+    ids: list[int] = []
+    pos: list[int] = []
+    last_rows: list[int] = []
+    for s, q in zip(seqs, q_lens, strict=True):
+        start = len(s) - q
+        ids.extend(s.token_ids[start:])
+        pos.extend(range(start, len(s)))
+        last_rows.append(len(pos) - 1)
+    n = len(pos)
+    p = np.asarray(pos, dtype=np.int32)
+    v.input_ids[:n] = np.maximum(np.asarray(ids, dtype=np.int64), 0)  # placeholders come from src_rows
+    v.positions[:n] = p
+    v.seq_lens[:n] = p + 1
+    v.src_rows[:n] = -1
+    if src_rows is not None:
+        v.src_rows[last_rows] = src_rows
+    r = 0
+    for s, q in zip(seqs, q_lens, strict=True):
+        v.block_tables[r : r + q, : len(s.block_table)] = s.block_table
+        r += q
+    blocks = v.block_tables[np.arange(n), p // block]
+    v.slots[:n] = blocks * block + p % block
+    v.slots[n:bs] = -1
+    v.seq_lens[n:bs] = 1
+    v.src_rows[n:bs] = -1
+
+
 class DecodeGraphs:
     def __init__(
         self,
         model: torch.nn.Module,
         backend: AttentionBackend,
-        max_num_seqs: int,
+        max_rows: int,
         max_blocks_per_seq: int,
         max_seq_len: int,
         block_size: int,
         device: torch.device,
     ) -> None:
         self.model, self.backend, self.device = model, backend, device
-        self.sizes = capture_sizes(max_num_seqs)
+        self.sizes = capture_sizes(max_rows)
         self.max_bs, self.width = self.sizes[-1], max_blocks_per_seq
         self.max_seq_len, self.block_size = max_seq_len, block_size
         n = self.max_bs * (5 + self.width)
@@ -116,44 +186,61 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.device)
         logger.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
-    def can_run(self, batch_size: int) -> bool:
-        return batch_size <= self.max_bs
+    def query_lens(self, seqs: list[Sequence]) -> list[int] | None:
+        """Rows per sequence if this step can replay a graph (see `query_lens`), else None."""
+        return query_lens(seqs, self.max_bs)
 
-    def run(self, seqs: list[Sequence], src_rows: list[int] | None = None) -> torch.Tensor:
-        """Logits [len(seqs), vocab] of one decode step.
+    def run(
+        self, seqs: list[Sequence], q_lens: list[int], src_rows: list[int] | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Logits of the sampled rows of one decode-shaped step, and each sampled row's sequence.
 
         `src_rows[i] >= 0` means sequence i's input token is still on the device: row `src_rows[i]` of
         the previous step's sampled tokens (see `set_prev_tokens`).
         """
-        n = len(seqs)
+        n = sum(q_lens)
         bs = next(s for s in self.sizes if s >= n)
         host = self.hosts[self.turn]
         self.copied[self.turn].synchronize()  # the copy that last read this buffer has finished
-        self._fill_host(self._views(host.numpy()), seqs, bs, src_rows)
+        fill_rows(self._views(host.numpy()), seqs, q_lens, bs, src_rows, self.block_size)
         self.packed.copy_(host, non_blocking=True)
         self.copied[self.turn].record()
         self.turn ^= 1
         self.graphs[bs].replay()
-        return self.logits[bs][:n]
+        rows = sampled_rows(seqs, q_lens)
+        if rows is None:
+            index = [i for i, q in enumerate(q_lens) for _ in range(q)]
+            return self.logits[bs][:n], index
+        index = [i for i, s in enumerate(seqs) for _ in range(1 + s.num_draft_tokens)]
+        picked = torch.tensor(rows, dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
+        return self.logits[bs][picked], index
+
+    @torch.inference_mode()
+    def measure_costs(self, context_len: int, repeats: int = 5) -> StepCosts:
+        """Seconds per replay of every captured size with each row attending to `context_len` tokens
+        (padding rows: nothing is written; every block-table entry is block 0, valid memory)."""
+        host = self.hosts[self.turn]
+        self.copied[self.turn].synchronize()
+        v = self._views(host.numpy())
+        length = max(1, min(context_len, self.max_seq_len))
+        v.seq_lens[:] = length
+        v.positions[:] = length - 1
+        v.slots[:] = -1
+        v.src_rows[:] = -1
+        v.block_tables[:] = 0
+        self.packed.copy_(host)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        seconds = []
+        for bs in self.sizes:
+            self.graphs[bs].replay()  # warm
+            start.record()
+            for _ in range(repeats):
+                self.graphs[bs].replay()
+            end.record()
+            end.synchronize()
+            seconds.append(start.elapsed_time(end) / 1e3 / repeats)
+        return StepCosts(tuple(self.sizes), tuple(seconds))
 
     def set_prev_tokens(self, tokens: torch.Tensor) -> None:
         """Remember this step's sampled tokens on the device for the next run-ahead step."""
         self.prev_tokens[: tokens.shape[0]].copy_(tokens)
-
-    def _fill_host(self, v: _Views, seqs: list[Sequence], bs: int, src_rows: list[int] | None) -> None:
-        block = self.block_size
-        n = len(seqs)
-        pos = np.fromiter((len(s) - 1 for s in seqs), dtype=np.int32, count=n)
-        v.input_ids[:n] = [max(s.token_ids[-1], 0) for s in seqs]  # placeholders (-1) come from src_rows
-        v.positions[:n] = pos
-        v.seq_lens[:n] = pos + 1
-        v.src_rows[:n] = src_rows if src_rows is not None else -1
-        last_blocks = np.fromiter(
-            (s.block_table[p // block] for s, p in zip(seqs, pos.tolist(), strict=True)), np.int32, n
-        )
-        v.slots[:n] = last_blocks * block + pos % block
-        for i, s in enumerate(seqs):
-            v.block_tables[i, : len(s.block_table)] = s.block_table
-        v.slots[n:bs] = -1
-        v.seq_lens[n:bs] = 1
-        v.src_rows[n:bs] = -1

@@ -25,8 +25,23 @@ from common.runner.sampler import Sampler
 from common.runner.tp_group import TPGroup, start_group
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
+from common.spec_policy import StepCosts
 
 logger = logging.getLogger(__name__)
+
+# Context length at which decode step costs are measured: a chat turn's worth of tokens.
+_COST_CONTEXT_TOKENS = 512
+# Most rows a speculating engine captures graphs for (a verification of k drafts takes k + 1 rows).
+_MAX_SPECULATIVE_ROWS = 512
+
+
+def graph_rows(config: EngineConfig) -> int:
+    """Largest captured step: a decode step of `max_num_seqs`, or, with speculation configured, room
+    for that many sequences verifying k drafts each, up to `_MAX_SPECULATIVE_ROWS`."""
+    if config.speculative is None:
+        return config.max_num_seqs
+    wanted = config.max_num_seqs * (config.num_speculative_tokens + 1)
+    return max(config.max_num_seqs, min(wanted, _MAX_SPECULATIVE_ROWS))
 
 
 class ModelRunner:
@@ -63,6 +78,7 @@ class ModelRunner:
         self._token_buffers: list[torch.Tensor] | None = None
         self._token_events: list[torch.cuda.Event] = []
         self._token_turn = 0
+        self._step_costs: StepCosts | None = None
 
     @classmethod
     def load(
@@ -116,13 +132,23 @@ class ModelRunner:
         self.graphs = DecodeGraphs(
             self.model,
             self.backend,
-            self.config.max_num_seqs,
+            graph_rows(self.config),
             blocks_for(self.max_model_len, self.block_size),
             self.max_model_len,
             self.block_size,
             self.device,
         )
         self.graphs.capture()
+
+    def step_costs(self) -> StepCosts | None:
+        """Measured seconds of a decode-shaped step by row count (None without CUDA graphs); the
+        speculation policy weighs drafts against it. Measured once, at a typical chat context."""
+        if self.graphs is None:
+            return None
+        if self._step_costs is None:
+            self._step_costs = self.graphs.measure_costs(_COST_CONTEXT_TOKENS)
+            logger.info("decode step costs (rows: ms): %s", self._step_costs)
+        return self._step_costs
 
     # ---- start-up ------------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -205,12 +231,29 @@ class ModelRunner:
         `src_rows` (decode steps only): for sequence i, the row of the previous launch's sampled
         tokens that is its input token (its host-side last token is still a placeholder), or -1.
         """
-        if is_decode and self.graphs is not None and self.graphs.can_run(len(seqs)):
-            logits, sample_index = self.graphs.run(seqs, src_rows), list(range(len(seqs)))
+        sampled = self._forward_and_sample(seqs, is_decode, src_rows)
+        if sampled is None:
+            return StepHandle(len(seqs), [], None, None)
+        out, sample_index = sampled
+        return StepHandle(len(seqs), sample_index, self._stage_to_host(out.token_ids), out.logprobs)
+
+    @torch.inference_mode()
+    def launch_on_device(self, seqs: list[Sequence], src_rows: list[int] | None = None) -> torch.Tensor:
+        """Like `launch` for steps where each sequence samples one token, but the tokens stay on the
+        device (a draft model chains several such steps and reads them back once)."""
+        sampled = self._forward_and_sample(seqs, False, src_rows)
+        if sampled is None or len(sampled[1]) != len(seqs):
+            raise ValueError("launch_on_device: every sequence must sample exactly one token")
+        return sampled[0].token_ids
+
+    def _forward_and_sample(self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None):
+        q_lens = self.graphs.query_lens(seqs) if self.graphs is not None else None
+        if q_lens is not None:  # decode, speculative verification, a draft's catch-up: graph rows
+            logits, sample_index = self.graphs.run(seqs, q_lens, src_rows)
         else:
             logits, sample_index = self._run_eager(seqs, is_decode, src_rows)
         if not sample_index:
-            return StepHandle(len(seqs), [], None, None)
+            return None
         sampling_seqs = [seqs[i] for i in sample_index]
         batch = prepare_sampling(
             sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids
@@ -220,7 +263,7 @@ class ModelRunner:
         self._prev_tokens = out.token_ids
         if self.graphs is not None:
             self.graphs.set_prev_tokens(out.token_ids)
-        return StepHandle(len(seqs), sample_index, self._stage_to_host(out.token_ids), out.logprobs)
+        return out, sample_index
 
     def _stage_to_host(self, tokens: torch.Tensor) -> _HostTokens:
         if not self.platform.is_cuda:

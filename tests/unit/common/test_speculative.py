@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from common import LLM, SamplingParams
+from common import LLM, SamplingParams, run_ahead
 from common.hashing import block_hashes
-from common.speculative import accepted_length, ngram_propose
+from common.speculative import NgramIndex, accepted_length, ngram_propose
 
 
 def test_ngram_propose_takes_the_most_recent_longest_match():
@@ -20,6 +20,15 @@ def test_ngram_propose_takes_the_most_recent_longest_match():
     assert ngram_propose(tokens, 2, max_n=3, min_n=1) == [7, 8]
     assert ngram_propose([4, 5, 6], 3, max_n=3, min_n=1) == []  # nothing repeats
     assert ngram_propose([5, 6, 5], 4, max_n=2, min_n=1) == [6, 5]  # falls back to a 1-gram
+
+
+def test_ngram_index_answers_as_the_scan_does():
+    rng = random.Random(0)
+    for _ in range(200):
+        tokens = [rng.randrange(6) for _ in range(rng.randint(1, 40))]
+        index = NgramIndex(max_n=3, min_n=1)
+        for length in range(1, len(tokens) + 1):  # grown one token at a time, as a sequence does
+            assert index.propose(tokens[:length], 4) == ngram_propose(tokens[:length], 4, 3, 1)
 
 
 def test_accepted_length():
@@ -91,32 +100,36 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_model_dirs):
     often wrong: both the accept and the reject paths are exercised. Runs are deterministic (the
     engine seeds its generator), so the bound is not flaky.
     """
-    model = tiny_model_dirs["qwen3"]
+    n = 1500
+    tv, accepted, rejected = two_sample_total_variation(
+        tiny_model_dirs["qwen3"], n=n, max_num_seqs=n, speculative_max_batch=n
+    )
+    assert accepted > 100 and rejected > 100  # both paths ran
+    # Binned so that every category is seen ~40+ times, two samples of 1500 from one distribution
+    # differ by about 0.03 in total variation; a verifier that skewed towards the proposals would
+    # move far more mass.
+    assert tv < 0.08, tv
+
+
+def two_sample_total_variation(model: str, n: int = 1500, **engine_kw) -> tuple[float, int, int]:
+    """(binned total variation between the 4th sampled token with and without n-gram speculation,
+    drafts accepted, drafts rejected) for n requests of a prompt that repeats the model's own greedy
+    continuation."""
     seed = [3, 4, 5, 6]
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     own = LLM(model, num_kvcache_blocks=64).generate([seed], greedy, use_tqdm=False)[0]["token_ids"]
-    prompt, n = seed + own + seed, 1500
-    counts = []
+    prompt = seed + own + seed
+    counts, stats = [], None
     for speculative in (None, "ngram"):
         llm = LLM(
-            model,
-            num_kvcache_blocks=2048,
-            max_num_seqs=n,
-            speculative=speculative,
-            num_speculative_tokens=3,
-            speculative_max_batch=n,
+            model, num_kvcache_blocks=2048, speculative=speculative, num_speculative_tokens=3, **engine_kw
         )
         params = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
         outs = llm.generate([prompt] * n, params, use_tqdm=False)
         counts.append(Counter(o["token_ids"][3] for o in outs))
         stats = llm.engine.scheduler.spec_stats
-        if speculative:
-            assert stats.accepted > 100 and stats.proposed - stats.accepted > 100  # both paths ran
     tv = _binned_total_variation(counts[0], counts[1], n)
-    # Binned so that every category is seen ~40+ times, two samples of 1500 from one distribution
-    # differ by about 0.03 in total variation; a verifier that skewed towards the proposals would
-    # move far more mass.
-    assert tv < 0.08, (tv, counts[0].most_common(5), counts[1].most_common(5))
+    return tv, stats.accepted, stats.proposed - stats.accepted
 
 
 def _binned_total_variation(a: Counter, b: Counter, n: int, min_count: int = 40) -> float:
@@ -161,3 +174,30 @@ def test_draft_model_must_share_the_vocabulary(tiny_model_dirs, tmp_path):
         LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64, speculative="draft", draft_model=str(other))
     with pytest.raises(ValueError, match="draft_model"):
         LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64, speculative="draft")
+
+
+def test_speculation_alongside_run_ahead(tiny_model_dirs, monkeypatch):
+    """With run-ahead on, steps without drafts run ahead and steps with drafts sync first: greedy
+    outputs stay identical, and both kinds of step happen."""
+    prompts = _repetitive_prompts(4, seed=5) + [[7, 300, 21, 9, 411]]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=256)
+    expected = [o["token_ids"] for o in plain.generate(prompts, params, use_tqdm=False)]
+    spec = LLM(
+        tiny_model_dirs["llama"],
+        num_kvcache_blocks=256,
+        speculative="ngram",
+        num_speculative_tokens=4,
+        async_scheduling=True,
+    )
+    launched_ahead = []
+    original = run_ahead.start
+
+    def counting(seqs, handle):
+        launched_ahead.append(len(seqs))
+        return original(seqs, handle)
+
+    monkeypatch.setattr(run_ahead, "start", counting)
+    outs = [o["token_ids"] for o in spec.generate(prompts, params, use_tqdm=False)]
+    assert outs == expected
+    assert spec.engine.scheduler.spec_stats.verify_steps > 0 and launched_ahead

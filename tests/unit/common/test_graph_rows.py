@@ -1,0 +1,66 @@
+"""Decode-shaped steps as CUDA-graph rows (host side, runs on the CPU): a verification's or a draft
+catch-up's rows carry exactly the positions, slots and context lengths of the varlen plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common.runner.cuda_graph import _Views, fill_rows, query_lens, sampled_rows
+from common.runner.inputs import plan_step
+from common.sampling_params import SamplingParams
+from common.sequence import Sequence
+
+BLOCK = 4
+
+
+def _seq(n_tokens: int, cached: int, drafts: list[int], first_block: int) -> Sequence:
+    seq = Sequence(list(range(100, 100 + n_tokens)), SamplingParams(temperature=0), BLOCK)
+    seq.add_drafts(drafts)
+    seq.block_table = list(range(first_block, first_block + -(-len(seq) // BLOCK)))
+    seq.set_cached_prefix(cached)
+    seq.schedule(len(seq) - cached)
+    return seq
+
+
+def _views(rows: int, width: int) -> _Views:
+    buf = np.zeros(rows * (5 + width), dtype=np.int32)
+    parts = [buf[i * rows : (i + 1) * rows] for i in range(5)]
+    return _Views(*parts, buf[5 * rows :].reshape(rows, width))
+
+
+def test_rows_match_the_varlen_plan():
+    # plain decode, a verification of 3 drafts across a block edge, a catch-up of 2 tokens
+    seqs = [_seq(9, 8, [], 0), _seq(6, 5, [7, 8, 9], 10), _seq(13, 11, [], 20)]
+    lens = query_lens(seqs, max_rows=16)
+    assert lens == [1, 4, 2]
+    v = _views(16, 8)
+    fill_rows(v, seqs, lens, 8, None, BLOCK)
+    plan = plan_step(seqs, BLOCK, is_decode=False)
+    n = sum(lens)
+    assert v.input_ids[:n].tolist() == plan.input_ids
+    assert v.positions[:n].tolist() == plan.positions
+    assert v.slots[:n].tolist() == plan.slots
+    ends = [p + 1 for p in plan.positions]
+    assert v.seq_lens[:n].tolist() == ends  # each row attends up to its own position
+    assert (v.slots[n:8] == -1).all() and (v.seq_lens[n:8] == 1).all()  # padding writes nothing
+    assert v.block_tables[1, :3].tolist() == seqs[1].block_table  # every row has its sequence's table
+    # Sampled rows: the decode row, all 4 verification rows, the catch-up's last row (the plan's rule).
+    assert sampled_rows(seqs, lens) == plan.sample_rows == [0, 1, 2, 3, 4, 6]
+
+
+def test_only_short_runs_that_end_at_the_last_token_are_graph_rows():
+    prefill_chunk = _seq(40, 0, [], 0)
+    prefill_chunk.schedule(16)  # does not reach the sequence's end
+    assert query_lens([prefill_chunk], max_rows=64) is None
+    assert query_lens([_seq(40, 0, [], 0)], max_rows=64) is None  # a prompt: the prefill kernel's job
+    assert query_lens([_seq(9, 8, [], 0)] * 3, max_rows=2) is None  # more rows than captured
+    assert sampled_rows([_seq(9, 8, [], 0), _seq(6, 5, [1, 2], 10)], [1, 3]) is None  # every row
+
+
+def test_run_ahead_source_applies_to_the_last_row():
+    seqs = [_seq(9, 8, [], 0), _seq(5, 3, [], 10)]
+    v = _views(8, 4)
+    fill_rows(v, seqs, [1, 2], 4, [5, 6], BLOCK)
+    assert v.src_rows[:4].tolist() == [5, -1, 6, -1]
+    assert torch.tensor(v.input_ids[:3]).min() >= 0
