@@ -13,6 +13,7 @@ from common.llm_engine import LLMEngine
 from common.sampling_params import SamplingParams
 from common.scheduler import SeqUpdate
 from common.sequence import Sequence
+from common.structured_output import check_grammar
 from common.tokenizer import load_tokenizer
 
 
@@ -72,6 +73,7 @@ class LLM:
         "text" is None when the model directory has no tokenizer (token-id prompts only).
         """
         prompts, params = self._normalise(prompts, sampling_params)
+        self._check_grammars(params)
         token_lists = [self._encode(p, i) for i, p in enumerate(prompts)]
         seqs_per_prompt = [
             self._make_seqs(ids, sp, i) for i, (ids, sp) in enumerate(zip(token_lists, params, strict=True))
@@ -99,6 +101,16 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"sampling_params has {len(sampling_params)} entries for {len(prompts)} prompts")
         return prompts, list(sampling_params)
+
+    def _check_grammars(self, params: list[SamplingParams]) -> None:
+        for i, sp in enumerate(params):
+            if sp.grammar is None:
+                continue
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"sampling_params[{i}].grammar needs a tokenizer; the model directory has none"
+                )
+            check_grammar(sp.grammar, f"sampling_params[{i}].grammar")
 
     def _encode(self, prompt: str | list[int], index: int) -> list[int]:
         if isinstance(prompt, str):

@@ -66,6 +66,13 @@ class WorkRequest(Message):
 
     request_id: str
     sampling: SamplingParams
+    # The client's X-Request-Id (or the router's generated one): what every log line about the
+    # request names (common/request_log.py). Optional, so older senders still validate.
+    log_id: str | None
+
+    @property
+    def log_name(self) -> str:
+        return self.log_id or self.request_id
 
     def validate(self) -> None:
         if self.sampling.n != 1:
@@ -117,6 +124,7 @@ class PrefillRequest(WorkRequest):
     decode_worker_id: Id
     decode_command_addr: Id
     deadline: float | None
+    log_id: str | None = None
 
 
 @dataclass
@@ -132,6 +140,7 @@ class GenerateRequest(WorkRequest):
     prompt_token_ids: Prompt
     sampling: SamplingParams
     deadline: float | None
+    log_id: str | None = None
 
 
 @dataclass
@@ -147,6 +156,7 @@ class DecodeRequest(WorkRequest):
     src_block_ids: Annotated[list[int], at_least(0)]
     prefill_worker_id: Id
     deadline: float | None
+    log_id: str | None = None
 
 
 @dataclass

@@ -26,6 +26,8 @@ class SamplingParams:
     repetition_penalty follows the CTRL/HF definition (>1 discourages repeats of any prompt or output
     token); presence/frequency penalties follow OpenAI's (output tokens only). `logprobs` asks for
     the chosen token's log-probability plus that many top alternatives (0 = chosen token only).
+    `grammar` is an llguidance grammar text (`common.structured_output` builds it from a JSON schema,
+    regex, choice list or grammar): every sampled token is one the grammar allows next.
     """
 
     temperature: float = 1.0
@@ -43,6 +45,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logprobs: int | None = None
     n: int = 1
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -71,6 +74,14 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be a list of ints")
         for t in self.stop_token_ids:
             _integer("stop_token_ids", t, 0, None)
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar):
+            raise ValueError("grammar must be a non-empty grammar text or None")
+        if self.grammar is not None and self.min_tokens:
+            # The grammar decides where the output ends (only EOS once it is complete); banning EOS
+            # until min_tokens would leave no token to sample.
+            raise ValueError(
+                "min_tokens cannot be combined with structured output (the grammar ends the output)"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -80,9 +91,10 @@ class SamplingParams:
     @property
     def reads_token_history(self) -> bool:
         """Sampling reads the tokens generated so far on the host at every step (penalties, logprobs),
-        so run-ahead steps and speculative drafts cannot be used for this request."""
+        so run-ahead steps and speculative drafts cannot be used for this request. A grammar's mask
+        for a token depends on the token before it, so it is one of them."""
         penalties = self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
-        return self.logprobs is not None or bool(penalties)
+        return self.logprobs is not None or bool(penalties) or self.grammar is not None
 
     def to_dict(self) -> dict:
         """The field map (the same map a wire message carries for its `sampling` value)."""

@@ -82,6 +82,9 @@ class Sequence:
         self.logprobs: list[TokenLogprob] = []
         # A seeded request's own random stream for its whole life (created by the runner on first use).
         self.generator: torch.Generator | None = None
+        # A structured-output request's grammar matcher, host side (`common/runner/grammar.py`; created
+        # by the runner on first use, advanced over `completion_token_ids` before each masked step).
+        self.grammar_state: object | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

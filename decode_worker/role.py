@@ -33,6 +33,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from common import request_log
 from common.llm_engine import StepResult
 from common.messages import DecodeRequest, GenerateRequest, Message, TokenBatch, TokenOutput
 from common.sequence import Sequence, SequenceStatus
@@ -57,6 +58,11 @@ class DecodeJob:
     abort_when_settled: bool = False  # aborted while its transfer may still write the blocks
     fetch_started_at: float | None = None  # monotonic, for the stage breakdown
     fetch_done_at: float | None = None
+
+    @property
+    def log(self) -> logging.LoggerAdapter:
+        """This request's logger: its lines name the request's X-Request-Id (common/request_log.py)."""
+        return request_log.for_request(log, self.request.log_name)
 
 
 class DecodeRole(WorkerRole):
@@ -89,6 +95,7 @@ class DecodeRole(WorkerRole):
         except ValueError as e:  # the same request would fail on every worker
             self.ctx.fail(rid, str(e), retryable=False)
             return
+        log.debug("%s: %s with %d prompt tokens", rid, msg.TYPE, len(msg.prompt_token_ids))
         if isinstance(msg, GenerateRequest):
             self.jobs[rid] = DecodeJob(msg, seq, next_index=0)
             self.engine.add_sequence(seq)
@@ -109,6 +116,7 @@ class DecodeRole(WorkerRole):
             job.abort_when_settled = True  # finished in poll() once the receiver reports it
             return True
         del self.jobs[request_id]
+        job.log.debug("%s: aborted", request_id)
         if request_id in self.pending:
             self.pending.remove(request_id)  # holds no blocks yet
         else:
@@ -147,6 +155,7 @@ class DecodeRole(WorkerRole):
                 job.next_index += len(ids)
             if rid in finished:
                 del self.jobs[rid]
+                job.log.debug("%s: finished (%s) after %d tokens", rid, job.seq.finish_reason, job.next_index)
         if rows[0]:
             self.ctx.channels.to_router(TokenBatch(self.ctx.worker_id, *rows))
 
@@ -190,7 +199,7 @@ class DecodeRole(WorkerRole):
         job.fetch_started_at = time.monotonic()
         error = self.kv.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst)
         if error is not None:
-            log.warning("%s: cannot fetch KV (%s); recomputing the prompt here", req.request_id, error)
+            job.log.warning("%s: cannot fetch KV (%s); recomputing the prompt here", req.request_id, error)
             self.engine.fail_transfer(seq)
 
     def _on_transfer(self, result: TransferResult) -> None:
@@ -204,8 +213,11 @@ class DecodeRole(WorkerRole):
             job.kv_bytes, job.kv_seconds = result.num_bytes, result.seconds
             job.fetch_done_at = time.monotonic()
             self.engine.complete_transfer(job.seq)
+            job.log.debug(
+                "%s: KV received (%d bytes in %.4f s)", result.request_id, result.num_bytes, result.seconds
+            )
         else:
-            log.warning("%s: KV transfer failed (%s); recomputing here", result.request_id, result.error)
+            job.log.warning("%s: KV transfer failed (%s); recomputing here", result.request_id, result.error)
             self.engine.fail_transfer(job.seq)
 
     def _send_tokens(self, job: DecodeJob, token_ids: list[int], finished: bool) -> None:

@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from common import request_log
 from common.llm_engine import StepResult
 from common.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
 from common.sequence import Sequence
@@ -32,6 +33,11 @@ class PrefillJob:
     request: PrefillRequest
     seq: Sequence
     handed_off: bool = False
+
+    @property
+    def log(self) -> logging.LoggerAdapter:
+        """This request's logger: its lines name the request's X-Request-Id (common/request_log.py)."""
+        return request_log.for_request(log, self.request.log_name)
 
 
 class PrefillRole(WorkerRole):
@@ -60,6 +66,7 @@ class PrefillRole(WorkerRole):
             self.ctx.fail(rid, str(e), retryable=False)
             return
         self.jobs[rid] = PrefillJob(msg, seq)
+        log.debug("%s: prefilling %d prompt tokens", rid, len(msg.prompt_token_ids))
 
     def abort(self, request_id: str) -> bool:
         job = self.jobs.pop(request_id, None)
@@ -67,6 +74,7 @@ class PrefillRole(WorkerRole):
             return False
         self.kv.cancel(request_id)  # first: nothing may read the blocks once they are freed
         self.engine.abort([request_id])
+        job.log.debug("%s: aborted", request_id)
         return True
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -79,6 +87,9 @@ class PrefillRole(WorkerRole):
             if update.finished:
                 del self.jobs[job.request.request_id]
                 self._send_first_token(job, update.new_token_id, job.seq.finish_reason)
+                job.log.debug(
+                    "%s: finished at the first token (%s)", job.request.request_id, job.seq.finish_reason
+                )
             elif update.handed_off:
                 self._send_first_token(job, update.new_token_id, None)
                 self._hand_off(job, update.new_token_id)
@@ -89,7 +100,7 @@ class PrefillRole(WorkerRole):
             if job is None:
                 continue
             if release.status is TransferStatus.FAILED:
-                log.warning("hand-off of %s ended without ack: %s", release.request_id, release.error)
+                job.log.warning("hand-off of %s ended without ack: %s", release.request_id, release.error)
             self.engine.release_handoff(job.seq)
 
     def expire(self, now: float) -> None:
@@ -126,7 +137,7 @@ class PrefillRole(WorkerRole):
         try:
             endpoint = self.kv.publish(req.request_id, req.decode_command_addr, blocks)
         except (ValueError, RuntimeError) as e:  # our own bug or a closed sender: do not pin forever
-            log.error("cannot publish %s: %s", req.request_id, e)
+            job.log.error("cannot publish %s: %s", req.request_id, e)
             del self.jobs[req.request_id]
             self.engine.release_handoff(seq)
             self.ctx.fail(req.request_id, f"KV hand-off failed: {e}", retryable=True)
@@ -141,5 +152,7 @@ class PrefillRole(WorkerRole):
             src_block_ids=list(blocks),
             prefill_worker_id=self.ctx.worker_id,
             deadline=req.deadline,
+            log_id=req.log_id,
         )
         self.ctx.channels.to_peer(req.decode_command_addr, decode_req)
+        job.log.debug("%s: first token sent, KV handed to %s", req.request_id, req.decode_worker_id)

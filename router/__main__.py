@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import os
 import sys
 from collections.abc import Sequence
 
+from common import request_log
 from common.generation_config import GENERATION_CONFIG_AUTO, load_generation_defaults
 from router.config import API_KEY_ENV, RouterConfig
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
@@ -114,7 +114,7 @@ def _add_auth_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config, log_level = parse_args(argv)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    request_log.configure(log_level, "router")
     from router.server import serve  # imported late so that --help stays fast
 
     with contextlib.suppress(KeyboardInterrupt):

@@ -57,6 +57,12 @@ class _GenerationRequest(_Strict):
     user: str | None = None
     # pdserve extension: this request's end-to-end limit in seconds, within the router's own.
     timeout: float | None = Field(default=None, gt=0, le=86400)
+    # Structured output (common/structured_output.py): OpenAI's response_format, or one of vLLM's extras.
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(_GenerationRequest):
@@ -129,7 +135,6 @@ class ChatCompletionRequest(_GenerationRequest):
     top_logprobs: Int64 | None = None
     add_generation_prompt: bool = True
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
 
 def _is_token(value: Any) -> bool:

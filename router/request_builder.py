@@ -2,7 +2,8 @@
 
 Everything a client can get wrong is answered here with a 400 naming the field: sampling values (via
 SamplingParams), prompt token ids outside the vocabulary, roles or content the template cannot take,
-and prompts that do not fit the context window. Defaults follow vLLM: max_tokens is 16 for
+prompts that do not fit the context window, and structured-output schemas, regexes and grammars
+that llguidance refuses. Defaults follow vLLM: max_tokens is 16 for
 completions and "the rest of the context window" for chat; sampling fields a request leaves out take
 the model's generation-config values (`GenerationDefaults`), whose max_new_tokens caps max_tokens.
 
@@ -12,11 +13,13 @@ and skips the context-window check; the caller then answers 503 instead of runni
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 from common.generation_config import GenerationDefaults
 from common.sampling_params import SamplingParams
+from common.structured_output import GuidedRequest
 from router.errors import APIError, bad_request, from_value_error
 from router.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from router.tokenizer import ChatTemplateError, ModelTokenizer
@@ -65,8 +68,6 @@ class RequestBuilder:
     def chat(self, req: ChatCompletionRequest, max_model_len: int | None) -> GenerationPlan:
         if req.tools:
             raise bad_request("tools are not supported", param="tools")
-        if req.response_format and req.response_format.get("type") not in (None, "text"):
-            raise bad_request("only the text response_format is supported", param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -159,8 +160,10 @@ class RequestBuilder:
                 "seed": req.seed,
             }
         )
+        grammar = _grammar(req)
         try:
             return SamplingParams(
+                grammar=grammar,
                 max_tokens=max_tokens,
                 min_tokens=req.min_tokens,
                 ignore_eos=req.ignore_eos,
@@ -170,6 +173,20 @@ class RequestBuilder:
             )
         except ValueError as e:
             raise from_value_error(e) from None
+
+
+def _grammar(req: _GenerationRequest) -> str | None:
+    """The request's structured-output grammar; a bad schema, regex or choice list is a 400 naming
+    the field (the message starts with it, e.g. "response_format.json_schema.schema ...")."""
+    guided = GuidedRequest(
+        req.response_format, req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar
+    )
+    try:
+        return guided.grammar()
+    except ValueError as e:
+        message = str(e)
+        field = re.match(r"[A-Za-z_]+", message)
+        raise bad_request(message, param=field.group(0) if field else None) from None
 
 
 def _check_context(prompt_len: int, max_tokens: int, max_model_len: int) -> None:

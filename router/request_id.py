@@ -14,6 +14,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from common import request_log
 from router.errors import bad_request
 
 HEADER = "x-request-id"
@@ -48,7 +49,8 @@ class RequestIdMiddleware:
             )
             await error.response()(scope, receive, echo)
             return
-        await self.app(scope, receive, echo)
+        with request_log.bound(request_id):  # this request's task: its log lines name the id
+            await self.app(scope, receive, echo)
 
 
 def _header(scope: Scope) -> str | None:

@@ -24,6 +24,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 
+from common import request_log
 from common.detokenizer import IncrementalDetokenizer
 from common.messages import Abort, GenerateRequest, Message, PrefillRequest, RequestFailed, TokenOutput
 from common.sampling_params import FinishReason, SamplingParams
@@ -117,6 +118,9 @@ class RequestLifecycle:
                     async for update in updates:
                         yield update, output
                 record_finished(self.metrics, len(seq.prompt_token_ids), output, seq.arrival, self._clock())
+                log.debug(
+                    "%s finished: %s, %d tokens", seq.request_id, output.finish_reason, output.num_generated
+                )
                 return
             except _RetryElsewhere as retry:
                 if output.num_generated and not _replayable(seq.sampling):
@@ -148,6 +152,7 @@ class RequestLifecycle:
         )
         if not await self.cluster.send(route.prefill_id, self._request(wire_id, seq, route)):
             stream.put(RequestFailed(wire_id, route.prefill_id, "cannot reach worker", True))
+        log.debug("%s sent: prefill on %s, decode on %s", wire_id, route.prefill_id, route.decode_id)
         self.metrics.prefill_requests.inc(worker=route.prefill_id)
         self.metrics.decode_requests.inc(worker=route.decode_id)
         return _Dispatch(wire_id, route, stream, now)
@@ -157,12 +162,13 @@ class RequestLifecycle:
         deadline = self._wall_deadline(seq)
         sampling = seq.sampling
         prompt = seq.prompt_token_ids
+        log_id = request_log.current()  # the request task's X-Request-Id, for the workers' logs
         if route.local:
-            return GenerateRequest(wire_id, prompt, sampling, deadline)
+            return GenerateRequest(wire_id, prompt, sampling, deadline, log_id)
         decode_info = self.registry.get(route.decode_id)
         assert decode_info is not None  # the planner took it from the live workers just now
         command_addr = decode_info.reg.command_addr
-        return PrefillRequest(wire_id, prompt, sampling, route.decode_id, command_addr, deadline)
+        return PrefillRequest(wire_id, prompt, sampling, route.decode_id, command_addr, deadline, log_id)
 
     def _limit(self, seq: SequenceRequest) -> float | None:
         """The tighter of the router's --request-timeout and the request's own `timeout`."""

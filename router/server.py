@@ -109,7 +109,9 @@ async def serve(config: RouterConfig, log_level: str = "info") -> None:
     """Run until cancelled or interrupted (uvicorn handles SIGINT/SIGTERM)."""
     app, router = build_router(config)
     sock = _bind_http(config.host, config.port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=30))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=30, log_config=None)
+    )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

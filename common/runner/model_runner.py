@@ -17,6 +17,7 @@ from common.model_config import ModelConfig
 from common.models import build_model
 from common.parallel import use_group
 from common.runner.cuda_graph import DecodeGraphs
+from common.runner.grammar import GrammarMasker
 from common.runner.inputs import StepInputs, plan_step, prepare_sampling, prepare_step
 from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
@@ -69,6 +70,7 @@ class ModelRunner:
         self.block_size = config.kvcache_block_size
         self.backend_name = resolve_backend_name(config.attention_backend, platform.type, self.block_size)
         self.sampler = Sampler()
+        self.grammar = GrammarMasker(config.model, model_config.eos_token_ids)
         self.model: torch.nn.Module | None = None
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
@@ -256,6 +258,7 @@ class ModelRunner:
         batch = prepare_sampling(
             sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids
         )
+        batch.allowed = self.grammar.mask(sampling_seqs, logits.shape[-1], self.device)
         out = self.sampler(logits, batch)
         self._prev_tokens = out.token_ids
         if self.graphs is not None:

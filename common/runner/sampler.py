@@ -1,6 +1,6 @@
 """Token sampling for a batch with per-sequence parameters.
 
-Order of operations (per row): penalties -> min_tokens ban -> temperature -> top-k -> top-p ->
+Order of operations (per row): penalties -> min_tokens ban -> grammar mask -> temperature -> top-k -> top-p ->
 min-p -> draw. Greedy rows (temperature 0) take the argmax of the penalised logits. Draws use the
 exponential race (argmax of p / E, E ~ Exp(1)), which needs no host sync and lets a seeded row use
 its own generator. Logprobs, when asked for, come from the raw model logits.
@@ -34,6 +34,7 @@ class SamplingBatch:
     banned: list[list[int]] | None = None  # per row: ids that must not be sampled (min_tokens)
     num_logprobs: list[int | None] | None = None
     any_greedy: bool = True  # some row has temperature 0 (host-known, so no device check is needed)
+    allowed: torch.Tensor | None = None  # [B, V] bool, grammar rows' allowed tokens (runner/grammar.py)
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Sampler:
         logits = logits.float()
         raw = logits
         logits = _apply_penalties(logits, batch)
+        if batch.allowed is not None:
+            logits = logits.masked_fill(~batch.allowed, float("-inf"))
         if batch.all_greedy:
             tokens = logits.argmax(dim=-1)
         else:

@@ -7,6 +7,7 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from common import request_log
 from common.worker.config import parse_worker_args
 from common.worker.role import WorkerRole
 from common.worker.service import WorkerService
@@ -19,9 +20,7 @@ def run_worker(roles: Mapping[str, Callable[[], WorkerRole]], argv: Sequence[str
     the first is the default); returns the exit status (0 after a clean shutdown)."""
     config, log_level = parse_worker_args(argv, list(roles))
     role = roles[config.role]()
-    logging.basicConfig(
-        level=log_level.upper(), format=f"%(asctime)s %(levelname)s {config.worker_id} %(name)s: %(message)s"
-    )
+    request_log.configure(log_level, config.worker_id)
     service = WorkerService(config, role)
     _install_signal_handlers(service)
     try:

@@ -15,8 +15,9 @@ import queue
 import threading
 import time
 
+from common import request_log
 from common.hashing import probe_hash
-from common.messages import Abort, Message, Shutdown, SnapshotRequest, WorkerRegister
+from common.messages import Abort, Message, Shutdown, SnapshotRequest, WorkerRegister, WorkRequest
 from common.worker.aborts import AbortBook
 from common.worker.channels import BoundAddresses, WorkerChannels
 from common.worker.config import WorkerConfig
@@ -128,11 +129,9 @@ class WorkerService:
         if isinstance(msg, Abort):
             self.aborts.remember(msg.request_id, time.time())
             self.role.abort(msg.request_id)
-        elif isinstance(msg, self.role.request_types):
-            if self.aborts.was_aborted(msg.request_id, time.time()):
-                log.info("dropping %s: already aborted", msg.request_id)
-            else:
-                self.role.submit(msg)
+        elif isinstance(msg, WorkRequest):
+            with request_log.bound(msg.log_name):  # what the role logs while taking it names the request
+                self._take(msg)
         elif isinstance(msg, SnapshotRequest):
             self.role.snapshot(msg)
         elif isinstance(msg, Shutdown):
@@ -140,6 +139,15 @@ class WorkerService:
             self.stop()
         else:
             log.warning("ignoring unexpected %s on the command socket", msg.TYPE)
+
+    def _take(self, msg: WorkRequest) -> None:
+        if not isinstance(msg, self.role.request_types):
+            log.warning("ignoring unexpected %s on the command socket", msg.TYPE)
+        elif self.aborts.was_aborted(msg.request_id, time.time()):
+            log.info("dropping %s: already aborted", msg.request_id)
+        else:
+            log.debug("taking %s %s", msg.TYPE, msg.request_id)
+            self.role.submit(msg)
 
     def _step(self) -> None:
         try:

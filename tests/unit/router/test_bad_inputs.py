@@ -74,6 +74,10 @@ WRONG_TYPES = {
     "add_generation_prompt": 1,
     "tools": "x",
     "response_format": "text",
+    "guided_json": 5,
+    "guided_regex": 5,
+    "guided_choice": "yes",
+    "guided_grammar": ["start"],
     "timeout": "soon",
 }
 WRONG_TYPES_CMPL = WRONG_TYPES | {"prompt": 5, "logprobs": "1"}
@@ -186,10 +190,43 @@ RANGES = [
     _cmpl("echo unsupported", param="echo", echo=True),
     _cmpl("suffix unsupported", param="suffix", suffix="x"),
     _chat("tools unsupported", param="tools", tools=[{"type": "function"}]),
-    _chat(
-        "json response_format unsupported", param="response_format", response_format={"type": "json_object"}
-    ),
     _chat("response_format type not a string", param="response_format", response_format={"type": 5}),
+]
+
+# Structured output: a schema, regex, choice list or grammar llguidance refuses, on both endpoints.
+BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "wizard"}}}
+STRUCTURED = [
+    case(f"{name} ({'chat' if case is _chat else 'completion'})", param=param, **fields)
+    for case in (_cmpl, _chat)
+    for name, param, fields in (
+        ("response_format type xml", "response_format", {"response_format": {"type": "xml"}}),
+        ("json_schema without schema", "response_format", {"response_format": {"type": "json_schema"}}),
+        (
+            "json_schema bad type",
+            "response_format",
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BAD_SCHEMA}}},
+        ),
+        (
+            "json_schema dangling $ref",
+            "response_format",
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/nope"}}}},
+        ),
+        ("guided_json bad type", "guided_json", {"guided_json": BAD_SCHEMA}),
+        ("guided_json not JSON", "guided_json", {"guided_json": "{not json"}),
+        ("guided_json a list", "guided_json", {"guided_json": "[1, 2]"}),
+        ("guided_regex unclosed class", "guided_regex", {"guided_regex": "[a-z"}),
+        ("guided_regex empty", "guided_regex", {"guided_regex": ""}),
+        ("guided_choice empty", "guided_choice", {"guided_choice": []}),
+        ("guided_choice empty string", "guided_choice", {"guided_choice": ["yes", ""]}),
+        ("guided_grammar nonsense", "guided_grammar", {"guided_grammar": "start: ((("}),
+        ("min_tokens with a grammar", "min_tokens", {"guided_choice": ["a"], "min_tokens": 2}),
+        ("two formats at once", "guided_choice", {"guided_regex": "a+", "guided_choice": ["a"]}),
+        (
+            "guided_regex with json_object",
+            "guided_regex",
+            {"response_format": {"type": "json_object"}, "guided_regex": "a"},
+        ),
+    )
 ]
 
 PROMPTS = [
@@ -290,7 +327,17 @@ OTHER = [
     Case("unknown route", "/v1/nothing", {"prompt": "x"}, 404),
 ]
 
-CASES = _wrong_type_cases() + MALFORMED + CONTENT_TYPES + MISSING + RANGES + PROMPTS + MESSAGES + OTHER
+CASES = (
+    _wrong_type_cases()
+    + MALFORMED
+    + CONTENT_TYPES
+    + MISSING
+    + RANGES
+    + STRUCTURED
+    + PROMPTS
+    + MESSAGES
+    + OTHER
+)
 
 
 def test_wrong_type_table_covers_every_field() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 
+from common.messages import PrefillRequest
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router
 
@@ -81,3 +82,21 @@ def test_answers_refused_before_the_app_carry_the_id_too(model_dir, tokenizer) -
     unauthorized, too_large = _run(model_dir, tokenizer, check, api_key="k", max_body_bytes=1024)
     assert (unauthorized.status_code, too_large.status_code) == (401, 413)
     assert unauthorized.headers["x-request-id"] == too_large.headers["x-request-id"] == "auth-check"
+
+
+def test_the_id_travels_to_the_workers(model_dir, tokenizer) -> None:
+    """Workers name it in their log lines (common/request_log.py): every sub-request carries it."""
+    reply = tokenizer.encode(" Hi", add_special_tokens=False) + [2]
+    specs = [("prefill-0", "prefill", Script(reply=reply)), ("decode-0", "decode", Script(reply=reply))]
+
+    async def main():
+        async with running_router(model_dir, tokenizer, specs) as h:
+            r = await h.client.post(
+                "/v1/completions", json={**BODY, "n": 2}, headers={"X-Request-Id": "trace-9"}
+            )
+            assert r.status_code == 200, r.text
+            plain = await h.client.post("/v1/completions", json=BODY)
+            return h.worker("prefill-0").of_type(PrefillRequest), plain.headers["x-request-id"]
+
+    sent, generated = asyncio.run(main())
+    assert [m.log_id for m in sent] == ["trace-9", "trace-9", generated]

@@ -1,0 +1,115 @@
+"""Structured output on the engine side: per-row allowed-token masks from llguidance matchers.
+
+The matcher of a request lives on the host, on its Sequence (`seq.grammar_state`), and is advanced
+over the sequence's completion tokens right before each masked step (`GrammarState.sync`). That one
+rule covers every way a sequence reaches a sampling step: a fresh prompt (nothing to consume), a
+decode worker's copy of a handed-off request (it consumes the first token the prefill worker sampled
+under the same grammar), a preempted and recomputed sequence (nothing new), and tokens removed from
+the end (rolled back). llguidance fills a packed int32 bitmask on the host (bit t of word t // 32 =
+token t allowed); it travels to the logits' device as [rows, vocab/32] words and is unpacked there
+with plain torch ops, so the same code runs on the CPU and on CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+
+from common.sequence import Sequence
+from common.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+class GrammarState:
+    """One request's matcher and how many of its completion tokens it has consumed."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, request_id: str) -> None:
+        self.matcher = matcher
+        self.request_id = request_id
+        self.consumed = 0
+        self._reported = False
+
+    def sync(self, completion: list[int]) -> None:
+        if len(completion) < self.consumed:
+            self.matcher.rollback(self.consumed - len(completion))
+            self.consumed = len(completion)
+        new = completion[self.consumed :]
+        if new:
+            self.matcher.consume_tokens(new)
+            self.consumed = len(completion)
+
+    def fill(self, bits: torch.Tensor, row: int, eos_token_ids: tuple[int, ...]) -> None:
+        """Row `row` of `bits`: the tokens the grammar allows next. A matcher in its error state (a
+        token it did not allow, an impossible grammar) allows only EOS, so the request ends."""
+        if not self.matcher.is_error():
+            llguidance.torch.fill_next_token_bitmask(self.matcher, bits, row)
+            return
+        if not self._reported:
+            self._reported = True
+            logger.warning(
+                "request %s: grammar error, ending it: %s", self.request_id, self.matcher.get_error()
+            )
+        bits[row] = 0
+        for t in eos_token_ids:
+            bits[row, t // 32] |= _bit(t % 32)
+
+
+class GrammarMasker:
+    """Builds the allowed-token mask of a sampling batch. The llguidance tokenizer (~0.3 s to build
+    from the model's tokenizer.json) is made on the first structured-output request."""
+
+    def __init__(self, model_dir: str | Path, eos_token_ids: tuple[int, ...]) -> None:
+        self.model_dir = model_dir
+        self.eos_token_ids = eos_token_ids
+        self._tokenizer: llguidance.LLTokenizer | None = None
+
+    def mask(self, seqs: list[Sequence], vocab_size: int, device: torch.device) -> torch.Tensor | None:
+        """[rows, vocab] bool (True = allowed) for rows in `seqs` order, or None when no row has a grammar."""
+        rows = [i for i, seq in enumerate(seqs) if seq.sampling_params.grammar is not None]
+        if not rows:
+            return None
+        bits = torch.full((len(seqs), (vocab_size + 31) // 32), -1, dtype=torch.int32)
+        for i in rows:
+            state = self.state_of(seqs[i], vocab_size)
+            state.sync(seqs[i].completion_token_ids)
+            state.fill(bits, i, self.eos_token_ids)
+        return unpack_bitmask(bits.to(device, non_blocking=True), vocab_size)
+
+    def state_of(self, seq: Sequence, vocab_size: int) -> GrammarState:
+        state = seq.grammar_state
+        if not isinstance(state, GrammarState):
+            grammar = seq.sampling_params.grammar
+            assert grammar is not None  # mask() only asks for rows with a grammar
+            state = GrammarState(llguidance.LLMatcher(self.tokenizer(vocab_size), grammar), seq.request_id)
+            seq.grammar_state = state
+        return state
+
+    def tokenizer(self, vocab_size: int) -> llguidance.LLTokenizer:
+        if self._tokenizer is None:
+            hf = load_tokenizer(self.model_dir)
+            if hf is None:
+                raise ValueError(f"grammar needs a tokenizer, and {self.model_dir} has none")
+            eos = list(self.eos_token_ids) or None
+            self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
+        return self._tokenizer
+
+
+def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Packed int32 words [rows, W] -> bool [rows, vocab_size], on the words' device."""
+    shifts = _BIT_SHIFTS.get(bits.device)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[bits.device] = torch.arange(32, dtype=torch.int32, device=bits.device)
+    return ((bits.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab_size]
+
+
+def _bit(index: int) -> int:
+    """Bit `index` of an int32 word as a Python int in int32 range (bit 31 is the sign bit)."""
+    return -(1 << 31) if index == 31 else 1 << index
