@@ -110,19 +110,23 @@ async def client_loop(i: int, ctx: dict, stop: asyncio.Event, outcomes: list[Out
         out = await send(ctx["client"], ctx["url"], spec, ctx["pool"], ctx["client_timeout"])
         outcomes.append(out)
         if out.kind not in ("ok", "disconnected"):
-            await asyncio.sleep(0.5)  # no hot loop against a router that is down
+            await asyncio.sleep(1.0)  # no hot loop against a router that is down
+
+
+async def live_workers(client: httpx.AsyncClient, url: str) -> set[str]:
+    """The worker ids the router's /health lists live (none while the router is down)."""
+    try:
+        workers = (await client.get(f"{url}/health", timeout=5)).json()["workers"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return set()
+    return {w["worker_id"] for w in workers if w.get("state") == "live"}
 
 
 async def live_pids(client: httpx.AsyncClient, url: str, chaos: Chaos) -> dict[str, int]:
     """The router's pid and those of the workers the router lists live (so a restarted worker's
     baseline is taken after its model has loaded, not while it loads)."""
-    pids = chaos.pids()
-    try:
-        workers = (await client.get(f"{url}/health", timeout=5)).json()["workers"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        workers = []
-    live = {w["worker_id"] for w in workers if w.get("state") == "live"}
-    return {name: pid for name, pid in pids.items() if name == "router" or name in live}
+    live = await live_workers(client, url)
+    return {name: pid for name, pid in chaos.pids().items() if name == "router" or name in live}
 
 
 async def rss_loop(ctx: dict, rss: RssTrack, stop: asyncio.Event) -> None:
@@ -172,7 +176,8 @@ async def soak(args, cluster, pool, refs, mix: Mix) -> tuple[list[Outcome], Chao
         ctx = dict(seed=args.seed, chaos=chaos, mix=mix, client=client, url=cluster.url, pool=pool)
         ctx["client_timeout"] = args.request_timeout + 30.0
         tasks = [asyncio.create_task(client_loop(i, ctx, stop, outcomes)) for i in range(args.concurrency)]
-        side = [asyncio.create_task(chaos.run(stop)), asyncio.create_task(rss_loop(ctx, rss, stop))]
+        faults = chaos.run(stop, lambda: live_workers(client, cluster.url))
+        side = [asyncio.create_task(faults), asyncio.create_task(rss_loop(ctx, rss, stop))]
         await asyncio.sleep(args.minutes * 60)
         stop.set()
         await asyncio.gather(*tasks, *side)

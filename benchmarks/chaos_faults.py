@@ -62,26 +62,36 @@ class Chaos:
         self.stopped: set[str] = set()  # worker ids under SIGSTOP now
         self.restarting: set[str] = set()  # worker ids killed and not started again yet
         self.pending_disconnects = 0
+        self._deck: list[str] = []
         self._tasks: set[asyncio.Task] = set()
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="chaos-spawn")
 
     # ---- the loop ------------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, live_workers) -> None:
+        """Inject faults until `stop`; `live_workers()` -> the worker ids the router lists live now."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.rng.expovariate(1.0 / self.config.every_s))
             if not stop.is_set():
-                await self.inject(self.rng.choice(self.config.kinds))
+                await self.inject(self._next_kind(), await live_workers())
 
-    async def inject(self, kind: str) -> None:
+    def _next_kind(self) -> str:
+        """Kinds come from a shuffled deck, so every kind occurs once per len(kinds) faults (a short
+        run still covers them all) while the order stays random."""
+        if not self._deck:
+            self._deck = list(self.config.kinds)
+            self.rng.shuffle(self._deck)
+        return self._deck.pop()
+
+    async def inject(self, kind: str, live: set[str]) -> None:
         if kind == "disconnect":
             self.pending_disconnects += 1
         elif kind == "router_restart":
             await self._restart_router()
         else:
             action, role = kind.split("_")
-            victim = self._victim(role, need_spare=action == "kill")
+            victim = self._victim(role, live if action == "kill" else None)
             if victim is None:
                 self.counts[f"skipped_{kind}"] += 1
                 return
@@ -97,15 +107,20 @@ class Chaos:
 
     # ---- faults --------------------------------------------------------------------------------
 
-    def _victim(self, role: str, need_spare: bool):
-        usable = [
-            w
-            for w in self.cluster.workers
-            if w.spec.role == role and w.alive() and w.spec.worker_id not in self.stopped | self.restarting
-        ]
-        if not usable or (need_spare and len(usable) < 2):
+    def _victim(self, role: str, spares_from: set[str] | None):
+        """A worker of `role` to fault, or None. With `spares_from` (the ids live in the router), only
+        while another worker of the role is live and not paused, so the role keeps serving."""
+        busy = self.stopped | self.restarting
+        usable = [w for w in self.cluster.workers if w.spec.role == role and w.alive()]
+        usable = [w for w in usable if w.spec.worker_id not in busy]
+        if not usable:
             return None
-        return self.rng.choice(usable)
+        victim = self.rng.choice(usable)
+        if spares_from is not None:
+            spares = {w.spec.worker_id for w in usable} & spares_from - {victim.spec.worker_id}
+            if not spares:
+                return None
+        return victim
 
     async def _kill(self, handle) -> None:
         worker_id = handle.spec.worker_id

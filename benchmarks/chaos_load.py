@@ -127,8 +127,10 @@ async def send(client: httpx.AsyncClient, url: str, spec: RequestSpec, pool, tim
                 _plain_answer(out, r.json())
     except httpx.TimeoutException as e:
         out.kind, out.detail = "lost", f"no answer within {timeout_s:.0f}s ({type(e).__name__})"
-    except (httpx.TransportError, ValueError) as e:  # refused, reset, cut, or an unparsable body
+    except httpx.TransportError as e:  # refused, reset, cut
         out.kind, out.detail = "transport", f"{type(e).__name__}: {e}"[:200]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:  # not an OpenAI answer
+        out.kind, out.detail = "lost", f"malformed answer: {type(e).__name__}: {e}"[:200]
     out.ended = time.monotonic()
     return out
 

@@ -29,6 +29,11 @@ def offline_references(model: str, engine: dict, pool: list[list[int]], lengths,
     from common import LLM
     from common.sampling_params import SamplingParams
 
+    import torch
+
+    if not torch.cuda.is_available():
+        # The cluster's processes share these cores; a full thread pool here would spin against them.
+        torch.set_num_threads(1)
     llm = LLM(model, **engine)
     pairs = [(i, n) for n in sorted(set(lengths)) for i in range(len(pool))]
     params = [SamplingParams(temperature=0, max_tokens=n) for _, n in pairs]
@@ -167,9 +172,8 @@ def format_report(summary: dict, met: dict[str, bool]) -> str:
             f"  leaked by worker: {summary['leaked_by_worker']}; not live: {summary['not_live_at_end']}"
         )
     lines.append("rss (MB, after warm-up -> end):")
-    lines += [
-        f"  {r['process']:<12} pid {r['pid']:<8} {r['start_mb']:>8} -> {r['end_mb']:>8} ({r['growth_pct']:+}%)"
-        for r in summary["rss"]
-    ]
+    for r in summary["rss"]:
+        change = f"{r['start_mb']:>8} -> {r['end_mb']:>8} ({r['growth_pct']:+}%)"
+        lines.append(f"  {r['process']:<12} pid {r['pid']:<8} {change}")
     lines += [f"goal {name}: {'met' if ok else 'MISSED'}" for name, ok in met.items()]
     return "\n".join(lines)
