@@ -26,10 +26,10 @@ def offline_references(model: str, engine: dict, pool: list[list[int]], lengths,
     may send. The engine is freed before returning (on a GPU the cluster needs the memory)."""
     import gc
 
+    import torch
+
     from common import LLM
     from common.sampling_params import SamplingParams
-
-    import torch
 
     if not torch.cuda.is_available():
         # The cluster's processes share these cores; a full thread pool here would spin against them.
