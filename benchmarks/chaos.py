@@ -90,7 +90,12 @@ def parse_args(argv: list[str] | None):
         launch_argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     from deploy.launch import parse_args as launch_args
 
-    return args, launch_args(launch_argv + launch_rest)
+    plan = launch_args(launch_argv + launch_rest)
+    if plan.backend != "local":
+        # The soak restarts killed workers itself and signals them by pid; Ray's supervisor restarts a
+        # worker at most 3 times, which a long soak exceeds. The local backend runs on GPUs as well.
+        p.error("only --backend local is supported (it runs GPU workers too)")
+    return args, plan
 
 
 def kv_faults_env(args) -> dict[str, str]:
