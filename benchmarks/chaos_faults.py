@@ -73,8 +73,14 @@ class Chaos:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.rng.expovariate(1.0 / self.config.every_s))
-            if not stop.is_set():
-                await self.inject(self._next_kind(), await live_workers())
+            if stop.is_set():
+                break
+            kind = self._next_kind()
+            try:
+                await self.inject(kind, await live_workers())
+            except Exception as e:  # a fault that could not be injected is reported, not fatal
+                self.counts[f"failed_{kind}"] += 1
+                print(f"chaos: injecting {kind} failed: {type(e).__name__}: {e}", flush=True)
 
     def _next_kind(self) -> str:
         """Kinds come from a shuffled deck, so every kind occurs once per len(kinds) faults (a short
@@ -157,7 +163,13 @@ class Chaos:
     def _spawn_task(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.counts["failed_worker_fault"] += 1
+            print(f"chaos: a worker fault failed: {task.exception()!r}", flush=True)
 
     async def _in_spawner(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._spawner, fn, *args)

@@ -153,6 +153,7 @@ def goals(summary: dict, rss_limit_pct: float) -> dict[str, bool]:
         "wrong == 0": summary["wrong"] == 0,
         "leaked blocks == 0": summary["leaked_blocks"] == 0,
         "every worker live at the end": not summary["not_live_at_end"],
+        "every fault injected": not any(k.startswith("failed_") for k in summary["faults"]),
         f"rss growth <= {rss_limit_pct:g}%": all(r["growth_pct"] <= rss_limit_pct for r in summary["rss"]),
     }
 

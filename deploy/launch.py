@@ -102,7 +102,8 @@ class Cluster:
         # "" (no key) also overrides a PDSERVE_API_KEY the launcher itself inherited.
         self.router = spawn(argv, env={API_KEY_ENV: p.api_key or ""}, log_path=log_path)
         while not ready_file.exists():
-            self._check_alive(deadline, "router ready file")
+            # Workers are not checked: a restart may find one down, which is the router's to handle.
+            self._check_alive(deadline, "router ready file", check_workers=False)
             time.sleep(0.05)
         return json.loads(ready_file.read_text())
 
@@ -140,12 +141,12 @@ class Cluster:
         live = {w.get("worker_id") for w in report.get("workers", []) if w.get("state") == "live"}
         return {w.spec.worker_id for w in self.workers} <= live
 
-    def _check_alive(self, deadline: float, waiting_for: str) -> None:
+    def _check_alive(self, deadline: float, waiting_for: str, check_workers: bool = True) -> None:
         if self.stop.is_set():
             raise Interrupted(waiting_for)
         if self.router is not None and self.router.poll() is not None:
             raise RuntimeError(f"the router exited with status {self.router.returncode}")
-        dead = [w.spec.worker_id for w in self.workers if not w.alive()]
+        dead = [w.spec.worker_id for w in self.workers if check_workers and not w.alive()]
         if dead:
             raise RuntimeError(f"worker(s) exited during start-up: {', '.join(dead)}")
         if time.monotonic() > deadline:
