@@ -126,6 +126,12 @@ def kv_fault_counts(log_dir: Path) -> Counter[str]:
     return counts
 
 
+def request_class(out: Outcome) -> str:
+    """greedy / seeded / unseeded: only the last cannot be replayed after its decode worker died."""
+    spec = out.spec
+    return "greedy" if spec.greedy else ("seeded" if spec.seed is not None else "unseeded")
+
+
 def summarize(outcomes: list[Outcome], refs: dict, faults: Counter, leaked: dict, rss: list[dict]) -> dict:
     kinds = Counter(o.kind for o in outcomes)
     wrong = [w for o in outcomes if (w := wrong_answer(o, refs))]
@@ -133,7 +139,7 @@ def summarize(outcomes: list[Outcome], refs: dict, faults: Counter, leaked: dict
     return {
         "requests": len(outcomes),
         "outcomes": dict(kinds),
-        "errors": dict(Counter(o.detail for o in outcomes if o.kind == "error")),
+        "errors": dict(Counter(f"{o.detail} ({request_class(o)})" for o in outcomes if o.kind == "error")),
         "greedy_checked": sum(1 for o in outcomes if o.spec.greedy and o.kind == "ok"),
         "faults": dict(sorted(faults.items())),
         "lost": len(lost),

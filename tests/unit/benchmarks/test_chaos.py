@@ -60,14 +60,19 @@ def test_summary_and_goals() -> None:
     good = outcome("ok")
     good.text, good.completion_tokens, good.finish_reason = "Paris is the capital", 5, "length"
     rss = [{"process": "router", "pid": 1, "start_mb": 90.0, "end_mb": 95.0, "growth_pct": 5.6}]
-    summary = summarize([lost, good], REFS, Counter(kill_decode=2), {"decode-0": 3, "prefill-1": -1}, rss)
-    assert (summary["requests"], summary["lost"], summary["wrong"], summary["greedy_checked"]) == (2, 1, 0, 1)
+    failed = outcome("error", greedy=False, seed=None)
+    failed.detail = "503 worker_failed"
+    faults = Counter(kill_decode=2, failed_router_restart=1)
+    summary = summarize([lost, good, failed], REFS, faults, {"decode-0": 3, "prefill-1": -1}, rss)
+    assert (summary["requests"], summary["lost"], summary["wrong"], summary["greedy_checked"]) == (3, 1, 0, 1)
+    assert summary["errors"] == {"503 worker_failed (unseeded)": 1}
     assert (summary["leaked_blocks"], summary["not_live_at_end"]) == (3, ["prefill-1"])
     met = goals(summary, rss_limit_pct=5.0)
     assert [name for name, ok in met.items() if not ok] == [
         "lost == 0",
         "leaked blocks == 0",
         "every worker live at the end",
+        "every fault injected",
         "rss growth <= 5%",
     ]
 
