@@ -59,7 +59,10 @@ def log(message: str) -> None:
 
 
 def parse_args(argv: list[str] | None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Other flags go to deploy.launch unchanged (e.g. --model, --device, --num-kvcache-blocks).",
+    )
     p.add_argument("--minutes", type=float, default=5.0, help="how long the load runs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
@@ -84,6 +87,11 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--kv-lease-s", type=float, default=5.0)
     p.add_argument("--log-dir", default=None, help="cluster logs (default: a temporary directory)")
     args, launch_rest = p.parse_known_args(argv)
+    try:  # before anything starts
+        kinds = tuple(k.strip() for k in args.faults.split(",") if k.strip())
+        args.fault_config = FaultConfig(args.fault_every, kinds, args.stop_max_s, args.restart_delay_s)
+    except ValueError as e:
+        p.error(str(e))
     args.log_dir = args.log_dir or tempfile.mkdtemp(prefix="pdserve-chaos-")
     launch_argv = ["--backend", "local", "--port", "0", "--log-dir", args.log_dir, "--log-level", "warning"]
     for flag in ("prefill", "decode", "kv_transport", "request_timeout", "heartbeat_timeout", "kv_lease_s"):
@@ -171,9 +179,7 @@ async def final_check(client, url: str, pool, refs, timeout_s: float) -> Outcome
 
 
 async def soak(args, cluster, pool, refs, mix: Mix) -> tuple[list[Outcome], Chaos, dict, RssTrack]:
-    kinds = tuple(k.strip() for k in args.faults.split(",") if k.strip())
-    config = FaultConfig(args.fault_every, kinds, args.stop_max_s, args.restart_delay_s)
-    chaos = Chaos(cluster, config, random.Random(f"{args.seed}:faults"))
+    chaos = Chaos(cluster, args.fault_config, random.Random(f"{args.seed}:faults"))
     rss = RssTrack(args.warmup_s)
     stop, outcomes = asyncio.Event(), []
     limits = httpx.Limits(max_connections=args.concurrency + 8)
