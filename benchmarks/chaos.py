@@ -87,6 +87,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--kv-lease-s", type=float, default=5.0)
     p.add_argument("--log-dir", default=None, help="cluster logs (default: a temporary directory)")
     args, launch_rest = p.parse_known_args(argv)
+    if not args.minutes > 0 or args.concurrency < 1:
+        p.error("--minutes must be > 0 and --concurrency >= 1")
     try:  # before anything starts
         kinds = tuple(k.strip() for k in args.faults.split(",") if k.strip())
         args.fault_config = FaultConfig(args.fault_every, kinds, args.stop_max_s, args.restart_delay_s)
