@@ -41,6 +41,7 @@ from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
 from kvtransfer import KVTransferConfig, TransferResult, TransferStatus
+from kvtransfer.faults import receiver_set
 from kvtransfer.peers import KVReceiverSet
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class DecodeRole(WorkerRole):
         config = KVTransferConfig(
             transport=cfg.kv_transport, host=ctx.host, fetch_timeout_s=cfg.kv_fetch_timeout_s
         )
-        return KVReceiverSet(ctx.engine.kv_cache, config)
+        return receiver_set(ctx.engine.kv_cache, config)  # injected faults only under PDSERVE_KV_FAULTS
 
     # ---- commands ------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,12 +74,13 @@ class Cluster:
         self.router = None
         self.workers: list[WorkerHandle] = []
         self.url: str | None = None
+        self.inbox: str | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="pdserve-launch-")
 
     def start(self) -> str:
         deadline = time.monotonic() + self.plan.startup_timeout_s
         ready = self._start_router(deadline)
-        self.url = ready["http"]
+        self.url, self.inbox = ready["http"], ready["inbox"]
         for spec in worker_specs(self.plan, ready["inbox"], count_gpus(self.plan)):
             self.workers.append(self.backend.start(spec))
         self._wait_healthy(deadline)
@@ -99,9 +102,27 @@ class Cluster:
         # "" (no key) also overrides a PDSERVE_API_KEY the launcher itself inherited.
         self.router = spawn(argv, env={API_KEY_ENV: p.api_key or ""}, log_path=log_path)
         while not ready_file.exists():
-            self._check_alive(deadline, "router ready file")
+            # Workers are not checked: a restart may find one down, which is the router's to handle.
+            self._check_alive(deadline, "router ready file", check_workers=False)
             time.sleep(0.05)
         return json.loads(ready_file.read_text())
+
+    def restart_router(self, timeout_s: float = 120.0) -> None:
+        """Kill the router (SIGKILL, as a crash would) and start a new one on the same HTTP port and
+        inbox port; returns once it serves. The running workers' sockets reconnect on their own and
+        they re-register within seconds (`healthy()` says when all have)."""
+        if self.router is None or self.url is None or self.inbox is None:
+            raise RuntimeError("restart_router needs a started cluster")
+        signal_group(self.router, signal.SIGKILL)
+        self.router.wait()
+        stop_processes([self.router], grace_s=0.0)  # closes its log file; nothing left to signal
+        argv = list(self.plan.router_argv)
+        if "--inbox-port" not in argv:
+            argv += ["--inbox-port", self.inbox.rsplit(":", 1)[1]]
+        port = urllib.parse.urlsplit(self.url).port
+        self.plan = dataclasses.replace(self.plan, port=port or self.plan.port, router_argv=tuple(argv))
+        (Path(self._tmp.name) / "router-ready.json").unlink(missing_ok=True)
+        self._start_router(time.monotonic() + timeout_s)
 
     def _wait_healthy(self, deadline: float) -> None:
         while not self.healthy():
@@ -120,12 +141,12 @@ class Cluster:
         live = {w.get("worker_id") for w in report.get("workers", []) if w.get("state") == "live"}
         return {w.spec.worker_id for w in self.workers} <= live
 
-    def _check_alive(self, deadline: float, waiting_for: str) -> None:
+    def _check_alive(self, deadline: float, waiting_for: str, check_workers: bool = True) -> None:
         if self.stop.is_set():
             raise Interrupted(waiting_for)
         if self.router is not None and self.router.poll() is not None:
             raise RuntimeError(f"the router exited with status {self.router.returncode}")
-        dead = [w.spec.worker_id for w in self.workers if not w.alive()]
+        dead = [w.spec.worker_id for w in self.workers if check_workers and not w.alive()]
         if dead:
             raise RuntimeError(f"worker(s) exited during start-up: {', '.join(dead)}")
         if time.monotonic() > deadline:

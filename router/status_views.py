@@ -37,6 +37,7 @@ def debug_index(registry: WorkerRegistry, index: PrefixIndex, policy_name: str, 
     workers = [
         _worker_summary(w)
         | {"kv_cache_usage": round(w.kv_usage(), 4)}
+        | _kv_blocks_view(w)
         | _index_view(index_stats.get(w.worker_id))
         | _load_view(loads.get(w.worker_id))
         for w in registry.workers()
@@ -48,6 +49,18 @@ def debug_index(registry: WorkerRegistry, index: PrefixIndex, policy_name: str, 
         "workers": workers,
         "rejected_workers": dict(sorted(registry.rejected.items())),
         "disagg": {"mode": registry.disagg, "learned": rates.snapshot()},
+    }
+
+
+def _kv_blocks_view(w: WorkerInfo) -> dict:
+    """Blocks held by requests (or pinned hand-offs) per the last heartbeat: 0 on an idle worker, so a
+    soak can count leaked blocks exactly (cached-but-free prefix blocks count as free)."""
+    hb = w.heartbeat
+    if hb is None:
+        return {}
+    return {
+        "kv_blocks_used": hb.num_total_blocks - hb.num_free_blocks,
+        "kv_blocks_total": hb.num_total_blocks,
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 
 from tests.integration.process_cluster import ProcessCluster
@@ -44,3 +45,33 @@ def _complete_when_indexed(cluster: ProcessCluster, prompt: list[int], timeout: 
         if any(w.get("cached_blocks", 0) >= 3 for w in entries.values()) or time.monotonic() > deadline:
             return complete(cluster, prompt, max_tokens=2)
         time.sleep(0.2)
+
+
+def test_launcher_restarts_its_router_while_a_worker_is_down(model_dir, tmp_path) -> None:
+    """`Cluster.restart_router` (the chaos soak's router fault) used to raise when any worker happened to
+    be down at that moment ("worker(s) exited during start-up"), which ended the soak's fault loop. Now
+    the new router serves on the same URL, and the worker started again joins it."""
+    from deploy.launch import Cluster, parse_args
+    from deploy.local_backend import LocalBackend
+
+    argv = ["--model", model_dir, "--backend", "local", "--port", "0", "--log-dir", str(tmp_path)]
+    argv += ["--log-level", "warning", "--num-kvcache-blocks", "64", "--enforce-eager"]
+    plan = parse_args(argv)
+    cluster = Cluster(plan, LocalBackend(plan.log_dir))
+    try:
+        url = cluster.start()
+        decode = next(w for w in cluster.workers if w.spec.role == "decode")
+        decode.stop(grace_s=0.0)  # down, as after a SIGKILL before its supervisor restarts it
+        old_pid = cluster.router.pid
+        cluster.restart_router()
+        assert cluster.router.pid != old_pid and cluster.url == url
+        cluster.workers[cluster.workers.index(decode)] = cluster.backend.start(decode.spec)
+        deadline = time.monotonic() + 120
+        while not cluster.healthy():
+            assert time.monotonic() < deadline, "the workers never joined the new router"
+            time.sleep(0.25)
+        body = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"], answer.text
+    finally:
+        cluster.shutdown()

@@ -167,5 +167,5 @@ def test_launcher_passes_the_key_through_the_environment(monkeypatch, tmp_path) 
     assert spawned["env"] == {API_KEY_ENV: KEY}
 
 
-def _interrupt(*_args) -> None:
+def _interrupt(*_args, **_kwargs) -> None:
     raise launch.Interrupted("test")

@@ -141,3 +141,21 @@ def test_a_local_request_counts_once_on_its_worker() -> None:
     assert (m.in_flight, m.queued_prefill_tokens) == (1, 30) and reg.loads.requests_on("m0") == ["r1"]
     reg.loads.release("r1")
     assert reg.loads.in_flight("m0") == 0 and reg.loads.outstanding_prefill_tokens("m0") == 0
+
+
+def test_debug_index_shows_the_blocks_each_worker_holds() -> None:
+    """`kv_blocks_used` (total - free from the last heartbeat) is what a soak counts leaks with: cached
+    but unreferenced prefix blocks count as free, so an idle worker shows 0."""
+    from router.live_rates import LiveRates
+    from router.prefix_index import PrefixIndex
+    from router.status_views import debug_index
+
+    reg = WorkerRegistry(heartbeat_timeout=5)
+    for worker_id, role in (("p0", "prefill"), ("d0", "decode"), ("d1", "decode")):
+        reg.register(_reg(worker_id, role), 0)
+    reg.heartbeat(_hb("p0", free=100), 1)
+    reg.heartbeat(_hb("d0", free=67), 1)
+    view = {w["worker_id"]: w for w in debug_index(reg, PrefixIndex(), "prefix", LiveRates())["workers"]}
+    assert (view["p0"]["kv_blocks_used"], view["p0"]["kv_blocks_total"]) == (0, 100)
+    assert (view["d0"]["kv_blocks_used"], view["d0"]["kv_cache_usage"]) == (33, 0.33)
+    assert "kv_blocks_used" not in view["d1"]  # no heartbeat yet: unknown, not 0
