@@ -4,7 +4,9 @@ Two commands start a request here:
 * DecodeRequest (from a prefill worker) -> Sequence(prompt + first token) -> wait in `pending` until
   the cache has room for the prompt's blocks (never dropped) -> engine.reserve_transfer -> receiver
   fetch -> DONE: engine.complete_transfer (joins the decode batch) / FAILED: engine.fail_transfer
-  (the engine recomputes the prompt here). Tokens are sent from index 1 (index 0, the first token,
+  (the engine recomputes the prompt here). DONE means the transfer passed its checks (kvtransfer's
+  verify.py: nonce, sender epoch, the prompt's block-hash chain computed here, checksums of the bytes);
+  a transfer that fails them is FAILED like any other, so it is recomputed, never decoded on. Tokens are sent from index 1 (index 0, the first token,
   came from the prefill worker).
 * GenerateRequest (from the router, no disaggregation) -> Sequence(prompt) -> engine.add_sequence:
   the prompt is computed here, reusing this worker's cached prefix, and tokens are sent from index 0;
@@ -188,7 +190,9 @@ class DecodeRole(WorkerRole):
         req, seq = job.request, job.seq
         dst = self.engine.prompt_block_ids(seq)  # as many as src_block_ids: see `transferable`
         job.fetch_started_at = time.monotonic()
-        error = self.kv.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst)
+        # The chain comes from the prompt's own tokens, not from the sender: what arrives must match it.
+        chain = seq.full_block_hashes(seq.num_prompt_tokens)
+        error = self.kv.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst, chain)
         if error is not None:
             log.warning("%s: cannot fetch KV (%s); recomputing the prompt here", req.request_id, error)
             self.engine.fail_transfer(seq)

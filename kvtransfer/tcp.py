@@ -5,6 +5,11 @@ holding `count` consecutive requested blocks as [2 * num_layers, count, block_el
 sends straight from the gathered host buffer). Chunks of at most `chunk_bytes` keep every buffer on
 malloc's fast path and let the receiver scatter chunk k while chunk k+1 is still on the wire. The
 receiver checks each chunk's position and size, scatters it, and after the last one acks.
+
+Verification (`verify.py`): every data header carries the checksums of its chunk's blocks, computed by
+the sender over the host buffer it sends; the first also carries the binding (nonce, epoch, the hash of
+each block served). The receiver checks the binding on the first chunk and each chunk's checksums over
+the frame as it arrived, before scattering it: corrupt bytes never reach the cache.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ class TcpSender(ZmqSender):
             blocks = self._read_blocks(req.request_id, pub, ids[first : first + per_chunk], to_host=True)
             if blocks is None:
                 raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
-            header = encode(DATA, req.request_id, req.xid, first=first, count=blocks.shape[1])
+            binding = pub.binding(self._epoch, ids) if first == 0 else {}
+            sums = self._checksums(blocks)
+            header = encode(DATA, req.request_id, req.xid, first=first, count=blocks.shape[1], sums=sums, **binding)
             # The frame keeps a reference to `blocks` until ZMQ has sent it, so no copy is needed.
             payload = blocks.view(-1).view(torch.uint8).numpy()
             if not self._reply(ident, [header, payload], copy=False):
@@ -50,19 +57,25 @@ class TcpReceiver(ZmqReceiver):
         nbytes = count * self._layout.block_bytes
         if len(frames) != 1 or len(frames[0]) != nbytes:
             raise ProtocolError(f"a chunk of {count} blocks needs one frame of {nbytes} bytes")
+        blocks = self._frame_blocks(frames[0], count)
+        if first == 0:
+            self._check_binding(job, header.fields)
+        self._check_bytes(header.fields.get("sums"), blocks, first)
         if first == 0:
             wait_event(job.ready)
-        self._write(job, first, count, frames[0])
+        self._write(job, first, count, blocks)
         job.progress += count
         job.num_bytes += len(frames[0])
         if job.progress == len(job.dst):
             self._stream.synchronize()
             self._complete(job)
 
-    def _write(self, job: Job, first: int, count: int, frame: zmq.Frame) -> None:
-        two_layers = 2 * self._layout.num_layers
+    def _frame_blocks(self, frame: zmq.Frame, count: int) -> torch.Tensor:
+        """The frame's bytes as [2 * num_layers, count, block_elems] blocks (no copy)."""
         raw = torch.frombuffer(frame.buffer, dtype=torch.uint8)
-        blocks = raw.view(self._layout.torch_dtype).view(two_layers, count, self._layout.block_elems)
+        return raw.view(self._layout.torch_dtype).view(2 * self._layout.num_layers, count, -1)
+
+    def _write(self, job: Job, first: int, count: int, blocks: torch.Tensor) -> None:
         with self._stream.use():  # everything on the copy stream, the index upload included
             if "index" not in job.state:
                 job.state["index"] = torch.tensor(job.dst, device=self._kv.device)

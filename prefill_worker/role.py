@@ -123,8 +123,9 @@ class PrefillRole(WorkerRole):
     def _hand_off(self, job: PrefillJob, token: int) -> None:
         req, seq = job.request, job.seq
         blocks = self.engine.prompt_block_ids(seq)
+        hashes = seq.full_block_hashes(seq.num_prompt_tokens)  # what the decode side checks them against
         try:
-            endpoint = self.kv.publish(req.request_id, req.decode_command_addr, blocks)
+            endpoint = self.kv.publish(req.request_id, req.decode_command_addr, blocks, hashes)
         except (ValueError, RuntimeError) as e:  # our own bug or a closed sender: do not pin forever
             log.error("cannot publish %s: %s", req.request_id, e)
             del self.jobs[req.request_id]
