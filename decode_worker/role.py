@@ -36,11 +36,12 @@ from collections import deque
 from dataclasses import dataclass
 
 from common.llm_engine import StepResult
-from common.messages import DecodeRequest, GenerateRequest, Message, TokenBatch, TokenOutput
+from common.messages import DecodeRequest, GenerateRequest, KVProbe, Message, TokenBatch, TokenOutput
 from common.sequence import Sequence, SequenceStatus
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
+from decode_worker.probe import ProbeReceiver
 from kvtransfer import KVTransferConfig, TransferResult, TransferStatus
 from kvtransfer.peers import KVReceiverSet
 
@@ -70,6 +71,7 @@ class DecodeRole(WorkerRole):
     def __init__(self) -> None:
         super().__init__()
         self.pending: deque[str] = deque()  # waiting for room to reserve the prompt's blocks, FIFO
+        self.probes: ProbeReceiver | None = None  # made at the first KV path probe
 
     def open_kv(self, ctx: WorkerContext) -> KVReceiverSet:
         cfg = ctx.config
@@ -103,6 +105,20 @@ class DecodeRole(WorkerRole):
             log.warning("%s: src_block_ids do not cover the prompt; recomputing it here", rid)
             self.engine.add_sequence(seq)
 
+    def probe(self, msg: Message) -> None:
+        if not isinstance(msg, KVProbe):
+            return super().probe(msg)
+        if self.probes is None:
+            self.probes = ProbeReceiver(self.engine.kv_cache, self.kv.config, self.ctx.worker_id)
+        result = self.probes.start(msg)
+        if result is not None:
+            self.ctx.channels.to_router(result)
+
+    def close(self) -> None:
+        if self.probes is not None:
+            self.probes.close()
+        super().close()
+
     def abort(self, request_id: str) -> bool:
         job = self.jobs.get(request_id)
         if job is None:
@@ -122,6 +138,9 @@ class DecodeRole(WorkerRole):
     def poll(self) -> None:
         for result in self.kv.poll():
             self._on_transfer(result)
+        for probe in self.probes.poll() if self.probes is not None else ():
+            log.info("KV probe from %s: %s", probe.prefill_worker_id, probe.error or f"{probe.gbps:.2f} GB/s")
+            self.ctx.channels.to_router(probe)
         self._admit_pending()
         self.kv.flush()
 
@@ -171,7 +190,8 @@ class DecodeRole(WorkerRole):
 
     def poll_interval(self) -> float | None:
         transfers = self.engine.load_report().num_transferring
-        return TRANSFER_POLL_S if transfers or self.pending else None
+        probing = self.probes is not None and self.probes.busy
+        return TRANSFER_POLL_S if transfers or self.pending or probing else None
 
     def num_queued(self) -> int:
         return len(self.pending)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from common.llm_engine import StepResult
-from common.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
+from common.messages import DecodeRequest, KVProbe, KVProbeRequest, KVProbeResult, Message, PrefillRequest, TokenOutput
 from common.sequence import Sequence
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
@@ -60,6 +60,24 @@ class PrefillRole(WorkerRole):
             self.ctx.fail(rid, str(e), retryable=False)
             return
         self.jobs[rid] = PrefillJob(msg, seq)
+
+    def probe(self, msg: Message) -> None:
+        """Publish about `num_bytes` of blocks for the decode target to time (KVProbe). They are only
+        read, so any blocks do: their content is not looked at, and the engine keeps using them."""
+        if not isinstance(msg, KVProbeRequest):
+            return super().probe(msg)
+        kv = self.engine.kv_cache
+        block_bytes = kv[:, :, 0].numel() * kv.element_size()
+        blocks = list(range(max(1, min(kv.shape[2], -(-msg.num_bytes // block_bytes)))))
+        try:
+            endpoint = self.kv.publish(msg.probe_id, msg.decode_command_addr, blocks)
+        except (ValueError, RuntimeError) as e:
+            error = f"cannot publish the probe: {e}"
+            failed = KVProbeResult(msg.probe_id, self.ctx.worker_id, msg.decode_worker_id, "none", 0, 0.0, error)
+            self.ctx.channels.to_router(failed)
+            return
+        probe = KVProbe(msg.probe_id, self.ctx.worker_id, endpoint, blocks)
+        self.ctx.channels.to_peer(msg.decode_command_addr, probe)
 
     def abort(self, request_id: str) -> bool:
         job = self.jobs.pop(request_id, None)

@@ -7,6 +7,10 @@ and the per-request streams that TokenOutput / RequestFailed messages are routed
 It keeps the WorkerRegistry and the PrefixIndex current; it never decides where a request goes
 (that is the lifecycle's job).
 
+KV path probes (router/kv_probes.py): when a prefill worker and a decode target are both live and
+their pair has not been measured, it sends the prefill worker a KVProbeRequest; the KVProbeResult
+comes back on the inbox and is logged, recorded and fed to the live rates.
+
 Failure handling: a worker that goes silent is marked DOWN, its cached hashes are dropped from the
 index, and every request still depending on it gets a synthetic retryable RequestFailed. A worker that
 comes back (heartbeats again, or re-registers) is asked for a snapshot before its hashes count again.
@@ -25,6 +29,7 @@ import zmq.asyncio
 
 from common.messages import (
     KVEventBatch,
+    KVProbeResult,
     Message,
     MessageError,
     RequestFailed,
@@ -39,6 +44,8 @@ from common.messages import (
     encode,
 )
 from router.config import RouterConfig
+from router.kv_probes import KVProbes, PairProber
+from router.live_rates import LiveRates
 from router.prefix_index import IndexUpdate, PrefixIndex
 from router.request_stream import RequestStream
 from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry, WorkerState
@@ -59,10 +66,13 @@ class ClusterClient:
         registry: WorkerRegistry,
         index: PrefixIndex,
         clock: Callable[[], float] = time.monotonic,
+        rates: LiveRates | None = None,
+        probes: KVProbes | None = None,
     ) -> None:
         self._config = config
         self.registry = registry
         self.index = index
+        self.pairs = PairProber(probes or KVProbes(num_bytes=0), registry, rates or LiveRates(), self.send)
         self._clock = clock
         self._ctx: zmq.asyncio.Context | None = None
         self._inbox: zmq.asyncio.Socket | None = None
@@ -186,6 +196,8 @@ class ClusterClient:
                 await self._refresh_index(msg.worker_id)
         elif isinstance(msg, WorkerRegister):
             await self._on_register(msg)
+        elif isinstance(msg, KVProbeResult):
+            self.pairs.on_result(msg, self._clock())
         elif isinstance(msg, Snapshot):
             if self.index.apply_snapshot(msg) is IndexUpdate.NEEDS_SNAPSHOT:
                 await self._ask_snapshot(msg.worker_id)
@@ -214,8 +226,10 @@ class ClusterClient:
             self._fail_requests_on(reg.worker_id, "worker restarted")
         self._connect(reg)
         log.info("registered %s worker %s at %s (pid %d)", reg.role, reg.worker_id, reg.host, reg.pid)
+        self.pairs.probes.forget_worker(reg.worker_id)
         if reg.events_addr is not None:
             await self._refresh_index(reg.worker_id)
+        await self.pairs.tick(self._clock())
 
     # ---- worker sockets ------------------------------------------------------------------------
 
@@ -300,6 +314,7 @@ class ClusterClient:
                 del self._snapshot_asked[worker_id]
             elif now - asked_at > self._config.snapshot_retry_interval and self._is_live(worker_id):
                 await self._ask_snapshot(worker_id)
+        await self.pairs.tick(now)
 
     def _is_live(self, worker_id: str) -> bool:
         info = self.registry.get(worker_id)

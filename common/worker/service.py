@@ -16,7 +16,7 @@ import threading
 import time
 
 from common.hashing import probe_hash
-from common.messages import Abort, Message, Shutdown, SnapshotRequest, WorkerRegister
+from common.messages import Abort, KVProbe, KVProbeRequest, Message, Shutdown, SnapshotRequest, WorkerRegister
 from common.worker.aborts import AbortBook
 from common.worker.channels import BoundAddresses, WorkerChannels
 from common.worker.config import WorkerConfig
@@ -135,6 +135,8 @@ class WorkerService:
                 self.role.submit(msg)
         elif isinstance(msg, SnapshotRequest):
             self.role.snapshot(msg)
+        elif isinstance(msg, KVProbeRequest | KVProbe):
+            self.role.probe(msg)
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested: %s", msg.reason or "no reason given")
             self.stop()
