@@ -6,8 +6,8 @@ Two commands start a request here:
   fetch -> DONE: engine.complete_transfer (joins the decode batch) / FAILED: engine.fail_transfer
   (the engine recomputes the prompt here). DONE means the transfer passed its checks (kvtransfer's
   verify.py: nonce, sender epoch, the prompt's block-hash chain computed here, checksums of the bytes);
-  a transfer that fails them is FAILED like any other, so it is recomputed, never decoded on. Tokens are sent from index 1 (index 0, the first token,
-  came from the prefill worker).
+  a transfer that fails them is FAILED like any other, so it is recomputed, never decoded on. Tokens
+  are sent from index 1 (index 0, the first token, came from the prefill worker).
 * GenerateRequest (from the router, no disaggregation) -> Sequence(prompt) -> engine.add_sequence:
   the prompt is computed here, reusing this worker's cached prefix, and tokens are sent from index 0;
   the first message carries `cached_tokens` (the prefix hit). Until that first token it fails as a

@@ -16,8 +16,9 @@ pipe to the sender process is benchmark plumbing only.
 `--verify-overhead` measures what verified hand-offs (kvtransfer/verify.py) cost: every case runs with
 verification on and off at both ends (separate sender/receiver pairs, runs interleaved so load drifts hit
 both alike) and reports the fastest time per transfer of each (the least disturbed by other load on the
-machine) and the difference as a percentage of the unverified transfer time. It also times the checksum work alone (one `block_checksums` over the
-transfer's bytes on each end's device), the overhead's cost if nothing overlapped it.
+machine) and the difference as a percentage of the unverified transfer time. It also times the checksum
+work alone (one `block_checksums` over the transfer's bytes on each end's device), the overhead's cost
+if nothing overlapped it.
 """
 
 from __future__ import annotations
@@ -127,7 +128,9 @@ def _row(args: argparse.Namespace, case: str, seconds: dict[bool, list[float]], 
     row = {"case": case, "GBps": nbytes / verified / 1e9}
     if False in seconds:  # the fastest runs: what load on a shared machine disturbs least
         verified, plain = min(seconds[True][1:]), min(seconds[False][1:])
-        checksums = sum(checksum_seconds(args, device, nbytes) for device in (args.src_device, args.dst_device))
+        checksums = sum(
+            checksum_seconds(args, device, nbytes) for device in (args.src_device, args.dst_device)
+        )
         row.update(
             ms_verified=verified * 1e3,
             ms_unverified=plain * 1e3,

@@ -65,7 +65,9 @@ class NcclSender(ZmqSender):
         payload = blocks.view(-1).view(torch.uint8)
         binding = pub.binding(self._epoch, req.src_block_ids)
         sums = self._checksums(blocks)
-        self._reply(ident, [encode(READY, req.request_id, req.xid, nbytes=payload.numel(), sums=sums, **binding)])
+        self._reply(
+            ident, [encode(READY, req.request_id, req.xid, nbytes=payload.numel(), sums=sums, **binding)]
+        )
         deadline = time.monotonic() + req.timeout_s
         failure = (ident, req.request_id, req.xid)
         pair.submit(

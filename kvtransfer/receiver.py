@@ -24,8 +24,8 @@ from .base import Endpoint, KVReceiver, TransferResult, TransferStatus, check_kv
 from .config import KVTransferConfig, validate_seconds
 from .device import CopyStream, record_event
 from .jobs import Job, StatusBook
-from .verify import VerificationFailed, block_checksums, check_binding, check_checksums
 from .layout import CacheLayout, parse_block_ids
+from .verify import VerificationFailed, block_checksums, check_binding, check_checksums
 from .wire import ACK, ERROR, FetchRequest, ProtocolError, decode, encode, encode_error
 
 logger = logging.getLogger(__name__)

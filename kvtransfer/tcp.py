@@ -37,7 +37,9 @@ class TcpSender(ZmqSender):
                 raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
             binding = pub.binding(self._epoch, ids) if first == 0 else {}
             sums = self._checksums(blocks)
-            header = encode(DATA, req.request_id, req.xid, first=first, count=blocks.shape[1], sums=sums, **binding)
+            header = encode(
+                DATA, req.request_id, req.xid, first=first, count=blocks.shape[1], sums=sums, **binding
+            )
             # The frame keeps a reference to `blocks` until ZMQ has sent it, so no copy is needed.
             payload = blocks.view(-1).view(torch.uint8).numpy()
             if not self._reply(ident, [header, payload], copy=False):

@@ -16,7 +16,15 @@ import time
 from dataclasses import dataclass
 
 from common.llm_engine import StepResult
-from common.messages import DecodeRequest, KVProbe, KVProbeRequest, KVProbeResult, Message, PrefillRequest, TokenOutput
+from common.messages import (
+    DecodeRequest,
+    KVProbe,
+    KVProbeRequest,
+    KVProbeResult,
+    Message,
+    PrefillRequest,
+    TokenOutput,
+)
 from common.sequence import Sequence
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
@@ -73,7 +81,9 @@ class PrefillRole(WorkerRole):
             endpoint = self.kv.publish(msg.probe_id, msg.decode_command_addr, blocks)
         except (ValueError, RuntimeError) as e:
             error = f"cannot publish the probe: {e}"
-            failed = KVProbeResult(msg.probe_id, self.ctx.worker_id, msg.decode_worker_id, "none", 0, 0.0, error)
+            failed = KVProbeResult(
+                msg.probe_id, self.ctx.worker_id, msg.decode_worker_id, "none", 0, 0.0, error
+            )
             self.ctx.channels.to_router(failed)
             return
         probe = KVProbe(msg.probe_id, self.ctx.worker_id, endpoint, blocks)

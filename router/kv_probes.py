@@ -155,7 +155,9 @@ class PairProber:
         for order in self.probes.due(prefills, list(targets), now):
             addr = targets[order.decode].reg.command_addr
             # Undelivered, it times out and is retried like a failed probe.
-            await self._send(order.prefill, KVProbeRequest(order.probe_id, order.decode, addr, self.probes.num_bytes))
+            await self._send(
+                order.prefill, KVProbeRequest(order.probe_id, order.decode, addr, self.probes.num_bytes)
+            )
 
     def on_result(self, msg: KVProbeResult, now: float) -> None:
         report = self.probes.record(msg, now)

@@ -46,14 +46,19 @@ def _pairs(cluster: LaunchedCluster, want: int, timeout: float = 60.0) -> list[d
 
 def test_every_pair_is_probed_exported_and_judged(cluster) -> None:
     pairs = _pairs(cluster, want=2)
-    assert {(p["prefill"], p["decode"]) for p in pairs} == {("prefill-0", "decode-0"), ("prefill-0", "decode-1")}
+    assert {(p["prefill"], p["decode"]) for p in pairs} == {
+        ("prefill-0", "decode-0"),
+        ("prefill-0", "decode-1"),
+    }
     text = cluster.metrics()
     for p in pairs:
         assert p["transport"] == "tcp" and p["error"] is None, p
         assert 0 < p["probe_gbps"] < FLOOR_GBPS and p["degraded"] is True
         labels = {"prefill": p["prefill"], "decode": p["decode"]}
         assert metric(text, "pdserve_kv_transport_info", **labels, transport="tcp") == 1
-        assert metric(text, "pdserve_kv_transfer_probe_gbps", **labels) == pytest.approx(p["probe_gbps"], rel=1e-3)
+        assert metric(text, "pdserve_kv_transfer_probe_gbps", **labels) == pytest.approx(
+            p["probe_gbps"], rel=1e-3
+        )
         assert metric(text, "pdserve_kv_pair_degraded", **labels) == 1
     assert "KV pair prefill-0 -> decode-0 is degraded: tcp at" in (cluster.log_dir / "router.log").read_text()
     assert cluster.health()["status"] == "ok"  # a slow KV path costs speed, not service
@@ -67,7 +72,9 @@ def test_the_cost_model_does_not_disaggregate_over_degraded_pairs(cluster, offli
         body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
         r = httpx.post(f"{cluster.url}/v1/completions", json=body, timeout=120)
         assert r.status_code == 200, r.text
-        want = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+        want = offline.generate(
+            [prompt], SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False
+        )
         assert r.json()["choices"][0]["text"] == tokenizer.decode(want[0]["token_ids"])
     after = cluster.metrics()
 

@@ -81,7 +81,9 @@ def test_answers_equal_the_offline_engine_and_decisions_are_counted(cluster, off
 def test_pairs_that_can_hand_off_are_probed_and_sound(cluster) -> None:
     """Without a floor a working pair is measured and not degraded; a cluster without prefill workers
     has no pair to probe (kv_pairs in /health, router/kv_probes.py)."""
-    want = {"mixed": set(), "never": {("prefill-0", "decode-0")}, "auto": {("prefill-0", "mixed-0")}}[cluster.setup]
+    want = {"mixed": set(), "never": {("prefill-0", "decode-0")}, "auto": {("prefill-0", "mixed-0")}}[
+        cluster.setup
+    ]
     deadline = time.monotonic() + 60
     while {(p["prefill"], p["decode"]) for p in cluster.health()["kv_pairs"]} != want:
         assert time.monotonic() < deadline, cluster.health()

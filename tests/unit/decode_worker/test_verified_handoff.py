@@ -33,7 +33,7 @@ def pair(tiny_model_dirs):
 
 
 def _handoffs(pair: Pair, prompts: dict[str, list[int]]) -> dict[str, DecodeRequest]:
-    """Prefill each request and take the DecodeRequests the prefill worker sends instead of delivering them."""
+    """Prefill each request; take the DecodeRequests the prefill worker sends instead of delivering them."""
     for rid, prompt in prompts.items():
         pair.prefill.handle(prefill_request(rid, prompt, max_tokens=MAX_TOKENS, ignore_eos=True))
     peers = pair.prefill.channels.peers
