@@ -76,7 +76,7 @@ class DecodeRole(WorkerRole):
     def open_kv(self, ctx: WorkerContext) -> KVReceiverSet:
         cfg = ctx.config
         config = KVTransferConfig(
-            transport=cfg.kv_transport, host=ctx.host, fetch_timeout_s=cfg.kv_fetch_timeout_s
+            transport=cfg.kv_transport, host=ctx.host, fetch_timeout_s=cfg.kv_fetch_timeout_s, curve=cfg.curve
         )
         return KVReceiverSet(ctx.engine.kv_cache, config)
 

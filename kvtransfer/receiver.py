@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 import zmq
 
+from common import curve
 from common.worker.waker import Waker
 
 from .base import Endpoint, KVReceiver, TransferResult, TransferStatus, check_kv_cache
@@ -208,6 +209,7 @@ class ZmqReceiver(KVReceiver):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 0)  # a bounded queue would stall the sender's data frames
             sock.setsockopt(zmq.IPV6, 1)  # senders may advertise IPv6 addresses
+            curve.dial(sock, self._config.curve)
             try:
                 sock.connect(address)
             except zmq.ZMQError:

@@ -18,6 +18,8 @@ from typing import ClassVar
 import torch
 import zmq
 
+from common import curve
+
 from .base import Endpoint, KVSender, Release, TransferStatus, check_kv_cache
 from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds, zmq_host
 from .device import CopyStream, host_buffer, record_event, wait_event
@@ -81,7 +83,9 @@ class ZmqSender(KVSender):
         self._stream = CopyStream(self._kv.device)
         self._ctx = zmq.Context()
         self._epoch = new_token()
+        self._guard = None
         try:
+            self._guard = curve.guard(self._ctx, self._config.curve, f"kv {self.transport} sender")
             port = self._bind()
             address = f"tcp://{zmq_host(self._advertise_host())}:{port}"
             self._endpoint = {
@@ -91,6 +95,7 @@ class ZmqSender(KVSender):
                 **self._start_transport(),
             }
         except Exception:
+            curve.close_guard(self._guard)
             self._ctx.destroy(linger=0)
             raise
         self._thread = threading.Thread(target=self._run, name=f"kv-{self.transport}-sender", daemon=True)
@@ -103,6 +108,7 @@ class ZmqSender(KVSender):
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable replies raise instead of vanishing
         self._sock.setsockopt(zmq.SNDHWM, 0)  # a full pipe would otherwise drop data frames silently
         self._sock.setsockopt(zmq.IPV6, 1)  # harmless for IPv4 hosts, needed for IPv6 ones
+        curve.serve(self._sock, self._config.curve)
         self._sock.bind(f"tcp://{zmq_host(self._config.host)}:*")
         return self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
 
@@ -159,6 +165,7 @@ class ZmqSender(KVSender):
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
+            curve.close_guard(self._guard)
             self._ctx.term()
 
     def _check_running(self) -> None:

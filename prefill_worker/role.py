@@ -51,7 +51,9 @@ class PrefillRole(WorkerRole):
 
     def open_kv(self, ctx: WorkerContext) -> KVSenderSet:
         cfg = ctx.config
-        config = KVTransferConfig(transport=cfg.kv_transport, host=ctx.host, lease_s=cfg.kv_lease_s)
+        config = KVTransferConfig(
+            transport=cfg.kv_transport, host=ctx.host, lease_s=cfg.kv_lease_s, curve=cfg.curve
+        )
         return KVSenderSet(ctx.engine.kv_cache, config)
 
     # ---- commands ------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """`python -m router --model PATH [--host H] [--port P] [--inbox-host H] [--inbox-port P] ...`
 
+The cluster's CURVE keys (common/curve.py) come from $PDSERVE_CURVE_PUBLIC_KEY and
+$PDSERVE_CURVE_SECRET_KEY (`deploy.launch` sets them); without them the ZMQ inbox is unauthenticated.
 `--api-key KEY` (or $PDSERVE_API_KEY) turns on Bearer-key auth; `--protect-status` extends it to every
 route (see router/auth.py). `--disagg always|never|auto` chooses where prompts are prefilled (see
 router/disagg.py). `--generation-config auto|vllm|PATH` chooses the sampling defaults of requests that
@@ -16,6 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from common.curve import CurveKeys
 from common.generation_config import GENERATION_CONFIG_AUTO, load_generation_defaults
 from router.config import API_KEY_ENV, RouterConfig
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
@@ -103,6 +106,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
             generation_config=args.generation_config,
             kv_probe_mb=args.kv_probe_mb,
             kv_probe_min_gbps=args.kv_probe_min_gbps,
+            curve=CurveKeys.from_env(pop=True),  # out of the environment: children do not inherit it
         )
         # Read here too (the router reads it again when it starts) so that a bad file is a usage
         # error naming it, not a traceback from inside the server's start-up.

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from common import curve
 from common.messages import (
     KVEventBatch,
     KVProbeResult,
@@ -75,6 +76,7 @@ class ClusterClient:
         self.pairs = PairProber(probes or KVProbes(num_bytes=0), registry, rates or LiveRates(), self.send)
         self._clock = clock
         self._ctx: zmq.asyncio.Context | None = None
+        self._guard: curve.CurveGuard | None = None
         self._inbox: zmq.asyncio.Socket | None = None
         self._commands: dict[str, zmq.asyncio.Socket] = {}
         self._events: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}
@@ -88,8 +90,13 @@ class ClusterClient:
     async def start(self) -> str:
         """Bind the inbox and start the receive and liveness loops; returns the inbox address."""
         self._ctx = zmq.asyncio.Context()
+        keys = self._config.curve
+        self._guard = curve.guard(self._ctx, keys, "router")
+        if keys is None:
+            log.warning("no CURVE keys: any process that reaches the inbox can register as a worker")
         address = f"tcp://{_bracket(self._config.inbox_host)}:{self._config.inbox_port or '*'}"
         self._inbox = self._socket(zmq.PULL, address)
+        curve.serve(self._inbox, keys)
         self._inbox.bind(address)
         self.inbox_addr = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         self._tasks = [asyncio.create_task(self._inbox_loop()), asyncio.create_task(self._liveness_loop())]
@@ -105,6 +112,8 @@ class ClusterClient:
                 await task
         for worker_id in list(self._commands):
             self._disconnect(worker_id)
+        curve.close_guard(self._guard)
+        self._guard = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -236,12 +245,14 @@ class ClusterClient:
     def _connect(self, reg: WorkerRegister) -> None:
         push = self._socket(zmq.PUSH, reg.command_addr)
         push.setsockopt(zmq.SNDHWM, SEND_HWM)
+        curve.dial(push, self._config.curve)
         push.connect(reg.command_addr)
         self._commands[reg.worker_id] = push
         if reg.events_addr is None:
             return
         sub = self._socket(zmq.SUB, reg.events_addr)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        curve.dial(sub, self._config.curve)
         sub.connect(reg.events_addr)
         self.index.add_worker(reg.worker_id)
         self._events[reg.worker_id] = (sub, asyncio.create_task(self._events_loop(reg.worker_id, sub)))

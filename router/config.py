@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from common.curve import CurveKeys
 from common.generation_config import GENERATION_CONFIG_AUTO
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
 from router.kv_probes import DEFAULT_PROBE_BYTES
@@ -28,7 +29,8 @@ class RouterConfig:
     generation_config.json), "vllm" (the engine's defaults) or a directory (read at start-up, see
     common/generation_config.py). `kv_probe_mb` is the size of the probe transfer each prefill/decode
     pair runs when it forms (0: no probes) and `kv_probe_min_gbps` the floor below which a pair is
-    degraded (0: none; see router/kv_probes.py).
+    degraded (0: none; see router/kv_probes.py). `curve`: the cluster's CURVE keys (common/curve.py),
+    from the environment; None leaves the inbox open to anyone who can reach it.
     """
 
     model: str
@@ -54,6 +56,7 @@ class RouterConfig:
     generation_config: str = GENERATION_CONFIG_AUTO
     kv_probe_mb: float = DEFAULT_PROBE_BYTES / (1 << 20)
     kv_probe_min_gbps: float = 0.0
+    curve: CurveKeys | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -80,6 +83,8 @@ class RouterConfig:
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ValueError(f"block_size must be a positive int or None, got {self.block_size!r}")
         self._check_auth()
+        if self.curve is not None and not isinstance(self.curve, CurveKeys):
+            raise ValueError("curve must be CurveKeys or None")
         if self.disagg not in DISAGG_MODES:
             raise ValueError(f"disagg must be one of {DISAGG_MODES}, got {self.disagg!r}")
         w = self.disagg_stall_weight

@@ -56,6 +56,7 @@ class WorkerService:
             self.role.publishes_events,
             cfg.heartbeat_interval_s,
             cfg.register_interval_s,
+            cfg.curve,
         )
         addresses = self.channels.start()
         kv_endpoint = self.role.start(WorkerContext(cfg, self.engine, self.channels, host))

@@ -22,8 +22,8 @@ MB = 1 << 20
 
 
 def _result(order, gbps: float = 2.0, error: str | None = None, transport: str = "tcp") -> KVProbeResult:
-    seconds = 0.0 if error else MB / (gbps * 1e9)
-    return KVProbeResult(order.probe_id, order.prefill, order.decode, transport, 0 if error else MB, seconds, error)
+    seconds, num_bytes = (0.0, 0) if error else (MB / (gbps * 1e9), MB)
+    return KVProbeResult(order.probe_id, order.prefill, order.decode, transport, num_bytes, seconds, error)
 
 
 def test_each_pair_is_probed_once_and_judged_against_the_floor() -> None:
