@@ -4,8 +4,6 @@ one without them times out (real sockets, the rogue a real separate process)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from kv_procs import SPECS, bits, wait_results
