@@ -2,8 +2,9 @@
 
     python -m tests.unit.deploy.sleeper_worker FILE [--ignore-sigterm]
 
-Appends one JSON line (pid, CUDA_VISIBLE_DEVICES, PDSERVE_TEST_MARK, PDSERVE_TEST_SECRET) to FILE per start, so restarts
-show as extra lines, then sleeps until SIGTERM (exit 0), or forever with --ignore-sigterm.
+Appends one JSON line (pid, CUDA_VISIBLE_DEVICES, PDSERVE_TEST_MARK, PDSERVE_TEST_SECRET) to FILE per
+start, so restarts show as extra lines, then sleeps until SIGTERM (exit 0), or forever with
+--ignore-sigterm.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ def fake_python(tmp_path: Path, ignore_term: bool = False) -> str:
     script = tmp_path / ("stubborn" if ignore_term else "sleeper")
     trap = "trap '' TERM\n" if ignore_term else ""
     script.write_text(
-        f'#!/bin/sh\n{trap}echo "$@" > "{tmp_path}/argv.$$"\necho "$MARK $SECRET_MARK" > "{tmp_path}/env.$$"\n'
-        "sleep 60 &\nwait\n"
+        f'#!/bin/sh\n{trap}echo "$@" > "{tmp_path}/argv.$$"\n'
+        f'echo "$MARK $SECRET_MARK" > "{tmp_path}/env.$$"\nsleep 60 &\nwait\n'
     )
     script.chmod(0o755)
     return str(script)
