@@ -8,9 +8,15 @@ receiver -> sender   fetch {rid, xid, src, layout, timeout, ...transport keys}
                      ack   {rid, xid}              (the blocks are copied: release DONE)
                      error {rid, xid, error}       (the receiver gave up: release FAILED)
                      done  {rid: "", xid: 0, rids}  (ipc: these publications were copied: release DONE)
-sender -> receiver   data  {rid, xid, first, count} + one raw frame     (tcp)
-                     ready {rid, xid, ...}                              (ipc, nccl)
+sender -> receiver   data  {rid, xid, first, count, sums, [nonce, epoch, hashes]} + one raw frame (tcp)
+                     ready {rid, xid, nbytes, sums, nonce, epoch, hashes}                  (nccl)
                      error {rid, xid, error}
+
+Verification fields (`verify.py`): `sums` is one int64 checksum per block of the message (tcp: of the
+chunk; nccl: of the whole buffer), or nil when the sender does not verify; `nonce`, `epoch` and `hashes`
+(the chain hash the publication recorded for each served block, nil for a partly filled last block)
+bind the reply to a publication; tcp sends them with the chunk at `first == 0`. ipc puts the same
+binding, and per published block (`blocks`) its `hashes` and `sums`, in the publication endpoint.
 """
 
 from __future__ import annotations
