@@ -164,11 +164,14 @@ def _timed(conn, receiver, verify: bool, run: int, n: int, batch: int, args: arg
 
 
 def checksum_seconds(args: argparse.Namespace, device: str, nbytes: int) -> float:
-    """One `block_checksums` over `nbytes` of blocks on `device` (the fastest of a few, synchronized)."""
+    """The checksum work of one end for a transfer of `nbytes`, as the transport does it: tcp checksums
+    each chunk (at most `--chunk-mb`) just after writing or receiving it, so while it is in the cache;
+    nccl and ipc the whole buffer at once. The fastest of a few synchronized runs."""
+    chunk = min(nbytes, args.chunk_mb << 20) if args.transport == "tcp" else nbytes
     elems = args.block_size * args.heads * args.head_dim
     dtype = getattr(torch, args.dtype)
-    n = max(1, nbytes // (2 * args.layers * elems * dtype.itemsize))
-    blocks = torch.zeros(2 * args.layers, n, elems, dtype=dtype, device=device)
+    n = max(1, chunk // (2 * args.layers * elems * dtype.itemsize))
+    blocks = torch.ones(2 * args.layers, n, elems, dtype=dtype, device=device)
     times = []
     for _ in range(8):
         _sync()
@@ -176,7 +179,7 @@ def checksum_seconds(args: argparse.Namespace, device: str, nbytes: int) -> floa
         block_checksums(blocks)
         _sync()
         times.append(time.perf_counter() - t0)
-    return min(times[1:])
+    return min(times[1:]) * -(-nbytes // chunk)
 
 
 def raw_copy_GBps(args: argparse.Namespace, mib: int = 1024) -> float:
