@@ -20,6 +20,7 @@ from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.peers import KVReceiverSet
 
 log = logging.getLogger(__name__)
+MAX_PROBE_BYTES = 1 << 30  # a probe asking for more scratch than this is refused, not allocated
 
 
 class ProbeReceiver:
@@ -38,8 +39,11 @@ class ProbeReceiver:
         """Start timing a probe; a result at once when it cannot start."""
         n = len(msg.src_block_ids)
         transport = str(msg.kv_endpoint.get("transport"))
+        block_bytes = self._template[:, :, 0].numel() * self._template.element_size()
+        if not 0 < n * block_bytes <= MAX_PROBE_BYTES:
+            return self._result(msg, transport, error=f"a probe of {n} blocks is empty or too large")
         receivers = self._open(n)
-        if n == 0 or n > self._capacity:
+        if n > self._capacity:
             error = f"a probe of {n} blocks does not fit the {self._capacity} scratch blocks"
             return self._result(msg, transport, error=error)
         if msg.probe_id in self._pending:

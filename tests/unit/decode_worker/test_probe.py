@@ -63,9 +63,11 @@ def test_a_probe_that_cannot_run_is_reported_failed(pair) -> None:
     too_big = KVProbe("probe-4", "prefill-test", probe.kv_endpoint, [0, 1, 2, 3])
     pair.decode.handle(too_big)
     assert "scratch" in _result(pair, "probe-4").error
+    pair.decode.handle(KVProbe("probe-5", "prefill-test", probe.kv_endpoint, []))
+    assert "empty or too large" in _result(pair, "probe-5").error
 
 
 def test_roles_ignore_the_probe_messages_meant_for_the_other_side(pair) -> None:
-    pair.decode.handle(KVProbeRequest("probe-5", "decode-test", "tcp://127.0.0.1:9", 1))
-    pair.prefill.handle(KVProbe("probe-6", "prefill-test", {"transport": "tcp"}, [0]))
+    pair.decode.handle(KVProbeRequest("probe-6", "decode-test", "tcp://127.0.0.1:9", 1))
+    pair.prefill.handle(KVProbe("probe-7", "prefill-test", {"transport": "tcp"}, [0]))
     assert pair.decode.channels.router == [] and pair.prefill.channels.peers == []
