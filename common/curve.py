@@ -26,9 +26,10 @@ import os
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import zmq
-from zmq.auth.thread import ThreadAuthenticator
+if TYPE_CHECKING:  # zmq is imported where used: configs that hold keys must not load it (kvtransfer)
+    import zmq
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class CurveKeys:
             value = getattr(self, name)
             if not isinstance(value, bytes) or len(value) != Z85_KEY_CHARS:
                 raise ValueError(f"{name} must be a {Z85_KEY_CHARS}-character z85 CURVE key")
+        import zmq
+
         try:
             derived = zmq.curve_public(self.secret)
         except (zmq.ZMQError, ValueError):
@@ -58,6 +61,8 @@ class CurveKeys:
 
     @classmethod
     def generate(cls) -> CurveKeys:
+        import zmq
+
         public, secret = zmq.curve_keypair()
         return cls(public, secret)
 
@@ -83,12 +88,16 @@ class CurveKeys:
 
     def serve(self, sock: zmq.Socket) -> None:
         """Make `sock` (before it binds) a CURVE server holding the cluster key."""
+        import zmq
+
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
 
     def dial(self, sock: zmq.Socket) -> None:
         """Make `sock` (before it connects) a CURVE client presenting the cluster keypair."""
+        import zmq
+
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.public)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
@@ -118,6 +127,8 @@ class CurveGuard:
     Start it before any server socket of the context binds; `close` it before the context ends."""
 
     def __init__(self, context: zmq.Context, keys: CurveKeys, owner: str) -> None:
+        from zmq.auth.thread import ThreadAuthenticator
+
         self._auth = ThreadAuthenticator(context, log=logging.getLogger(f"{__name__}.zap"))
         self._auth.start()
         self._auth.configure_curve_callback("*", _ClusterKeyOnly(keys.public, owner))
