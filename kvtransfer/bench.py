@@ -14,9 +14,10 @@ pipe to the sender process is benchmark plumbing only.
     python -m kvtransfer.bench --transport tcp --verify-overhead
 
 `--verify-overhead` measures what verified hand-offs (kvtransfer/verify.py) cost: every case runs with
-verification on and off at both ends (separate sender/receiver pairs, one run of each in turn, so load
-drifts hit both alike) and reports the median time per transfer of each and the overhead: the median of
-the paired differences (on minus off, run by run) as a percentage of the median unverified time. It also
+verification on and off at both ends (separate sender/receiver pairs, one run of each in turn, which
+first alternating, so load drifts hit both alike) and reports the median time per transfer of each and
+the overhead: the median of the paired differences (on minus off, run by run) as a percentage of the
+median unverified time. It also
 times the checksum work alone (`block_checksums` over the transfer's bytes on each end's device, per
 chunk for tcp), what verification would cost if nothing overlapped it.
 """
@@ -110,8 +111,10 @@ def main() -> None:
     for tokens, n in zip(args.tokens, blocks_per, strict=True):
         for batch in sorted({1, args.batch}):
             seconds: dict[bool, list[float]] = {v: [] for v in receivers}
-            for _ in range(args.repeat + 1):
-                for verify, receiver in receivers.items():  # interleaved: drifting load hits both
+            for i in range(args.repeat + 1):
+                # Interleaved, so drifting load hits both; which goes first alternates.
+                for verify in sorted(receivers, reverse=i % 2 == 0):
+                    receiver = receivers[verify]
                     seconds[verify].append(_timed(conn, receiver, verify, next(runs), n, batch, args))
             row = _row(args, f"{args.transport} {tokens} tok x{batch}", seconds, batch * n * block_bytes)
             rows.append(row)
