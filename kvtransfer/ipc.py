@@ -43,10 +43,10 @@ from .block_copy import copy_blocks
 from .config import KVTransferConfig
 from .device import wait_event
 from .jobs import Job
-from .layout import CacheLayout, dtype_from_name, gather, parse_block_ids
+from .layout import CacheLayout, dtype_from_name, parse_block_ids
 from .receiver import ZmqReceiver
 from .sender import FetchRejected, Publication, ZmqSender
-from .verify import VerificationFailed, block_checksums, check_checksums
+from .verify import VerificationFailed, cache_block_checksums, check_checksums
 from .wire import DONE, FetchRequest, Header, ProtocolError, encode, encode_error
 
 _HANDLE_KEYS = (
@@ -132,9 +132,10 @@ class IpcSender(ZmqSender):
     def _publication_endpoint(self, request_id: str, pub: Publication) -> Endpoint:
         wait_event(pub.ready)  # receivers read without asking: the engine's writes must be done now
         lease_end = time.time() + (pub.deadline - time.monotonic())
-        ids = pub.block_ids
-        with self._stream.use():
-            sums = self._checksums(gather(self._kv, torch.tensor(ids, device=self._kv.device)))
+        ids, sums = pub.block_ids, None
+        if self._config.verify:
+            with self._stream.use():
+                sums = cache_block_checksums(self._kv, torch.tensor(ids, device=self._kv.device)).tolist()
         binding = pub.binding(self._epoch, ids)
         return {
             **super()._publication_endpoint(request_id, pub),
@@ -235,7 +236,7 @@ class IpcReceiver(ZmqReceiver):
             src_ids = torch.tensor([b for j in live for b in j.src], device=device)
             dst_ids = torch.tensor([b for j in live for b in j.dst], device=device)
             copy_blocks(src, self._kv, src_ids, dst_ids)
-            sums = block_checksums(gather(self._kv, dst_ids)) if self._config.verify else None
+            sums = cache_block_checksums(self._kv, dst_ids) if self._config.verify else None
             event = torch.cuda.Event()
             event.record()  # on the current stream, which use() made the copy stream
         expires = min(float(j.endpoint["expires_at"]) for j in live)

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from .layout import gather
+
 
 class VerificationFailed(Exception):
     """What arrived is not what was published for this request: the transfer must not be used."""
@@ -51,6 +53,13 @@ def block_checksums(blocks: torch.Tensor) -> torch.Tensor:
         sums = raw.sum(dim=2, dtype=torch.int64)
     weights = torch.arange(1, 2 * planes, 2, dtype=torch.int64, device=blocks.device)
     return (sums * weights[:, None]).sum(dim=0)
+
+
+def cache_block_checksums(kv_cache: torch.Tensor, index: torch.Tensor, group: int = 64) -> torch.Tensor:
+    """`block_checksums` of blocks `index` (a long tensor on the cache's device) of a cache, gathered
+    `group` blocks at a time so the temporary stays small whatever the hand-over's size."""
+    parts = [block_checksums(gather(kv_cache, index[i : i + group])) for i in range(0, index.numel(), group)]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=kv_cache.device)
 
 
 def binding_fields(nonce: int, epoch: int, hashes: Sequence[int | None]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ def _pairs(cluster: LaunchedCluster, want: int, timeout: float = 60.0) -> list[d
 
 def test_every_pair_is_probed_exported_and_judged(cluster) -> None:
     pairs = _pairs(cluster, want=2)
+    print("kv_pairs in /health:", pairs)  # what -s shows: the figures docs/reliability.md quotes
     assert {(p["prefill"], p["decode"]) for p in pairs} == {
         ("prefill-0", "decode-0"),
         ("prefill-0", "decode-1"),

@@ -11,7 +11,7 @@ from kv_procs import SPECS, bits, chain_for, wait_results
 
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.layout import flat_view
-from kvtransfer.verify import block_checksums
+from kvtransfer.verify import block_checksums, cache_block_checksums
 from tests.helpers.kv_proxy import KVProxy, flip_a_byte, redirect_fetch
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,6 +46,9 @@ def test_checksums_see_a_flipped_bit_a_swapped_block_and_a_swapped_plane() -> No
     assert not torch.equal(block_checksums(planes), base)
     odd = torch.arange(2 * 3 * 5, dtype=torch.uint8).view(2, 3, 5)  # bytes per block not a multiple of 8
     assert block_checksums(odd).shape == (3,)
+    cache, index = SPECS[0].make(), torch.tensor([7, 3, 40, 41, 0])
+    grouped = cache_block_checksums(cache, index, group=2)  # what ipc uses: bounded temporaries
+    assert torch.equal(grouped, block_checksums(flat_view(cache)[:, index].contiguous()))
 
 
 def test_a_clean_transfer_passes_every_check(sender, receivers) -> None:
