@@ -293,6 +293,50 @@ class Snapshot(Message):
 
 
 @dataclass
+class KVProbeRequest(Message):
+    """Router -> prefill worker command socket: measure the KV path to a decode target by moving about
+    `num_bytes` of (scratch) blocks there; sent once per prefill/decode pair when the pair forms."""
+
+    TYPE: ClassVar[str] = "kv_probe_request"
+    probe_id: Id
+    decode_worker_id: Id
+    decode_command_addr: Id
+    num_bytes: Positive
+
+
+@dataclass
+class KVProbe(Message):
+    """Prefill worker -> decode worker command socket: fetch these published blocks into scratch memory
+    (never the engine's cache), time it and report a KVProbeResult to the router."""
+
+    TYPE: ClassVar[str] = "kv_probe"
+    probe_id: Id
+    prefill_worker_id: Id
+    kv_endpoint: dict
+    src_block_ids: Annotated[list[int], at_least(0)]
+
+
+@dataclass
+class KVProbeResult(Message):
+    """Decode worker (or, when it cannot publish, the prefill worker) -> router inbox: how the probe
+    went. `transport` is the one the pair uses; `error` is set when the probe failed."""
+
+    TYPE: ClassVar[str] = "kv_probe_result"
+    probe_id: Id
+    prefill_worker_id: Id
+    decode_worker_id: Id
+    transport: str
+    num_bytes: Count
+    seconds: Annotated[float, at_least(0)]
+    error: str | None = None
+
+    @property
+    def gbps(self) -> float:
+        """Measured GB/s (0 for a failed probe)."""
+        return self.num_bytes / self.seconds / 1e9 if self.error is None and self.seconds > 0 else 0.0
+
+
+@dataclass
 class Shutdown(Message):
     """Router -> worker command socket: finish nothing more and exit."""
 

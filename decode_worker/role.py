@@ -4,8 +4,10 @@ Two commands start a request here:
 * DecodeRequest (from a prefill worker) -> Sequence(prompt + first token) -> wait in `pending` until
   the cache has room for the prompt's blocks (never dropped) -> engine.reserve_transfer -> receiver
   fetch -> DONE: engine.complete_transfer (joins the decode batch) / FAILED: engine.fail_transfer
-  (the engine recomputes the prompt here). Tokens are sent from index 1 (index 0, the first token,
-  came from the prefill worker).
+  (the engine recomputes the prompt here). DONE means the transfer passed its checks (kvtransfer's
+  verify.py: nonce, sender epoch, the prompt's block-hash chain computed here, checksums of the bytes);
+  a transfer that fails them is FAILED like any other, so it is recomputed, never decoded on. Tokens
+  are sent from index 1 (index 0, the first token, came from the prefill worker).
 * GenerateRequest (from the router, no disaggregation) -> Sequence(prompt) -> engine.add_sequence:
   the prompt is computed here, reusing this worker's cached prefix, and tokens are sent from index 0;
   the first message carries `cached_tokens` (the prefix hit). Until that first token it fails as a
@@ -35,11 +37,12 @@ from dataclasses import dataclass
 
 from common import request_log
 from common.llm_engine import StepResult
-from common.messages import DecodeRequest, GenerateRequest, Message, TokenBatch, TokenOutput
+from common.messages import DecodeRequest, GenerateRequest, KVProbe, Message, TokenBatch, TokenOutput
 from common.sequence import Sequence, SequenceStatus
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
+from decode_worker.probe import ProbeReceiver
 from kvtransfer import KVTransferConfig, TransferResult, TransferStatus
 from kvtransfer.faults import receiver_set
 from kvtransfer.peers import KVReceiverSet
@@ -75,11 +78,12 @@ class DecodeRole(WorkerRole):
     def __init__(self) -> None:
         super().__init__()
         self.pending: deque[str] = deque()  # waiting for room to reserve the prompt's blocks, FIFO
+        self.probes: ProbeReceiver | None = None  # made at the first KV path probe
 
     def open_kv(self, ctx: WorkerContext) -> KVReceiverSet:
         cfg = ctx.config
         config = KVTransferConfig(
-            transport=cfg.kv_transport, host=ctx.host, fetch_timeout_s=cfg.kv_fetch_timeout_s
+            transport=cfg.kv_transport, host=ctx.host, fetch_timeout_s=cfg.kv_fetch_timeout_s, curve=cfg.curve
         )
         return receiver_set(ctx.engine.kv_cache, config)  # injected faults only under PDSERVE_KV_FAULTS
 
@@ -109,6 +113,20 @@ class DecodeRole(WorkerRole):
             log.warning("%s: src_block_ids do not cover the prompt; recomputing it here", rid)
             self.engine.add_sequence(seq)
 
+    def probe(self, msg: Message) -> None:
+        if not isinstance(msg, KVProbe):
+            return super().probe(msg)
+        if self.probes is None:
+            self.probes = ProbeReceiver(self.engine.kv_cache, self.kv.config, self.ctx.worker_id)
+        result = self.probes.start(msg)
+        if result is not None:
+            self.ctx.channels.to_router(result)
+
+    def close(self) -> None:
+        if self.probes is not None:
+            self.probes.close()
+        super().close()
+
     def abort(self, request_id: str) -> bool:
         job = self.jobs.get(request_id)
         if job is None:
@@ -129,6 +147,9 @@ class DecodeRole(WorkerRole):
     def poll(self) -> None:
         for result in self.kv.poll():
             self._on_transfer(result)
+        for probe in self.probes.poll() if self.probes is not None else ():
+            log.info("KV probe from %s: %s", probe.prefill_worker_id, probe.error or f"{probe.gbps:.2f} GB/s")
+            self.ctx.channels.to_router(probe)
         self._admit_pending()
         self.kv.flush()
 
@@ -179,7 +200,8 @@ class DecodeRole(WorkerRole):
 
     def poll_interval(self) -> float | None:
         transfers = self.engine.load_report().num_transferring
-        return TRANSFER_POLL_S if transfers or self.pending else None
+        probing = self.probes is not None and self.probes.busy
+        return TRANSFER_POLL_S if transfers or self.pending or probing else None
 
     def num_queued(self) -> int:
         return len(self.pending)
@@ -198,7 +220,9 @@ class DecodeRole(WorkerRole):
         req, seq = job.request, job.seq
         dst = self.engine.prompt_block_ids(seq)  # as many as src_block_ids: see `transferable`
         job.fetch_started_at = time.monotonic()
-        error = self.kv.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst)
+        # The chain comes from the prompt's own tokens, not from the sender: what arrives must match it.
+        chain = seq.full_block_hashes(seq.num_prompt_tokens)
+        error = self.kv.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst, chain)
         if error is not None:
             job.log.warning("%s: cannot fetch KV (%s); recomputing the prompt here", req.request_id, error)
             self.engine.fail_transfer(seq)

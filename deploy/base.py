@@ -25,6 +25,9 @@ class WorkerSpec:
     num_gpus: float = 0.0  # GPU share (several workers may share one GPU)
     env: dict[str, str] = field(default_factory=dict)
     module_override: str | None = None  # run this module instead (tests use a stand-in worker)
+    # Added to the worker's environment like `env`, but never shown: the cluster's CURVE keys
+    # (common/curve.py). Backends hand it over without a command line or a log line.
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.role not in WORKER_MODULES:

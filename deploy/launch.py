@@ -9,6 +9,8 @@ its ready file, which names the inbox) -> workers through the backend -> wait un
 and lists every worker live -> print "pdserve ready: URL/v1" once -> serve until SIGINT/SIGTERM (or
 the router dies) -> stop the workers and the router (no process is left behind, see local_backend).
 What is started, with which flags and GPU shares (mixed workers, validation), is planned in plan.py.
+The launcher makes the cluster's CURVE keys (common/curve.py) and gives them to the router and every
+worker through the environment (never argv, never a log), so only its own processes can join.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from common.curve import CurveKeys
 from common.engine_args import add_engine_args, engine_overrides
 from deploy.base import WorkerBackend, WorkerHandle
 from deploy.local_backend import signal_group, spawn, stop_processes
@@ -76,17 +80,20 @@ class Cluster:
         self.url: str | None = None
         self.inbox: str | None = None
         self._tmp = tempfile.TemporaryDirectory(prefix="pdserve-launch-")
+        self._secret_env: dict[str, str] = {}  # the cluster's CURVE keys, made by start()
 
     def start(self) -> str:
         deadline = time.monotonic() + self.plan.startup_timeout_s
-        ready = self._start_router(deadline)
+        # The cluster's CURVE keys (common/curve.py): made here, handed over through environments only.
+        self._secret_env = CurveKeys.generate().to_env()
+        ready = self._start_router(deadline, self._secret_env)
         self.url, self.inbox = ready["http"], ready["inbox"]
         for spec in worker_specs(self.plan, ready["inbox"], count_gpus(self.plan)):
-            self.workers.append(self.backend.start(spec))
+            self.workers.append(self.backend.start(replace(spec, secret_env=self._secret_env)))
         self._wait_healthy(deadline)
         return self.url
 
-    def _start_router(self, deadline: float) -> dict:
+    def _start_router(self, deadline: float, secret_env: dict[str, str]) -> dict:
         p = self.plan
         ready_file = Path(self._tmp.name) / "router-ready.json"
         argv = [sys.executable, "-m", "router", "--model", p.model, "--host", p.host, "--port", str(p.port)]
@@ -100,7 +107,7 @@ class Cluster:
             Path(p.log_dir).mkdir(parents=True, exist_ok=True)
         # The key goes through the environment, not argv, which any user of the host can read (ps);
         # "" (no key) also overrides a PDSERVE_API_KEY the launcher itself inherited.
-        self.router = spawn(argv, env={API_KEY_ENV: p.api_key or ""}, log_path=log_path)
+        self.router = spawn(argv, env={API_KEY_ENV: p.api_key or "", **secret_env}, log_path=log_path)
         while not ready_file.exists():
             # Workers are not checked: a restart may find one down, which is the router's to handle.
             self._check_alive(deadline, "router ready file", check_workers=False)
@@ -122,7 +129,7 @@ class Cluster:
         port = urllib.parse.urlsplit(self.url).port
         self.plan = dataclasses.replace(self.plan, port=port or self.plan.port, router_argv=tuple(argv))
         (Path(self._tmp.name) / "router-ready.json").unlink(missing_ok=True)
-        self._start_router(time.monotonic() + timeout_s)
+        self._start_router(time.monotonic() + timeout_s, self._secret_env)  # the workers' keys
 
     def _wait_healthy(self, deadline: float) -> None:
         while not self.healthy():

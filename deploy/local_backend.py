@@ -124,7 +124,8 @@ class LocalBackend(WorkerBackend):
         log_path = os.path.join(self.log_dir, f"{spec.worker_id}.log") if self.log_dir else None
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-        proc = spawn([self.python, "-m", spec.module, *spec.argv], spec.env, log_path)
+        env = {**spec.env, **spec.secret_env}  # the environment: never on the command line
+        proc = spawn([self.python, "-m", spec.module, *spec.argv], env, log_path)
         worker = LocalWorker(spec, proc)
         self.workers.append(worker)
         log.info("started %s (pid %d)", spec.worker_id, proc.pid)

@@ -31,6 +31,8 @@ ROUTER_FLAGS = (
     PassThrough("--balance-threshold-tokens", int, "router: queue imbalance under which cache hits decide"),
     PassThrough("--disagg", str, "router: where prompts are prefilled (see router/disagg.py)", DISAGG_MODES),
     PassThrough("--disagg-stall-weight", float, "router (auto): cost of stalling each decoding sequence"),
+    PassThrough("--kv-probe-mb", float, "router: MiB of each prefill/decode pair's probe transfer (0: none)"),
+    PassThrough("--kv-probe-min-gbps", float, "router: probe GB/s below which a pair is degraded"),
     PassThrough(
         "--generation-config",
         str,

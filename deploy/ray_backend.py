@@ -59,6 +59,10 @@ class SupervisorConfig:
     env: dict[str, str] = field(default_factory=dict)  # applied last: overrides what Ray set
     num_gpus: float = 0.0
     max_restarts: int = 3
+    # The cluster's CURVE keys. They reach the actor as its constructor argument (Ray passes it to the
+    # actor process, it is not a command line, a log line or a runtime_env, which Ray shows in its
+    # dashboard and state API) and the worker as its environment; repr=False keeps them out of errors.
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -158,6 +162,7 @@ class _Supervisor:
         env.pop("OMP_NUM_THREADS", None)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH")) if p)
         env.update(self._config.env)
+        env.update(self._config.secret_env)
         return env
 
 
@@ -250,6 +255,7 @@ class RayBackend(WorkerBackend):
             env=dict(spec.env),
             num_gpus=spec.num_gpus,
             max_restarts=self.max_restarts,
+            secret_env=dict(spec.secret_env),
         )
         actor = _SupervisorActor.options(num_cpus=self.worker_num_cpus, num_gpus=spec.num_gpus).remote(config)
         handle = RayWorkerHandle(spec, actor, actor.run.remote())

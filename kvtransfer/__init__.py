@@ -7,14 +7,14 @@ checked when a fetch arrives and a mismatch fails that request with a message sa
 
 Protocol (pull after notice), the same for every transport:
 
-1. Prefill: `sender.publish(request_id, src_block_ids, lease_s)` pins the blocks, then the prefill
-   worker's own control channel sends the decode worker a notice with `sender.endpoint()` (a msgpack-able
-   dict: {"transport", "address" (the sender's ZMQ ROUTER, `tcp://host:port`), ...transport keys}) and
-   the src block ids.
+1. Prefill: `sender.publish(request_id, src_block_ids, lease_s, block_hashes)` pins the blocks, then
+   the prefill worker's own control channel sends the decode worker a notice with the endpoint it
+   returned (a msgpack-able dict: {"transport", "address" (the sender's ZMQ ROUTER, `tcp://host:port`),
+   "epoch", "nonce", ...transport keys}) and the src block ids.
 2. Decode: allocates destination blocks and calls `receiver.fetch(request_id, endpoint, src_block_ids,
-   dst_block_ids, timeout_s)`, which returns at once. The receiver's I/O thread sends a fetch request
-   (msgpack: request id, attempt number, src ids, its dtype and block shape, its timeout) over a DEALER
-   socket it keeps per sender.
+   dst_block_ids, timeout_s, block_hashes)`, which returns at once. The receiver's I/O thread sends a
+   fetch request (msgpack: request id, attempt number, src ids, its dtype and block shape, its timeout)
+   over a DEALER socket it keeps per sender.
 3. The sender's I/O thread checks the publication and layout, stretches the lease over the receiver's
    deadline, and moves the bytes the transport's way:
    - tcp:  gathers the blocks (index_select) into host memory (pinned on CUDA) and replies with chunks
@@ -31,8 +31,15 @@ Protocol (pull after notice), the same for every transport:
    sender so it releases at once instead of at lease expiry. Nothing in the engine's thread blocks or
    raises for such failures; garbage from a peer fails at most the request it names.
 
-Endpoint dicts (msgpack-able; bytes stay bytes):
-    tcp:  {"transport": "tcp",  "address": "tcp://127.0.0.1:41234"}
+Verified hand-offs (`verify.py`): the endpoint `publish()` returns carries the sender's `epoch` and the
+publication's `nonce`; replies repeat them with the hash the publication recorded for each served block
+and a checksum per block of the bytes read; the receiver checks all of it (against the endpoint, the
+prompt's chain `block_hashes` it was given, and its own checksums of what arrived) before DONE, and
+fails the transfer otherwise. With `KVTransferConfig.curve` every socket runs ZMQ CURVE
+(`common/curve.py`): only holders of the cluster's keys can fetch.
+
+Endpoint dicts (msgpack-able; bytes stay bytes; `publish()` adds "nonce", ipc more, see ipc.py):
+    tcp:  {"transport": "tcp",  "address": "tcp://127.0.0.1:41234", "epoch": int}
     ipc:  {"transport": "ipc",  "address": ..., "num_blocks": int,
            "handle": {"size", "stride", "offset", "dtype", "device", "handle": bytes, "storage_bytes",
                       "storage_offset", "ref_counter_handle": bytes, "ref_counter_offset",

@@ -15,7 +15,8 @@ Invariants every transport keeps (the engines rely on them):
   Every publication is reported exactly once by `poll_released()`, unless it was cancelled.
 - Receiver: destination blocks are written only by the transfer and only before the result is
   reported; once `poll()` returns DONE they hold bitwise the sender's blocks (and on CUDA the copy
-  stream has been synchronized), and the sender has been sent the acknowledgement. After FAILED the
+  stream has been synchronized), what arrived passed the checks of `verify.py` (binding and checksums,
+  unless the config turns them off), and the sender has been sent the acknowledgement. After FAILED the
   transfer never writes them again. Every `fetch` is reported exactly once by `poll()`.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -84,11 +86,19 @@ class KVSender(ABC):
         """How receivers reach this sender (valid after `start()`); send it in the notice."""
 
     @abstractmethod
-    def publish(self, request_id: str, src_block_ids: list[int], lease_s: float | None = None) -> Endpoint:
+    def publish(
+        self,
+        request_id: str,
+        src_block_ids: list[int],
+        lease_s: float | None = None,
+        block_hashes: Sequence[int] = (),
+    ) -> Endpoint:
         """Offer blocks for one request until acknowledged or `lease_s` (default: config) passes.
 
-        Returns the endpoint to put in this request's notice: `endpoint()` plus, for transports whose
-        receivers read the blocks without asking first (ipc), what binds the read to this publication."""
+        `block_hashes`: the prompt chain's hash of each full block, in `src_block_ids` order (the
+        last block may be partly filled and has none); receivers check them (`verify.py`).
+        Returns the endpoint to put in this request's notice: `endpoint()` plus what binds a transfer
+        to this publication (its nonce; for ipc, whose receivers read without asking, more)."""
 
     @abstractmethod
     def cancel(self, request_id: str) -> bool:
@@ -130,8 +140,12 @@ class KVReceiver(ABC):
         src_block_ids: list[int],
         dst_block_ids: list[int],
         timeout_s: float | None = None,
+        block_hashes: Sequence[int] | None = None,
     ) -> None:
         """Start copying the sender's `src_block_ids` into `dst_block_ids` (same order); returns at once.
+
+        `block_hashes`: the prompt's chain (full blocks), which the blocks served must match; None skips
+        that check (nonce, epoch and checksums are checked regardless, see `verify.py`).
 
         Raises ValueError only if `request_id` already has a transfer in flight; every other problem
         (bad endpoint, bad ids, the sender, the network, `timeout_s`) is reported as FAILED by `poll`."""

@@ -10,6 +10,16 @@ one decode worker under load). The cache layout defaults to SmolLM2-135M's (30 l
 blocks of 16 tokens, bf16). The raw rate is one large `copy_` from the source device to the destination
 device in this process, measured in the same run. Prints one JSON line per case and a table last. The
 pipe to the sender process is benchmark plumbing only.
+
+    python -m kvtransfer.bench --transport tcp --verify-overhead
+
+`--verify-overhead` measures what verified hand-offs (kvtransfer/verify.py) cost: every case runs with
+verification on and off at both ends (separate sender/receiver pairs, one run of each in turn, which
+first alternating, so load drifts hit both alike) and reports the median time per transfer of each and
+the overhead: the median of the paired differences (on minus off, run by run) as a percentage of the
+median unverified time. It also
+times the checksum work alone (`block_checksums` over the transfer's bytes on each end's device, per
+chunk for tcp), what verification would cost if nothing overlapped it.
 """
 
 from __future__ import annotations
@@ -23,9 +33,11 @@ import time
 import torch
 
 from common.blocks import blocks_for
+from common.hashing import block_hashes
 
 from . import KVTransferConfig, TransferStatus, create_receiver, create_sender
 from .layout import CacheLayout
+from .verify import block_checksums
 
 
 def _make_cache(args: argparse.Namespace, num_blocks: int, device: str) -> torch.Tensor:
@@ -34,18 +46,31 @@ def _make_cache(args: argparse.Namespace, num_blocks: int, device: str) -> torch
     return cache.to(getattr(torch, args.dtype)).to(device)
 
 
+def _config(args: argparse.Namespace, verify: bool) -> KVTransferConfig:
+    return KVTransferConfig(transport=args.transport, chunk_bytes=args.chunk_mb << 20, verify=verify)
+
+
+def _modes(args: argparse.Namespace) -> list[bool]:
+    """The verify settings to run: both when measuring the overhead, else the default (on)."""
+    return [True, False] if args.verify_overhead else [True]
+
+
 def _sender(conn, args: argparse.Namespace, num_blocks: int) -> None:
-    config = KVTransferConfig(transport=args.transport, chunk_bytes=args.chunk_mb << 20)
-    sender = create_sender(args.transport, _make_cache(args, num_blocks, args.src_device), config)
-    sender.start()
+    cache = _make_cache(args, num_blocks, args.src_device)
+    senders = {v: create_sender(args.transport, cache, _config(args, v)) for v in _modes(args)}
+    for sender in senders.values():
+        sender.start()
     conn.send(True)
     while True:
         cmd = conn.recv()
         if cmd is None:
             break
-        conn.send([sender.publish(rid, ids, 60.0) for rid, ids in cmd])
-        sender.poll_released()
-    sender.close()
+        verify, reqs = cmd
+        conn.send([senders[verify].publish(rid, ids, 60.0, hashes) for rid, ids, hashes in reqs])
+        for sender in senders.values():
+            sender.poll_released()
+    for sender in senders.values():
+        sender.close()
 
 
 def _parse_args() -> argparse.Namespace:
@@ -63,6 +88,7 @@ def _parse_args() -> argparse.Namespace:
     p.add_argument("--chunk-mb", type=int, default=16)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--verify-overhead", action="store_true", help="time verification on vs off")
     return p.parse_args()
 
 
@@ -76,42 +102,89 @@ def main() -> None:
     proc.start()
     conn.recv()
     cache = torch.zeros_like(_make_cache(args, num_blocks, args.dst_device))
-    receiver = create_receiver(args.transport, cache)
-    receiver.start()
+    receivers = {v: create_receiver(args.transport, cache, _config(args, v)) for v in _modes(args)}
+    for receiver in receivers.values():
+        receiver.start()
     block_bytes = CacheLayout.of(cache).block_bytes
     rows = [{"case": "raw copy", "GBps": raw_copy_GBps(args)}]
     runs = iter(range(10**9))
     for tokens, n in zip(args.tokens, blocks_per, strict=True):
         for batch in sorted({1, args.batch}):
-            rates = [
-                _timed(conn, receiver, next(runs), n, batch, block_bytes) for _ in range(args.repeat + 1)
-            ]
-            case = f"{args.transport} {tokens} tok x{batch}"
-            rows.append({"case": case, "GBps": statistics.median(rates[1:])})
-            print(json.dumps(rows[-1]), flush=True)
-    receiver.close()
+            seconds: dict[bool, list[float]] = {v: [] for v in receivers}
+            for i in range(args.repeat + 1):
+                # Interleaved, so drifting load hits both; which goes first alternates.
+                for verify in sorted(receivers, reverse=i % 2 == 0):
+                    receiver = receivers[verify]
+                    seconds[verify].append(_timed(conn, receiver, verify, next(runs), n, batch, args))
+            row = _row(args, f"{args.transport} {tokens} tok x{batch}", seconds, batch * n * block_bytes)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    for receiver in receivers.values():
+        receiver.close()
     conn.send(None)
     proc.join(10)
     _report(rows, args)
 
 
-def _timed(conn, receiver, run: int, n: int, batch: int, block_bytes: int) -> float:
-    """Publish `batch` requests of n blocks each, fetch them all; GB/s over the whole hand-over."""
-    reqs = [(f"bench-{run}-{k}", list(range(2 * k * n, 2 * (k + 1) * n, 2))) for k in range(batch)]
-    conn.send(reqs)
+def _row(args: argparse.Namespace, case: str, seconds: dict[bool, list[float]], nbytes: int) -> dict:
+    verified = statistics.median(seconds[True][1:])  # the first run warms up
+    row = {"case": case, "GBps": nbytes / verified / 1e9}
+    if False in seconds:
+        plain = statistics.median(seconds[False][1:])
+        # Paired run by run: a load spike on a shared machine shifts one pair, not the median.
+        diffs = [on - off for on, off in zip(seconds[True][1:], seconds[False][1:], strict=True)]
+        checksums = sum(
+            checksum_seconds(args, device, nbytes) for device in (args.src_device, args.dst_device)
+        )
+        row.update(
+            ms_verified=verified * 1e3,
+            ms_unverified=plain * 1e3,
+            overhead_pct=100 * statistics.median(diffs) / plain,
+            checksum_pct=100 * checksums / plain,
+        )
+    return row
+
+
+def _timed(conn, receiver, verify: bool, run: int, n: int, batch: int, args: argparse.Namespace) -> float:
+    """Publish `batch` requests of n blocks each, fetch them all; seconds for the whole hand-over."""
+    tokens = [[(run * 7 + k * 13 + i) % 30000 for i in range(n * args.block_size)] for k in range(batch)]
+    chains = [block_hashes(t, args.block_size) for t in tokens]  # the prefill side has these already
+    srcs = [list(range(2 * k * n, 2 * (k + 1) * n, 2)) for k in range(batch)]
+    reqs = [(f"bench-{run}-{k}", srcs[k], chains[k]) for k in range(batch)]
+    conn.send((verify, reqs))
     endpoints = conn.recv()
     t0 = time.perf_counter()  # from here on only the transfer: the pipe above is benchmark plumbing
-    for (rid, src), endpoint in zip(reqs, endpoints, strict=True):
-        receiver.fetch(rid, endpoint, src, [b + 1 for b in src], timeout_s=60.0)
+    for (rid, src, _), endpoint, t in zip(reqs, endpoints, tokens, strict=True):
+        chain = block_hashes(t, args.block_size) if verify else None  # the decode side's own chain
+        receiver.fetch(rid, endpoint, src, [b + 1 for b in src], 60.0, chain)
     receiver.flush()
-    pending = {rid for rid, _ in reqs}
+    pending = {rid for rid, _, _ in reqs}
     while pending:
         for result in receiver.poll():
             if result.status is not TransferStatus.DONE:
                 raise RuntimeError(f"{result.request_id}: {result.error}")
             pending.discard(result.request_id)
         time.sleep(0.0001)
-    return batch * n * block_bytes / (time.perf_counter() - t0) / 1e9
+    return time.perf_counter() - t0
+
+
+def checksum_seconds(args: argparse.Namespace, device: str, nbytes: int) -> float:
+    """The checksum work of one end for a transfer of `nbytes`, as the transport does it: tcp checksums
+    each chunk (at most `--chunk-mb`) just after writing or receiving it, so while it is in the cache;
+    nccl and ipc the whole buffer at once. The fastest of a few synchronized runs."""
+    chunk = min(nbytes, args.chunk_mb << 20) if args.transport == "tcp" else nbytes
+    elems = args.block_size * args.heads * args.head_dim
+    dtype = getattr(torch, args.dtype)
+    n = max(1, chunk // (2 * args.layers * elems * dtype.itemsize))
+    blocks = torch.ones(2 * args.layers, n, elems, dtype=dtype, device=device)
+    times = []
+    for _ in range(8):
+        _sync()
+        t0 = time.perf_counter()
+        block_checksums(blocks)
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return min(times[1:]) * -(-nbytes // chunk)
 
 
 def raw_copy_GBps(args: argparse.Namespace, mib: int = 1024) -> float:
@@ -138,6 +211,13 @@ def _report(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"{'case':<28} {'GB/s':>8} {'of raw':>7}   ({args.src_device} -> {args.dst_device})")
     for row in rows:
         print(f"{row['case']:<28} {row['GBps']:>8.1f} {row['GBps'] / raw:>7.0%}")
+    if args.verify_overhead:
+        print(f"\n{'verification':<28} {'ms on':>8} {'ms off':>8} {'overhead':>9} {'checksums':>10}")
+        for row in rows[1:]:
+            print(
+                f"{row['case']:<28} {row['ms_verified']:>8.2f} {row['ms_unverified']:>8.2f} "
+                f"{row['overhead_pct']:>8.1f}% {row['checksum_pct']:>9.1f}%"
+            )
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"args": vars(args), "rows": rows}, f, indent=2)

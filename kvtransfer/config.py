@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from common.curve import CurveKeys
 from common.worker.net import WILDCARD_HOSTS
 
 TRANSPORTS = ("tcp", "ipc", "nccl")
@@ -27,6 +28,11 @@ class KVTransferConfig:
     - `dist_backend`: the torch.distributed backend of the nccl transport ('auto': nccl for CUDA caches,
       gloo for CPU ones).
     - `poll_interval_s`: how often the I/O threads wake up to expire leases and deadlines.
+    - `verify`: checksum the blocks at both ends and check each transfer's binding before reporting it
+      DONE (`kvtransfer/verify.py`). Both ends must agree: a verifying receiver fails transfers from a
+      sender that sends no checksums. Off only to measure what verification costs.
+    - `curve`: the cluster's CURVE keys (common/curve.py): senders admit only receivers holding them,
+      receivers authenticate with them. None: plain sockets.
     """
 
     transport: str = "tcp"
@@ -37,6 +43,8 @@ class KVTransferConfig:
     chunk_bytes: int = 16 << 20
     dist_backend: str = "auto"
     poll_interval_s: float = 0.05
+    verify: bool = True
+    curve: CurveKeys | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _choice("transport", self.transport, TRANSPORT_CHOICES)
@@ -50,6 +58,10 @@ class KVTransferConfig:
         _positive_seconds("fetch_timeout_s", self.fetch_timeout_s)
         _positive_seconds("lease_s", self.lease_s)
         _positive_seconds("poll_interval_s", self.poll_interval_s)
+        if self.curve is not None and not isinstance(self.curve, CurveKeys):
+            raise ValueError("curve must be CurveKeys or None")
+        if not isinstance(self.verify, bool):
+            raise ValueError(f"verify must be a bool, got {self.verify!r}")
         if type(self.chunk_bytes) is not int or self.chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be a positive int, got {self.chunk_bytes!r}")
 

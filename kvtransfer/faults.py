@@ -21,7 +21,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -96,6 +96,7 @@ class _Held:
     endpoint: Endpoint
     src: list[int]
     dst: list[int]
+    block_hashes: list[int] | None  # the prompt's chain the transfer is checked against
 
 
 class FaultyReceiverSet(KVReceiverSet):
@@ -106,13 +107,21 @@ class FaultyReceiverSet(KVReceiverSet):
         self.faults = faults
         self._held: list[_Held] = []
 
-    def fetch(self, request_id: str, endpoint: Endpoint, src: list[int], dst: list[int]) -> str | None:
+    def fetch(
+        self,
+        request_id: str,
+        endpoint: Endpoint,
+        src: list[int],
+        dst: list[int],
+        block_hashes: Sequence[int] | None = None,
+    ) -> str | None:
         kind = self.faults.choose(request_id)
         if kind is None:
-            return super().fetch(request_id, endpoint, src, dst)
+            return super().fetch(request_id, endpoint, src, dst, block_hashes)
         log.warning("injected KV fault: %s %s", kind, request_id)
         due = time.monotonic() + self.faults.delay_s
-        self._held.append(_Held(due, kind, request_id, endpoint, list(src), list(dst)))
+        hashes = list(block_hashes) if block_hashes is not None else None
+        self._held.append(_Held(due, kind, request_id, endpoint, list(src), list(dst), hashes))
         return None
 
     def poll(self) -> list[TransferResult]:
@@ -123,7 +132,7 @@ class FaultyReceiverSet(KVReceiverSet):
         for held in due:
             error = "injected fault: transfer dropped" if held.kind == "drop" else None
             if error is None:  # a late start; its outcome comes from the transport like any other
-                error = super().fetch(held.request_id, held.endpoint, held.src, held.dst)
+                error = super().fetch(held.request_id, held.endpoint, held.src, held.dst, held.block_hashes)
             if error is not None:
                 results.append(TransferResult(held.request_id, TransferStatus.FAILED, error=error))
         return results

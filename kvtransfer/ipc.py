@@ -16,6 +16,14 @@ batch, and neither engine ever waits on the other. A copy that would start or en
 (minus a margin), or whose sender process is gone, fails instead: the sender may have reused the
 blocks, so the decode worker recomputes.
 
+Verification (`verify.py`): the publication endpoint also lists the published block ids with their
+prompt-chain hashes and their checksums, computed on the sender's GPU when it publishes (the engine's
+writes are done by then). The receiver checks the hashes of the blocks it is about to copy against the
+prompt's chain before the copy, and the checksums of its destination blocks, computed on its GPU on the
+copy stream right behind the copy, when the batch settles. A block the sender reused after publishing
+fails the second check. The nonce and epoch travel in the endpoint too, but with no reply from the
+sender there is nothing to compare them with: the pid and lease checks play the epoch's part here.
+
 `cancel()` cannot stop a copy running in another process; it is meant for aborted requests, whose decode
 side is aborted too, so a copy racing with block reuse there is never used.
 """
@@ -38,6 +46,7 @@ from .jobs import Job
 from .layout import CacheLayout, dtype_from_name, parse_block_ids
 from .receiver import ZmqReceiver
 from .sender import FetchRejected, Publication, ZmqSender
+from .verify import VerificationFailed, cache_block_checksums, check_checksums
 from .wire import DONE, FetchRequest, Header, ProtocolError, encode, encode_error
 
 _HANDLE_KEYS = (
@@ -123,7 +132,20 @@ class IpcSender(ZmqSender):
     def _publication_endpoint(self, request_id: str, pub: Publication) -> Endpoint:
         wait_event(pub.ready)  # receivers read without asking: the engine's writes must be done now
         lease_end = time.time() + (pub.deadline - time.monotonic())
-        return {**self.endpoint(), "rid": request_id, "pid": os.getpid(), "expires_at": lease_end}
+        ids, sums = pub.block_ids, None
+        if self._config.verify:
+            with self._stream.use():
+                sums = cache_block_checksums(self._kv, torch.tensor(ids, device=self._kv.device)).tolist()
+        binding = pub.binding(self._epoch, ids)
+        return {
+            **super()._publication_endpoint(request_id, pub),
+            "rid": request_id,
+            "pid": os.getpid(),
+            "expires_at": lease_end,
+            "blocks": ids,
+            "hashes": binding["hashes"],
+            "sums": sums,
+        }
 
     def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
         raise FetchRejected("ipc publications are read directly by the receiver; nothing to fetch")
@@ -138,6 +160,7 @@ class CopyBatch:
     event: torch.cuda.Event
     expires_at: float  # the earliest lease end among the jobs (Unix time)
     pid: int
+    sums: torch.Tensor | None = None  # checksums of the dst blocks after the copy, jobs' blocks in order
 
 
 class IpcReceiver(ZmqReceiver):
@@ -203,7 +226,7 @@ class IpcReceiver(ZmqReceiver):
             for job in live:
                 self._fail_direct(job, str(e))
             return
-        live = [j for j in live if self._ids_fit(j, src.shape[2])]
+        live = [j for j in live if self._ids_fit(j, src.shape[2]) and self._bound(j)]
         if not live:
             return
         with self._stream.use():
@@ -213,10 +236,27 @@ class IpcReceiver(ZmqReceiver):
             src_ids = torch.tensor([b for j in live for b in j.src], device=device)
             dst_ids = torch.tensor([b for j in live for b in j.dst], device=device)
             copy_blocks(src, self._kv, src_ids, dst_ids)
+            sums = cache_block_checksums(self._kv, dst_ids) if self._config.verify else None
             event = torch.cuda.Event()
             event.record()  # on the current stream, which use() made the copy stream
         expires = min(float(j.endpoint["expires_at"]) for j in live)
-        self._copying.append(CopyBatch(live[0].address, live, event, expires, live[0].endpoint["pid"]))
+        self._copying.append(CopyBatch(live[0].address, live, event, expires, live[0].endpoint["pid"], sums))
+
+    def _bound(self, job: Job) -> bool:
+        """Whether the blocks to copy are the prompt's (their hashes at publish time match its chain)."""
+        ep = job.endpoint
+        try:
+            published = dict(zip(ep.get("blocks") or [], ep.get("hashes") or [], strict=True))
+            self._check_binding(job, {**ep, "hashes": [published.get(b) for b in job.src]})
+        except (VerificationFailed, ValueError, TypeError) as e:
+            self._fail_direct(job, f"verification failed: {e}")
+            return False
+        return True
+
+    def _expected_sums(self, job: Job) -> list:
+        ep = job.endpoint
+        published = dict(zip(ep.get("blocks") or [], ep.get("sums") or [], strict=False))
+        return [published.get(b) for b in job.src]
 
     def _still_valid(self, job: Job, now: float) -> bool:
         ep = job.endpoint
@@ -243,8 +283,15 @@ class IpcReceiver(ZmqReceiver):
             for job in batch.jobs:  # the sender may have reused its blocks mid-copy
                 self._fail_direct(job, "copy finished after the sender's lease ended: not trusted")
             return
-        rids = []
+        rids, first = [], 0
         for job in batch.jobs:
+            first += len(job.dst)
+            if batch.sums is not None:
+                try:
+                    check_checksums(self._expected_sums(job), batch.sums[first - len(job.dst) : first])
+                except VerificationFailed as e:
+                    self._fail_direct(job, f"verification failed: {e}")
+                    continue
             job.progress = len(job.dst)
             job.num_bytes = len(job.dst) * self._layout.block_bytes
             self._book.finish(job, TransferStatus.DONE, None)

@@ -28,6 +28,7 @@ class Job:
     timeout_s: float
     started: float
     ready: torch.cuda.Event | None = None  # engine work queued on the dst blocks before fetch()
+    block_hashes: list[int] | None = None  # the prompt's chain the served blocks must match
     socket: zmq.Socket | None = None
     num_bytes: int = 0
     progress: int = 0  # blocks written so far

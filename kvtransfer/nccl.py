@@ -6,6 +6,10 @@ contiguous device buffer, replies `ready {nbytes}` and queues the send on the pa
 receiver, on `ready`, queues a recv into a buffer of that size on its end of the pair, scatters it
 into the dst blocks, synchronizes and acks. The backend is NCCL for CUDA caches and gloo for CPU ones
 (which is how the protocol is tested without GPUs). Bytes travel as uint8, so every cache dtype works.
+
+Verification (`verify.py`): `ready` carries the binding and the checksums of the gathered buffer, computed
+on the sender's device; the receiver checks the binding on `ready` (before queueing its recv) and its own
+checksums of the received buffer, on its device, before scattering it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .jobs import Job
 from .layout import scatter
 from .receiver import ZmqReceiver
 from .sender import FetchRejected, Publication, ZmqSender
+from .verify import VerificationFailed
 from .wire import READY, FetchRequest, Header, ProtocolError, encode, encode_error
 
 MAX_DEAD_PAIRS = 1024
@@ -58,7 +63,11 @@ class NcclSender(ZmqSender):
         if blocks is None:
             raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
         payload = blocks.view(-1).view(torch.uint8)
-        self._reply(ident, [encode(READY, req.request_id, req.xid, nbytes=payload.numel())])
+        binding = pub.binding(self._epoch, req.src_block_ids)
+        sums = self._checksums(blocks)
+        self._reply(
+            ident, [encode(READY, req.request_id, req.xid, nbytes=payload.numel(), sums=sums, **binding)]
+        )
         deadline = time.monotonic() + req.timeout_s
         failure = (ident, req.request_id, req.xid)
         pair.submit(
@@ -123,7 +132,7 @@ class NcclReceiver(ZmqReceiver):
         self._iface = "127.0.0.1" if host in WILDCARD_HOSTS else host
         self._pairs: dict[str, PairGroup] = {}  # sender address -> live pair
         self._abandoned: dict[str, list[str]] = {}  # sender address -> pair ids to tell it to drop
-        self._finished_recvs: queue.SimpleQueue[tuple[Job, str | None]] = queue.SimpleQueue()
+        self._finished_recvs: queue.SimpleQueue[tuple[Job, str | None]] = queue.SimpleQueue()  # (job, error)
         self._write_lock = threading.Lock()  # a recv's scatter vs. the I/O thread failing its job
         self._retired: list[PairGroup] = []  # closed pairs whose threads may still be tearing down
 
@@ -154,19 +163,27 @@ class NcclReceiver(ZmqReceiver):
         nbytes = header.get("nbytes", int)
         if nbytes != len(job.dst) * self._layout.block_bytes:
             raise ProtocolError(f"sender will send {nbytes} bytes, expected {len(job.dst)} blocks")
+        self._check_binding(job, header.fields)
         job.state["ready"] = True
+        sums = header.fields.get("sums")
         job.state["pair"].submit(
-            lambda group: self._recv(job, group, nbytes),
-            lambda reason: self._finished_recvs.put((job, reason)),
+            lambda group: self._recv(job, group, nbytes, sums),
+            lambda reason: self._finished_recvs.put((job, f"recv failed: {reason}")),
         )
 
-    def _recv(self, job: Job, group, nbytes: int) -> None:
+    def _recv(self, job: Job, group, nbytes: int, sums: object) -> None:
         pair: PairGroup = job.state["pair"]
         with self._stream.use():
             buf = torch.empty(nbytes, dtype=torch.uint8, device=self._kv.device)
             work = group.recv([buf], 0, 0)
             wait_work(work, self._backend, job.deadline, pair.is_broken)
             blocks = buf.view(self._layout.torch_dtype).view(2 * self._layout.num_layers, len(job.dst), -1)
+            try:
+                self._check_bytes(sums, blocks)
+            except VerificationFailed as e:
+                self._finished_recvs.put((job, f"verification failed: {e}"))
+                self._waker.wake()
+                return
             with self._write_lock:
                 if job.state.get("failed"):
                     return  # reported FAILED already: the dst blocks may belong to someone else now
@@ -188,7 +205,7 @@ class NcclReceiver(ZmqReceiver):
             if reason is None:
                 self._complete(job)
             else:
-                self._fail(job, f"recv failed: {reason}")
+                self._fail(job, reason)
 
     def _on_job_failed(self, job: Job) -> None:
         with self._write_lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -90,11 +91,15 @@ class KVSenderSet(_TransportSet):
     def _create(self, transport: str, config: KVTransferConfig) -> KVSender:
         return create_sender(transport, self.kv_cache, config)
 
-    def publish(self, request_id: str, peer_addr: str, block_ids: list[int]) -> Endpoint:
-        """Pin `block_ids` for the request; returns the endpoint the receiver at `peer_addr` pulls
-        from. Raises ValueError / RuntimeError as `KVSender.publish` does (the caller's bugs)."""
+    def publish(
+        self, request_id: str, peer_addr: str, block_ids: list[int], block_hashes: Sequence[int] = ()
+    ) -> Endpoint:
+        """Pin `block_ids` (whose full blocks have the chain hashes `block_hashes`) for the request;
+        returns the endpoint the receiver at `peer_addr` pulls from. Raises ValueError / RuntimeError as
+        `KVSender.publish` does (the caller's bugs)."""
         transport = self._choose(peer_addr)
-        endpoint = self._endpoints[transport].publish(request_id, block_ids, self.config.lease_s)
+        sender = self._endpoints[transport]
+        endpoint = sender.publish(request_id, block_ids, self.config.lease_s, block_hashes)
         self._transport_of[request_id] = transport
         return endpoint
 
@@ -123,14 +128,22 @@ class KVReceiverSet(_TransportSet):
     def _create(self, transport: str, config: KVTransferConfig) -> KVReceiver:
         return create_receiver(transport, self.kv_cache, config)
 
-    def fetch(self, request_id: str, endpoint: Endpoint, src: list[int], dst: list[int]) -> str | None:
-        """Start pulling `src` into `dst`; returns an error instead when the transfer cannot start."""
+    def fetch(
+        self,
+        request_id: str,
+        endpoint: Endpoint,
+        src: list[int],
+        dst: list[int],
+        block_hashes: Sequence[int] | None = None,
+    ) -> str | None:
+        """Start pulling `src` into `dst` (checked against the prompt's chain `block_hashes`); returns
+        an error instead when the transfer cannot start."""
         transport = endpoint.get("transport") if isinstance(endpoint, dict) else None
         receiver = self._endpoints.get(transport) if isinstance(transport, str) else None
         if receiver is None:
             return f"kv transport {transport!r} not accepted here (have {list(self._endpoints)})"
         try:
-            receiver.fetch(request_id, endpoint, src, dst, self.config.fetch_timeout_s)
+            receiver.fetch(request_id, endpoint, src, dst, self.config.fetch_timeout_s, block_hashes)
         except (ValueError, RuntimeError) as e:
             return str(e)
         return None

@@ -12,11 +12,13 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 import zmq
 
+from common import curve
 from common.worker.waker import Waker
 
 from .base import Endpoint, KVReceiver, TransferResult, TransferStatus, check_kv_cache
@@ -24,6 +26,7 @@ from .config import KVTransferConfig, validate_seconds
 from .device import CopyStream, record_event
 from .jobs import Job, StatusBook
 from .layout import CacheLayout, parse_block_ids
+from .verify import VerificationFailed, block_checksums, check_binding, check_checksums
 from .wire import ACK, ERROR, FetchRequest, ProtocolError, decode, encode, encode_error
 
 logger = logging.getLogger(__name__)
@@ -67,6 +70,7 @@ class ZmqReceiver(KVReceiver):
         src_block_ids: list[int],
         dst_block_ids: list[int],
         timeout_s: float | None = None,
+        block_hashes: Sequence[int] | None = None,
     ) -> None:
         if self._thread is None or self._closed:
             raise RuntimeError(f"{type(self).__name__} is not running (call start(), not after close())")
@@ -76,6 +80,7 @@ class ZmqReceiver(KVReceiver):
         timeout = self._config.fetch_timeout_s if timeout_s is None else timeout_s
         xid, now = self._next_xid(), time.monotonic()
         job = Job(request_id, xid, sender_endpoint, src_block_ids, dst_block_ids, 0.0, now)
+        job.block_hashes = None if block_hashes is None else list(block_hashes)
         error = self._validate(job, timeout)
         if error:
             self._reject(job, error)
@@ -126,6 +131,8 @@ class ZmqReceiver(KVReceiver):
             return str(e)
         if len(job.src) != len(job.dst):
             return f"src_block_ids ({len(job.src)}) and dst_block_ids ({len(job.dst)}) differ in length"
+        if job.block_hashes is not None and len(job.block_hashes) > len(job.dst):
+            return f"block_hashes ({len(job.block_hashes)}) outnumber the blocks ({len(job.dst)})"
         return validate_seconds("timeout_s", timeout) or self._validate_endpoint(ep)
 
     # ---- I/O thread -------------------------------------------------------------------------------
@@ -202,6 +209,7 @@ class ZmqReceiver(KVReceiver):
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.RCVHWM, 0)  # a bounded queue would stall the sender's data frames
             sock.setsockopt(zmq.IPV6, 1)  # senders may advertise IPv6 addresses
+            curve.dial(sock, self._config.curve)
             try:
                 sock.connect(address)
             except zmq.ZMQError:
@@ -246,6 +254,8 @@ class ZmqReceiver(KVReceiver):
                 self._on_reply(job, header, frames[1:])
         except ProtocolError as e:
             self._fail(job, f"malformed reply from sender: {e}")
+        except VerificationFailed as e:
+            self._fail(job, f"verification failed: {e}")
         except Exception as e:
             logger.exception("kvtransfer %s receiver: handling a reply failed", self.transport)
             self._fail(job, f"receiver error: {e!r}")
@@ -297,6 +307,18 @@ class ZmqReceiver(KVReceiver):
         for sock in self._dealers.values():
             sock.close(linger=0)
         self._dealers.clear()
+
+    def _check_binding(self, job: Job, fields: dict) -> None:
+        """Raise VerificationFailed unless the reply is bound to this job's publication and prompt."""
+        if self._config.verify:
+            check_binding(job.endpoint, fields, job.block_hashes, len(job.dst))
+
+    def _check_bytes(self, sent: object, blocks: torch.Tensor, first: int = 0) -> None:
+        """Raise VerificationFailed unless `blocks` (as received, on their device) match the sender's
+        per-block checksums `sent`."""
+        if self._config.verify:
+            with self._stream.use():
+                check_checksums(sent, block_checksums(blocks), first)
 
     # ---- transport hooks --------------------------------------------------------------------------
 

@@ -11,16 +11,20 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import zmq
 
+from common import curve
+
 from .base import Endpoint, KVSender, Release, TransferStatus, check_kv_cache
 from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds, zmq_host
 from .device import CopyStream, host_buffer, record_event, wait_event
 from .layout import CacheLayout, gather, parse_block_ids
+from .verify import binding_fields, block_checksums, new_token
 from .wire import ACK, DONE, ERROR, FETCH, FetchRequest, Header, ProtocolError, decode, encode_error
 
 logger = logging.getLogger(__name__)
@@ -45,7 +49,13 @@ class Publication:
     lease_s: float
     deadline: float
     ready: torch.cuda.Event | None  # the engine's writes to these blocks, on CUDA
+    nonce: int  # binds the transfer to this publication (kvtransfer/verify.py)
+    hashes: dict[int, int]  # block id -> the prompt chain's hash of its content (full blocks only)
     xid: int | None = None  # the fetch attempt being served; acks for other attempts are stale
+
+    def binding(self, epoch: int, block_ids: list[int]) -> dict:
+        """What a reply serving `block_ids` says about its binding (verify.check_binding reads it)."""
+        return binding_fields(self.nonce, epoch, [self.hashes.get(b) for b in block_ids])
 
 
 class ZmqSender(KVSender):
@@ -63,6 +73,7 @@ class ZmqSender(KVSender):
         self._thread: threading.Thread | None = None
         self._endpoint: Endpoint | None = None
         self._closed = False
+        self._epoch = 0  # drawn at start(): each started sender is a new epoch
 
     # ---- engine thread ----------------------------------------------------------------------------
 
@@ -71,11 +82,20 @@ class ZmqSender(KVSender):
             raise RuntimeError(f"{type(self).__name__} can be started once")
         self._stream = CopyStream(self._kv.device)
         self._ctx = zmq.Context()
+        self._epoch = new_token()
+        self._guard = None
         try:
+            self._guard = curve.guard(self._ctx, self._config.curve, f"kv {self.transport} sender")
             port = self._bind()
             address = f"tcp://{zmq_host(self._advertise_host())}:{port}"
-            self._endpoint = {"transport": self.transport, "address": address, **self._start_transport()}
+            self._endpoint = {
+                "transport": self.transport,
+                "address": address,
+                "epoch": self._epoch,
+                **self._start_transport(),
+            }
         except Exception:
+            curve.close_guard(self._guard)
             self._ctx.destroy(linger=0)
             raise
         self._thread = threading.Thread(target=self._run, name=f"kv-{self.transport}-sender", daemon=True)
@@ -88,6 +108,7 @@ class ZmqSender(KVSender):
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable replies raise instead of vanishing
         self._sock.setsockopt(zmq.SNDHWM, 0)  # a full pipe would otherwise drop data frames silently
         self._sock.setsockopt(zmq.IPV6, 1)  # harmless for IPv4 hosts, needed for IPv6 ones
+        curve.serve(self._sock, self._config.curve)
         self._sock.bind(f"tcp://{zmq_host(self._config.host)}:*")
         return self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
 
@@ -96,7 +117,13 @@ class ZmqSender(KVSender):
             raise RuntimeError("endpoint() is known only after start()")
         return dict(self._endpoint)
 
-    def publish(self, request_id: str, src_block_ids: list[int], lease_s: float | None = None) -> Endpoint:
+    def publish(
+        self,
+        request_id: str,
+        src_block_ids: list[int],
+        lease_s: float | None = None,
+        block_hashes: Sequence[int] = (),
+    ) -> Endpoint:
         self._check_running()
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
@@ -105,8 +132,11 @@ class ZmqSender(KVSender):
         error = validate_seconds("lease_s", lease)
         if error:
             raise ValueError(error)
+        if len(block_hashes) > len(ids):
+            raise ValueError(f"block_hashes ({len(block_hashes)}) outnumber src_block_ids ({len(ids)})")
         ready = record_event(self._kv.device)
-        pub = Publication(ids, frozenset(ids), lease, time.monotonic() + lease, ready)
+        hashes = dict(zip(ids, block_hashes, strict=False))
+        pub = Publication(ids, frozenset(ids), lease, time.monotonic() + lease, ready, new_token(), hashes)
         with self._lock:
             if request_id in self._pubs:
                 raise ValueError(f"request_id {request_id!r} is already published")
@@ -135,6 +165,7 @@ class ZmqSender(KVSender):
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
+            curve.close_guard(self._guard)
             self._ctx.term()
 
     def _check_running(self) -> None:
@@ -291,8 +322,16 @@ class ZmqSender(KVSender):
         return {}
 
     def _publication_endpoint(self, request_id: str, pub: Publication) -> Endpoint:
-        """The endpoint a notice for this publication carries (default: the sender's own)."""
-        return self.endpoint()
+        """The endpoint a notice for this publication carries: the sender's own plus the nonce."""
+        return {**self.endpoint(), "nonce": pub.nonce}
+
+    def _checksums(self, blocks: torch.Tensor) -> list[int] | None:
+        """Per-block checksums of blocks just read (on their device, the copy stream), or None when
+        verification is off."""
+        if not self._config.verify:
+            return None
+        with self._stream.use():
+            return block_checksums(blocks).tolist()
 
     def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
         raise NotImplementedError

@@ -5,6 +5,13 @@ holding `count` consecutive requested blocks as [2 * num_layers, count, block_el
 sends straight from the gathered host buffer). Chunks of at most `chunk_bytes` keep every buffer on
 malloc's fast path and let the receiver scatter chunk k while chunk k+1 is still on the wire. The
 receiver checks each chunk's position and size, scatters it, and after the last one acks.
+
+Verification (`verify.py`): a chunk's checksums travel in a small `sums` message right behind its data
+frame: the sender computes them over the host buffer after handing the frame to ZMQ, so the work
+overlaps the frame's trip instead of delaying it. The first data header carries the binding (nonce,
+epoch, the hash of each block served) and every one says whether sums follow. The receiver checks the
+binding on the first chunk, computes its own checksums of each chunk as it arrived and holds the chunk
+until the sender's match: only then is it scattered, so corrupt bytes never reach the cache.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from .jobs import Job
 from .layout import scatter
 from .receiver import ZmqReceiver
 from .sender import FetchRejected, Publication, ZmqSender
-from .wire import DATA, FetchRequest, Header, ProtocolError, encode
+from .verify import VerificationFailed, block_checksums, check_checksums
+from .wire import DATA, SUMS, FetchRequest, Header, ProtocolError, encode
 
 
 class TcpSender(ZmqSender):
@@ -26,14 +34,21 @@ class TcpSender(ZmqSender):
     def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
         ids = req.src_block_ids
         per_chunk = max(1, self._config.chunk_bytes // self._layout.block_bytes)
+        verify = self._config.verify
         for first in range(0, len(ids), per_chunk):
             blocks = self._read_blocks(req.request_id, pub, ids[first : first + per_chunk], to_host=True)
             if blocks is None:
                 raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
-            header = encode(DATA, req.request_id, req.xid, first=first, count=blocks.shape[1])
+            binding = pub.binding(self._epoch, ids) if first == 0 else {}
+            count = blocks.shape[1]
+            header = encode(DATA, req.request_id, req.xid, first=first, count=count, sums=verify, **binding)
             # The frame keeps a reference to `blocks` until ZMQ has sent it, so no copy is needed.
             payload = blocks.view(-1).view(torch.uint8).numpy()
-            if not self._reply(ident, [header, payload], copy=False):
+            sent = self._reply(ident, [header, payload], copy=False)
+            if sent and verify:  # read while ZMQ's I/O thread sends the same (unchanged) bytes
+                sums = self._checksums(blocks)
+                sent = self._reply(ident, [encode(SUMS, req.request_id, req.xid, first=first, sums=sums)])
+            if not sent:
                 self._fail(req.request_id, "receiver disconnected during the transfer")
                 return
 
@@ -42,7 +57,10 @@ class TcpReceiver(ZmqReceiver):
     transport = "tcp"
 
     def _on_reply(self, job: Job, header: Header, frames: list[zmq.Frame]) -> None:
-        if header.kind != DATA:
+        if header.kind == SUMS:
+            self._on_sums(job, header)
+            return
+        if header.kind != DATA or "held" in job.state:
             raise ProtocolError(f"unexpected {header.kind!r} message")
         first, count = header.get("first", int), header.get("count", int)
         if first != job.progress or count < 1 or first + count > len(job.dst):
@@ -50,19 +68,46 @@ class TcpReceiver(ZmqReceiver):
         nbytes = count * self._layout.block_bytes
         if len(frames) != 1 or len(frames[0]) != nbytes:
             raise ProtocolError(f"a chunk of {count} blocks needs one frame of {nbytes} bytes")
+        blocks = self._frame_blocks(frames[0], count)
+        job.num_bytes += nbytes
+        if not self._config.verify:
+            self._accept(job, first, blocks)
+            return
+        if first == 0:
+            self._check_binding(job, header.fields)
+        if header.fields.get("sums") is not True:
+            raise VerificationFailed(f"the sender sends no checksums for blocks {first}..{first + count - 1}")
+        job.state["held"] = (first, blocks, frames[0], block_checksums(blocks))  # the frame keeps the bytes
+
+    def _on_sums(self, job: Job, header: Header) -> None:
+        held = job.state.pop("held", None)
+        if held is None:
+            if self._config.verify:
+                raise ProtocolError("checksums without a chunk")
+            return  # a sender that verifies talking to a receiver that does not
+        first, blocks, _frame, own = held
+        if header.get("first", int) != first:
+            raise ProtocolError(f"checksums for the chunk at {header.fields['first']}, not {first}")
+        check_checksums(header.fields.get("sums"), own, first)
+        self._accept(job, first, blocks)
+
+    def _accept(self, job: Job, first: int, blocks: torch.Tensor) -> None:
+        """Scatter a chunk that passed its checks; ack after the last one."""
         if first == 0:
             wait_event(job.ready)
-        self._write(job, first, count, frames[0])
+        count = blocks.shape[1]
+        self._write(job, first, count, blocks)
         job.progress += count
-        job.num_bytes += len(frames[0])
         if job.progress == len(job.dst):
             self._stream.synchronize()
             self._complete(job)
 
-    def _write(self, job: Job, first: int, count: int, frame: zmq.Frame) -> None:
-        two_layers = 2 * self._layout.num_layers
+    def _frame_blocks(self, frame: zmq.Frame, count: int) -> torch.Tensor:
+        """The frame's bytes as [2 * num_layers, count, block_elems] blocks (no copy)."""
         raw = torch.frombuffer(frame.buffer, dtype=torch.uint8)
-        blocks = raw.view(self._layout.torch_dtype).view(two_layers, count, self._layout.block_elems)
+        return raw.view(self._layout.torch_dtype).view(2 * self._layout.num_layers, count, -1)
+
+    def _write(self, job: Job, first: int, count: int, blocks: torch.Tensor) -> None:
         with self._stream.use():  # everything on the copy stream, the index upload included
             if "index" not in job.state:
                 job.state["index"] = torch.tensor(job.dst, device=self._kv.device)

@@ -8,9 +8,17 @@ receiver -> sender   fetch {rid, xid, src, layout, timeout, ...transport keys}
                      ack   {rid, xid}              (the blocks are copied: release DONE)
                      error {rid, xid, error}       (the receiver gave up: release FAILED)
                      done  {rid: "", xid: 0, rids}  (ipc: these publications were copied: release DONE)
-sender -> receiver   data  {rid, xid, first, count} + one raw frame     (tcp)
-                     ready {rid, xid, ...}                              (ipc, nccl)
+sender -> receiver   data  {rid, xid, first, count, sums: bool, [nonce, epoch, hashes]} + one raw frame (tcp)
+                     sums  {rid, xid, first, sums}            (tcp: right after each data, when it said so)
+                     ready {rid, xid, nbytes, sums, nonce, epoch, hashes}                  (nccl)
                      error {rid, xid, error}
+
+Verification fields (`verify.py`): `sums` is one int64 checksum per block (tcp: of the chunk at `first`;
+nccl: of the whole buffer), or nil when the sender does not verify; a tcp `data` header's `sums` says
+whether a `sums` message follows. `nonce`, `epoch` and `hashes` (the chain hash the publication
+recorded for each served block, nil for a partly filled last block) bind the reply to a publication;
+tcp sends them with the chunk at `first == 0`. ipc puts the same binding, and per published block
+(`blocks`) its `hashes` and `sums`, in the publication endpoint.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import msgpack
 from .config import validate_seconds
 from .layout import CacheLayout, parse_block_ids
 
-FETCH, ACK, ERROR, DATA, READY, DONE = "fetch", "ack", "error", "data", "ready", "done"
+FETCH, ACK, ERROR, DATA, READY, DONE, SUMS = "fetch", "ack", "error", "data", "ready", "done", "sums"
 MAX_ERROR_CHARS = 2000
 MAX_HEADER_BYTES = 1 << 20  # headers are small; a bigger one is garbage
 

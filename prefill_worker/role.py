@@ -17,7 +17,15 @@ from dataclasses import dataclass
 
 from common import request_log
 from common.llm_engine import StepResult
-from common.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
+from common.messages import (
+    DecodeRequest,
+    KVProbe,
+    KVProbeRequest,
+    KVProbeResult,
+    Message,
+    PrefillRequest,
+    TokenOutput,
+)
 from common.sequence import Sequence
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
@@ -49,7 +57,9 @@ class PrefillRole(WorkerRole):
 
     def open_kv(self, ctx: WorkerContext) -> KVSenderSet:
         cfg = ctx.config
-        config = KVTransferConfig(transport=cfg.kv_transport, host=ctx.host, lease_s=cfg.kv_lease_s)
+        config = KVTransferConfig(
+            transport=cfg.kv_transport, host=ctx.host, lease_s=cfg.kv_lease_s, curve=cfg.curve
+        )
         return KVSenderSet(ctx.engine.kv_cache, config)
 
     # ---- commands ------------------------------------------------------------------------------
@@ -67,6 +77,26 @@ class PrefillRole(WorkerRole):
             return
         self.jobs[rid] = PrefillJob(msg, seq)
         log.debug("%s: prefilling %d prompt tokens", rid, len(msg.prompt_token_ids))
+
+    def probe(self, msg: Message) -> None:
+        """Publish about `num_bytes` of blocks for the decode target to time (KVProbe). They are only
+        read, so any blocks do: their content is not looked at, and the engine keeps using them."""
+        if not isinstance(msg, KVProbeRequest):
+            return super().probe(msg)
+        kv = self.engine.kv_cache
+        block_bytes = kv[:, :, 0].numel() * kv.element_size()
+        blocks = list(range(max(1, min(kv.shape[2], -(-msg.num_bytes // block_bytes)))))
+        try:
+            endpoint = self.kv.publish(msg.probe_id, msg.decode_command_addr, blocks)
+        except (ValueError, RuntimeError) as e:
+            error = f"cannot publish the probe: {e}"
+            failed = KVProbeResult(
+                msg.probe_id, self.ctx.worker_id, msg.decode_worker_id, "none", 0, 0.0, error
+            )
+            self.ctx.channels.to_router(failed)
+            return
+        probe = KVProbe(msg.probe_id, self.ctx.worker_id, endpoint, blocks)
+        self.ctx.channels.to_peer(msg.decode_command_addr, probe)
 
     def abort(self, request_id: str) -> bool:
         job = self.jobs.pop(request_id, None)
@@ -134,8 +164,9 @@ class PrefillRole(WorkerRole):
     def _hand_off(self, job: PrefillJob, token: int) -> None:
         req, seq = job.request, job.seq
         blocks = self.engine.prompt_block_ids(seq)
+        hashes = seq.full_block_hashes(seq.num_prompt_tokens)  # what the decode side checks them against
         try:
-            endpoint = self.kv.publish(req.request_id, req.decode_command_addr, blocks)
+            endpoint = self.kv.publish(req.request_id, req.decode_command_addr, blocks, hashes)
         except (ValueError, RuntimeError) as e:  # our own bug or a closed sender: do not pin forever
             job.log.error("cannot publish %s: %s", req.request_id, e)
             del self.jobs[req.request_id]

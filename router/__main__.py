@@ -1,5 +1,7 @@
 """`python -m router --model PATH [--host H] [--port P] [--inbox-host H] [--inbox-port P] ...`
 
+The cluster's CURVE keys (common/curve.py) come from $PDSERVE_CURVE_PUBLIC_KEY and
+$PDSERVE_CURVE_SECRET_KEY (`deploy.launch` sets them); without them the ZMQ inbox is unauthenticated.
 `--api-key KEY` (or $PDSERVE_API_KEY) turns on Bearer-key auth; `--protect-status` extends it to every
 route (see router/auth.py). `--disagg always|never|auto` chooses where prompts are prefilled (see
 router/disagg.py). `--generation-config auto|vllm|PATH` chooses the sampling defaults of requests that
@@ -16,9 +18,11 @@ import sys
 from collections.abc import Sequence
 
 from common import request_log
+from common.curve import CurveKeys
 from common.generation_config import GENERATION_CONFIG_AUTO, load_generation_defaults
 from router.config import API_KEY_ENV, RouterConfig
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
+from router.kv_probes import DEFAULT_PROBE_BYTES
 from router.policy import ROUTING_POLICIES
 
 
@@ -58,6 +62,18 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
         help="sampling defaults for requests that leave them out: auto (the model's "
         "generation_config.json), vllm (the engine's own), or a directory holding a generation_config.json",
     )
+    p.add_argument(
+        "--kv-probe-mb",
+        type=float,
+        default=DEFAULT_PROBE_BYTES / (1 << 20),
+        help="MiB each prefill/decode pair moves in its probe transfer when it forms (0: no probes)",
+    )
+    p.add_argument(
+        "--kv-probe-min-gbps",
+        type=float,
+        default=0.0,
+        help="a pair whose probe runs slower than this (GB/s), or fails, is degraded (0: only failures)",
+    )
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request; 0 = no limit")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="silence before a worker is down")
     p.add_argument("--block-size", type=int, default=None, help="KV block size (default: the workers')")
@@ -88,6 +104,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[RouterConfig, str]:
             disagg=args.disagg,
             disagg_stall_weight=args.disagg_stall_weight,
             generation_config=args.generation_config,
+            kv_probe_mb=args.kv_probe_mb,
+            kv_probe_min_gbps=args.kv_probe_min_gbps,
+            curve=CurveKeys.from_env(pop=True),  # out of the environment: children do not inherit it
         )
         # Read here too (the router reads it again when it starts) so that a bad file is a usage
         # error naming it, not a traceback from inside the server's start-up.

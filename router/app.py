@@ -151,11 +151,12 @@ def _add_status_routes(app: FastAPI, router: Router) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         healthy = router.registry.is_healthy()
-        return JSONResponse(health_report(router.registry, healthy), status_code=200 if healthy else 503)
+        report = health_report(router.registry, healthy, router.cluster.pairs.probes)
+        return JSONResponse(report, status_code=200 if healthy else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        refresh_worker_gauges(router.metrics, router.registry, router.index)
+        refresh_worker_gauges(router.metrics, router.registry, router.index, router.cluster.pairs.probes)
         text = router.metrics.registry.render()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 

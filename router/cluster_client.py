@@ -7,6 +7,10 @@ and the per-request streams that TokenOutput / RequestFailed messages are routed
 It keeps the WorkerRegistry and the PrefixIndex current; it never decides where a request goes
 (that is the lifecycle's job).
 
+KV path probes (router/kv_probes.py): when a prefill worker and a decode target are both live and
+their pair has not been measured, it sends the prefill worker a KVProbeRequest; the KVProbeResult
+comes back on the inbox and is logged, recorded and fed to the live rates.
+
 Failure handling: a worker that goes silent is marked DOWN, its cached hashes are dropped from the
 index, and every request still depending on it gets a synthetic retryable RequestFailed. A worker that
 comes back (heartbeats again, or re-registers) is asked for a snapshot before its hashes count again.
@@ -23,8 +27,10 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from common import curve
 from common.messages import (
     KVEventBatch,
+    KVProbeResult,
     Message,
     MessageError,
     RequestFailed,
@@ -39,6 +45,8 @@ from common.messages import (
     encode,
 )
 from router.config import RouterConfig
+from router.kv_probes import KVProbes, PairProber
+from router.live_rates import LiveRates
 from router.prefix_index import IndexUpdate, PrefixIndex
 from router.request_stream import RequestStream
 from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry, WorkerState
@@ -59,12 +67,16 @@ class ClusterClient:
         registry: WorkerRegistry,
         index: PrefixIndex,
         clock: Callable[[], float] = time.monotonic,
+        rates: LiveRates | None = None,
+        probes: KVProbes | None = None,
     ) -> None:
         self._config = config
         self.registry = registry
         self.index = index
+        self.pairs = PairProber(probes or KVProbes(num_bytes=0), registry, rates or LiveRates(), self.send)
         self._clock = clock
         self._ctx: zmq.asyncio.Context | None = None
+        self._guard: curve.CurveGuard | None = None
         self._inbox: zmq.asyncio.Socket | None = None
         self._commands: dict[str, zmq.asyncio.Socket] = {}
         self._events: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}
@@ -78,8 +90,13 @@ class ClusterClient:
     async def start(self) -> str:
         """Bind the inbox and start the receive and liveness loops; returns the inbox address."""
         self._ctx = zmq.asyncio.Context()
+        keys = self._config.curve
+        self._guard = curve.guard(self._ctx, keys, "router")
+        if keys is None:
+            log.warning("no CURVE keys: any process that reaches the inbox can register as a worker")
         address = f"tcp://{_bracket(self._config.inbox_host)}:{self._config.inbox_port or '*'}"
         self._inbox = self._socket(zmq.PULL, address)
+        curve.serve(self._inbox, keys)
         self._inbox.bind(address)
         self.inbox_addr = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
         self._tasks = [asyncio.create_task(self._inbox_loop()), asyncio.create_task(self._liveness_loop())]
@@ -95,6 +112,8 @@ class ClusterClient:
                 await task
         for worker_id in list(self._commands):
             self._disconnect(worker_id)
+        curve.close_guard(self._guard)
+        self._guard = None
         if self._ctx is not None:
             self._ctx.destroy(linger=0)
             self._ctx = None
@@ -186,6 +205,8 @@ class ClusterClient:
                 await self._refresh_index(msg.worker_id)
         elif isinstance(msg, WorkerRegister):
             await self._on_register(msg)
+        elif isinstance(msg, KVProbeResult):
+            self.pairs.on_result(msg, self._clock())
         elif isinstance(msg, Snapshot):
             if self.index.apply_snapshot(msg) is IndexUpdate.NEEDS_SNAPSHOT:
                 await self._ask_snapshot(msg.worker_id)
@@ -214,20 +235,24 @@ class ClusterClient:
             self._fail_requests_on(reg.worker_id, "worker restarted")
         self._connect(reg)
         log.info("registered %s worker %s at %s (pid %d)", reg.role, reg.worker_id, reg.host, reg.pid)
+        self.pairs.probes.forget_worker(reg.worker_id)
         if reg.events_addr is not None:
             await self._refresh_index(reg.worker_id)
+        await self.pairs.tick(self._clock())
 
     # ---- worker sockets ------------------------------------------------------------------------
 
     def _connect(self, reg: WorkerRegister) -> None:
         push = self._socket(zmq.PUSH, reg.command_addr)
         push.setsockopt(zmq.SNDHWM, SEND_HWM)
+        curve.dial(push, self._config.curve)
         push.connect(reg.command_addr)
         self._commands[reg.worker_id] = push
         if reg.events_addr is None:
             return
         sub = self._socket(zmq.SUB, reg.events_addr)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        curve.dial(sub, self._config.curve)
         sub.connect(reg.events_addr)
         self.index.add_worker(reg.worker_id)
         self._events[reg.worker_id] = (sub, asyncio.create_task(self._events_loop(reg.worker_id, sub)))
@@ -300,6 +325,7 @@ class ClusterClient:
                 del self._snapshot_asked[worker_id]
             elif now - asked_at > self._config.snapshot_retry_interval and self._is_live(worker_id):
                 await self._ask_snapshot(worker_id)
+        await self.pairs.tick(now)
 
     def _is_live(self, worker_id: str) -> bool:
         info = self.registry.get(worker_id)

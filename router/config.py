@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from common.curve import CurveKeys
 from common.generation_config import GENERATION_CONFIG_AUTO
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
+from router.kv_probes import DEFAULT_PROBE_BYTES
 from router.policy import ROUTING_POLICIES
 
 API_KEY_ENV = "PDSERVE_API_KEY"  # where `python -m router` and `deploy.launch` read the default key
@@ -25,7 +27,10 @@ class RouterConfig:
     `disagg_stall_weight` choose between remote and local prefill (see router/disagg.py).
     `generation_config` says where requests' missing sampling values come from: "auto" (the model's
     generation_config.json), "vllm" (the engine's defaults) or a directory (read at start-up, see
-    common/generation_config.py).
+    common/generation_config.py). `kv_probe_mb` is the size of the probe transfer each prefill/decode
+    pair runs when it forms (0: no probes) and `kv_probe_min_gbps` the floor below which a pair is
+    degraded (0: none; see router/kv_probes.py). `curve`: the cluster's CURVE keys (common/curve.py),
+    from the environment; None leaves the inbox open to anyone who can reach it.
     """
 
     model: str
@@ -49,6 +54,9 @@ class RouterConfig:
     disagg: str = DEFAULT_DISAGG
     disagg_stall_weight: float = DEFAULT_STALL_WEIGHT
     generation_config: str = GENERATION_CONFIG_AUTO
+    kv_probe_mb: float = DEFAULT_PROBE_BYTES / (1 << 20)
+    kv_probe_min_gbps: float = 0.0
+    curve: CurveKeys | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -75,11 +83,17 @@ class RouterConfig:
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ValueError(f"block_size must be a positive int or None, got {self.block_size!r}")
         self._check_auth()
+        if self.curve is not None and not isinstance(self.curve, CurveKeys):
+            raise ValueError("curve must be CurveKeys or None")
         if self.disagg not in DISAGG_MODES:
             raise ValueError(f"disagg must be one of {DISAGG_MODES}, got {self.disagg!r}")
         w = self.disagg_stall_weight
         if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < float("inf"):
             raise ValueError(f"disagg_stall_weight must be a finite number >= 0, got {w!r}")
+        for name in ("kv_probe_mb", "kv_probe_min_gbps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise ValueError(
                 f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}"
@@ -98,6 +112,10 @@ class RouterConfig:
             raise ValueError(
                 "protect_status needs api_key: there is no key to protect the status routes with"
             )
+
+    @property
+    def kv_probe_bytes(self) -> int:
+        return int(self.kv_probe_mb * (1 << 20))
 
     @property
     def model_name(self) -> str:

@@ -19,7 +19,9 @@ at its measured prefill rate, plus moving the prompt's KV bytes at the pair's me
 plus the decode side's admission delay. Local: the local worker's queue and uncached tokens at its
 rate, plus `stall_weight` x (running sequences) x (this prompt's prefill time): every sequence
 decoding there waits while the prompt is computed in the same steps, and that latency is paid by
-other users. Pure functions over small dataclasses; the live figures come from `router/live_rates.py`.
+other users. Under `auto`, a remote option over a degraded pair (its probe failed or ran below
+`--kv-probe-min-gbps`, router/kv_probes.py) loses to any local one. Pure functions over small
+dataclasses; the live figures come from `router/live_rates.py`.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class RemoteOption:
     kv_bytes_per_token: float
     transfer_bytes_per_s: float
     decode_admission_s: float
+    degraded: bool = False  # the pair's probe failed or ran below the floor (router/kv_probes.py)
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ def decide(inputs: DisaggInputs) -> Decision | None:
     if inputs.mode == "always":
         return Decision(REMOTE, None, None)
     remote_s, local_s = estimate_remote(remote), estimate_local(local)
+    if remote.degraded:  # a KV path that failed or ran below the floor is not trusted to keep its estimate
+        return Decision(LOCAL, remote_s, local_s)
     # Ties go remote: that keeps the decode batch undisturbed.
     return Decision(LOCAL if local_s < remote_s else REMOTE, remote_s, local_s)
 

@@ -8,6 +8,8 @@
 - KV transfer bandwidth per (prefill, decode) pair and the KV bytes per prompt token (a model
   property): from `kv_transfer_bytes` / `kv_transfer_seconds` of the decode side's TokenOutputs.
 - Decode admission delay per decode worker: from `timings["decode_admission"]`.
+- A pair's probe transfer (router/kv_probes.py) stands in for its bandwidth until real transfers
+  between the two have been measured.
 
 Each figure is an exponentially weighted mean of its samples; before the first sample a prior is
 used (`PRIORS`), and a pair never measured uses the mean over measured pairs. Owned by the router's
@@ -48,6 +50,7 @@ class LiveRates:
     priors: Priors = PRIORS
     _prefill: dict[str, Ewma] = field(default_factory=dict)
     _bandwidth: dict[tuple[str, str], Ewma] = field(default_factory=dict)
+    _probed: dict[tuple[str, str], float] = field(default_factory=dict)  # bytes/s of each pair's probe
     _admission: dict[str, Ewma] = field(default_factory=dict)
     _kv_bytes_per_token: Ewma | None = None
 
@@ -77,6 +80,11 @@ class LiveRates:
                 self._kv_bytes_per_token = Ewma(self.priors.kv_bytes_per_token)
             self._kv_bytes_per_token.update(num_bytes / prompt_tokens)
 
+    def observe_probe(self, prefill_id: str, decode_id: str, bytes_per_s: float) -> None:
+        """A probe transfer between the pair ran at `bytes_per_s` (0: it failed)."""
+        if bytes_per_s >= 0 and math.isfinite(bytes_per_s):
+            self._probed[(prefill_id, decode_id)] = bytes_per_s
+
     def observe_admission(self, decode_id: str, seconds: float) -> None:
         if seconds >= 0 and math.isfinite(seconds):
             _update(self._admission, decode_id, seconds, self.priors.decode_admission_s)
@@ -90,6 +98,8 @@ class LiveRates:
         pair = self._bandwidth.get((prefill_id, decode_id))
         if pair is not None:
             return pair.value
+        if self._probed.get((prefill_id, decode_id), 0) > 0:  # measured by its probe only
+            return self._probed[(prefill_id, decode_id)]
         if self._bandwidth:  # an unmeasured pair: the cluster's typical link
             return sum(e.value for e in self._bandwidth.values()) / len(self._bandwidth)
         return self.priors.transfer_bytes_per_s
@@ -106,6 +116,7 @@ class LiveRates:
         return {
             "prefill_tokens_per_s": {w: _view(e) for w, e in sorted(self._prefill.items())},
             "transfer_bytes_per_s": {f"{p}->{d}": _view(e) for (p, d), e in sorted(self._bandwidth.items())},
+            "probed_bytes_per_s": {f"{p}->{d}": round(v, 1) for (p, d), v in sorted(self._probed.items())},
             "kv_bytes_per_token": _view(self._kv_bytes_per_token) if self._kv_bytes_per_token else None,
             "decode_admission_s": {w: _view(e) for w, e in sorted(self._admission.items())},
             "priors": vars(self.priors),

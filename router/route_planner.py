@@ -3,6 +3,8 @@
 The planner gathers the candidates the `--disagg` mode allows (router/disagg.py), lets the routing
 policy pick the best of each kind (router/policy.py), feeds both to the pure `decide` with the live
 figures (router/live_rates.py), and returns a `Route`. It sends nothing and changes no state.
+Degraded KV pairs (router/kv_probes.py) are avoided: the decode target of a remote route is chosen
+among those whose pair with the chosen prefill worker is not degraded, when there is one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from common.blocks import blocks_for
 from common.hashing import block_hashes
 from router.disagg import LOCAL, REMOTE, Decision, DisaggInputs, LocalOption, RemoteOption, decide
 from router.errors import APIError
+from router.kv_probes import KVProbes
 from router.live_rates import LiveRates
 from router.policy import Choice, DecodeLoad, PrefillLoad, RoutingPolicy, new_prefill_tokens
 from router.prefix_index import PrefixIndex
@@ -53,12 +56,14 @@ class RoutePlanner:
         policy: RoutingPolicy,
         rates: LiveRates,
         stall_weight: float,
+        probes: KVProbes | None = None,
     ) -> None:
         self.registry = registry
         self.index = index
         self.policy = policy
         self.rates = rates
         self.stall_weight = stall_weight
+        self.probes = probes or KVProbes(num_bytes=0)
 
     def plan(self, prompt: Sequence[int], max_tokens: int, excluded: set[str]) -> Route:
         """The route for one sequence, or an APIError 503 when no worker can take it."""
@@ -117,8 +122,12 @@ class RoutePlanner:
         if not prefills or not targets:
             return None
         prefill = self.policy.pick_prefill(prefills, matches, prompt_len, block_size)
-        decode = self.policy.pick_decode(targets, num_tokens)
-        if prefill is None or decode is None:
+        if prefill is None:
+            return None
+        sound = [t for t in targets if not self.probes.degraded(prefill.worker_id, t.worker_id)]
+        decode = self.policy.pick_decode(sound, num_tokens) if sound else None
+        decode = decode or self.policy.pick_decode(targets, num_tokens)  # a degraded pair beats none
+        if decode is None:
             return None
         queued = next(p.queued_prefill_tokens for p in prefills if p.worker_id == prefill.worker_id)
         return _Pick(prefill, queued, next(t for t in targets if t.worker_id == decode.worker_id))
@@ -149,6 +158,7 @@ class RoutePlanner:
             kv_bytes_per_token=r.kv_bytes_per_token,
             transfer_bytes_per_s=r.transfer_bytes_per_s(p, d),
             decode_admission_s=r.decode_admission_s(d),
+            degraded=self.probes.degraded(p, d),
         )
 
     def _local_option(self, pick: _Pick | None, prompt_len: int, block_size: int) -> LocalOption | None:

@@ -100,6 +100,21 @@ class RouterMetrics:
             "Prompt tokens waiting on each prefill or mixed worker.",
             ["worker"],
         )
+        self.kv_transport_info = r.gauge(
+            "pdserve_kv_transport_info",
+            "1 for each probed prefill/decode pair, labelled with the KV transport it uses.",
+            ["prefill", "decode", "transport"],
+        )
+        self.kv_probe_gbps = r.gauge(
+            "pdserve_kv_transfer_probe_gbps",
+            "GB/s of each pair's probe transfer (0: the probe failed).",
+            ["prefill", "decode"],
+        )
+        self.kv_pair_degraded = r.gauge(
+            "pdserve_kv_pair_degraded",
+            "1 if the pair's probe failed or ran below --kv-probe-min-gbps.",
+            ["prefill", "decode"],
+        )
         self.index_blocks = r.gauge(
             "pdserve_prefix_index_blocks", "Block hashes the index holds per worker.", ["worker"]
         )

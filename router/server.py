@@ -26,6 +26,7 @@ from common.generation_config import GenerationDefaults, load_generation_default
 from router.app import create_app
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
+from router.kv_probes import KVProbes
 from router.live_rates import LiveRates
 from router.policy import RoutingPolicy, make_policy
 from router.prefix_index import PrefixIndex
@@ -82,8 +83,10 @@ def build_router(config: RouterConfig, tokenizer: ModelTokenizer | None = None) 
     index = PrefixIndex()
     policy = make_policy(config.routing, config.balance_threshold_tokens)
     metrics = RouterMetrics()
-    cluster = ClusterClient(config, registry, index)
-    planner = RoutePlanner(registry, index, policy, LiveRates(), config.disagg_stall_weight)
+    rates = LiveRates()
+    probes = KVProbes(config.kv_probe_min_gbps, config.kv_probe_bytes)
+    cluster = ClusterClient(config, registry, index, rates=rates, probes=probes)
+    planner = RoutePlanner(registry, index, policy, rates, config.disagg_stall_weight, probes)
     lifecycle = RequestLifecycle(config, tokenizer, cluster, registry, planner, metrics)
     router = Router(
         config,

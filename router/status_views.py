@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from router.kv_probes import KVProbes, PairReport
 from router.live_rates import LiveRates
 from router.policy import DecodeLoad, PrefillLoad
 from router.prefix_index import PrefixIndex, WorkerIndexStats
@@ -19,14 +20,28 @@ def _worker_summary(w: WorkerInfo) -> dict:
     }
 
 
-def health_report(registry: WorkerRegistry, healthy: bool) -> dict:
+def health_report(registry: WorkerRegistry, healthy: bool, probes: KVProbes | None = None) -> dict:
     """`ok`; `degraded` when a registered worker is down but requests are still served (the HTTP
-    status is 503 either way, so a load balancer notices); `unavailable` when nothing can serve."""
+    status is 503 either way, so a load balancer notices); `unavailable` when nothing can serve.
+    `kv_pairs` lists each probed prefill/decode pair: its transport, probe GB/s and whether it is
+    degraded (a slow or broken KV path costs speed, not correctness, so it leaves the status alone)."""
     serving = registry.can_serve()
     return {
         "status": "ok" if healthy else ("degraded" if serving else "unavailable"),
         "workers": [_worker_summary(w) for w in registry.workers()],
         "rejected_workers": [{"worker_id": k, "reason": v} for k, v in sorted(registry.rejected.items())],
+        "kv_pairs": [_pair_view(r) for r in probes.reports()] if probes is not None else [],
+    }
+
+
+def _pair_view(r: PairReport) -> dict:
+    return {
+        "prefill": r.prefill,
+        "decode": r.decode,
+        "transport": r.transport,
+        "probe_gbps": round(r.gbps, 4),
+        "degraded": r.degraded,
+        "error": r.error,
     }
 
 
@@ -89,10 +104,23 @@ def _load_view(load: PrefillLoad | DecodeLoad | None) -> dict:
     return {}
 
 
-def refresh_worker_gauges(metrics: RouterMetrics, registry: WorkerRegistry, index: PrefixIndex) -> None:
-    """Rebuild the per-worker gauges so workers that left disappear from the exposition."""
-    for gauge in (metrics.worker_up, metrics.kv_usage, metrics.queued_prefill, metrics.index_blocks):
+def refresh_worker_gauges(
+    metrics: RouterMetrics, registry: WorkerRegistry, index: PrefixIndex, probes: KVProbes | None = None
+) -> None:
+    """Rebuild the per-worker (and per-pair) gauges so workers that left disappear from the exposition."""
+    pair_gauges = (metrics.kv_transport_info, metrics.kv_probe_gbps, metrics.kv_pair_degraded)
+    for gauge in (
+        metrics.worker_up,
+        metrics.kv_usage,
+        metrics.queued_prefill,
+        metrics.index_blocks,
+        *pair_gauges,
+    ):
         gauge.clear()
+    for r in probes.reports() if probes is not None else ():
+        metrics.kv_transport_info.set(1, prefill=r.prefill, decode=r.decode, transport=r.transport)
+        metrics.kv_probe_gbps.set(r.gbps, prefill=r.prefill, decode=r.decode)
+        metrics.kv_pair_degraded.set(int(r.degraded), prefill=r.prefill, decode=r.decode)
     for w in registry.workers():
         metrics.worker_up.set(1 if w.state is WorkerState.LIVE else 0, role=w.role, worker=w.worker_id)
         metrics.kv_usage.set(w.kv_usage(), worker=w.worker_id)

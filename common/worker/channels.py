@@ -7,7 +7,8 @@ only ever sees valid messages (a malformed request that still names its request 
 the router, not retryable: another worker would get the same bytes). The I/O thread also sends the
 registration (at once, then every `register_interval_s`: that is how a restarted router re-learns
 running workers) and a heartbeat every `heartbeat_interval_s` built from the latest `load` the engine
-thread posted.
+thread posted. With the cluster's CURVE keys (common/curve.py) the command and events sockets admit
+only holders of the keys, and the router and peer sockets authenticate with them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 import zmq
 
+from common import curve
+from common.curve import CurveKeys
 from common.messages import (
     Message,
     MessageError,
@@ -55,8 +58,10 @@ class WorkerChannels:
         with_events: bool,
         heartbeat_interval_s: float = 0.5,
         register_interval_s: float = 2.0,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.curve = curve  # None: plain sockets (see common/curve.py)
         self.router_addr = router_addr
         self.host = host
         self.with_events = with_events
@@ -77,16 +82,20 @@ class WorkerChannels:
         if self._thread is not None:
             raise RuntimeError("WorkerChannels can be started once")
         self._ctx = zmq.Context()
+        self._guard = curve.guard(self._ctx, self.curve, self.worker_id)
         self._waker = Waker()
         self._commands = self._socket(zmq.PULL)
         self._commands.setsockopt(zmq.MAXMSGSIZE, MAX_COMMAND_BYTES)
+        curve.serve(self._commands, self.curve)
         self._commands.bind(tcp_endpoint(self.host))
         self._router = self._socket(zmq.PUSH)
         self._router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
+        curve.dial(self._router, self.curve)
         self._router.connect(self.router_addr)
         self._events = None
         if self.with_events:
             self._events = self._socket(zmq.PUB)
+            curve.serve(self._events, self.curve)
             self._events.bind(tcp_endpoint(self.host))
         bound = BoundAddresses(_last_endpoint(self._commands), self._events and _last_endpoint(self._events))
         # Sockets made here move to the I/O thread; Thread.start() is the memory barrier ZMQ asks for.
@@ -118,6 +127,7 @@ class WorkerChannels:
         for sock in [self._commands, self._router, self._events, *self._peers.values()]:
             if sock is not None:
                 sock.close(linger=0)
+        curve.close_guard(self._guard)
         self._ctx.term()
         self._waker.close()
 
@@ -210,6 +220,7 @@ class WorkerChannels:
         if sock is None:
             sock = self._socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
+            curve.dial(sock, self.curve)
             sock.connect(destination)
             self._peers[destination] = sock
         return sock

@@ -14,9 +14,10 @@ import math
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.config import EngineConfig
+from common.curve import CurveKeys
 from common.engine_args import add_engine_args, engine_config_from_args
 from common.worker.net import WILDCARD_HOSTS
 
@@ -31,6 +32,8 @@ class WorkerConfig:
     means the local address this machine uses to reach the router. `kv_lease_s` bounds how long a
     prefill worker keeps handed-off blocks pinned without an acknowledgement; `kv_fetch_timeout_s`
     bounds one transfer on the decode side (after it, the decode worker recomputes the prompt).
+    `curve`: the cluster's CURVE keys (common/curve.py), taken from the environment, never the command
+    line; None: plain sockets.
     """
 
     worker_id: str
@@ -43,6 +46,7 @@ class WorkerConfig:
     heartbeat_interval_s: float = 0.5
     register_interval_s: float = 2.0
     model_name: str | None = None
+    curve: CurveKeys | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.worker_id, str) or not self.worker_id:
@@ -51,6 +55,8 @@ class WorkerConfig:
             raise ValueError(f"router_addr must look like tcp://host:port, got {self.router_addr!r}")
         if self.host in WILDCARD_HOSTS:
             raise ValueError(f"host must be an address peers can dial (or 'auto'), got {self.host!r}")
+        if self.curve is not None and not isinstance(self.curve, CurveKeys):
+            raise ValueError("curve must be CurveKeys or None")
         if self.kv_transport not in KV_TRANSPORTS:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
         for name in ("kv_lease_s", "kv_fetch_timeout_s", "heartbeat_interval_s", "register_interval_s"):
@@ -109,6 +115,7 @@ def parse_worker_args(argv: Sequence[str] | None, roles: Sequence[str]) -> tuple
             kv_fetch_timeout_s=args.kv_fetch_timeout_s,
             heartbeat_interval_s=args.heartbeat_interval,
             model_name=args.served_model_name,
+            curve=CurveKeys.from_env(pop=True),  # out of the environment: children do not inherit it
         )
     except ValueError as e:
         parser.error(str(e))

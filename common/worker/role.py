@@ -116,6 +116,11 @@ class WorkerRole(ABC):
             return
         self.events.snapshot(self.engine.drain_kv_events(), self.engine.cached_hashes())
 
+    def probe(self, msg: Message) -> None:
+        """A KV path probe: KVProbeRequest (prefill role: publish scratch blocks for the decode target)
+        or KVProbe (decode targets: fetch and time them). Roles without that side ignore it."""
+        log.warning("ignoring %s: a %s worker has no part in it", msg.TYPE, self.name)
+
     # ---- the loop ------------------------------------------------------------------------------
 
     @abstractmethod

@@ -17,7 +17,16 @@ import time
 
 from common import request_log
 from common.hashing import probe_hash
-from common.messages import Abort, Message, Shutdown, SnapshotRequest, WorkerRegister, WorkRequest
+from common.messages import (
+    Abort,
+    KVProbe,
+    KVProbeRequest,
+    Message,
+    Shutdown,
+    SnapshotRequest,
+    WorkerRegister,
+    WorkRequest,
+)
 from common.worker.aborts import AbortBook
 from common.worker.channels import BoundAddresses, WorkerChannels
 from common.worker.config import WorkerConfig
@@ -57,6 +66,7 @@ class WorkerService:
             self.role.publishes_events,
             cfg.heartbeat_interval_s,
             cfg.register_interval_s,
+            cfg.curve,
         )
         addresses = self.channels.start()
         kv_endpoint = self.role.start(WorkerContext(cfg, self.engine, self.channels, host))
@@ -134,6 +144,8 @@ class WorkerService:
                 self._take(msg)
         elif isinstance(msg, SnapshotRequest):
             self.role.snapshot(msg)
+        elif isinstance(msg, KVProbeRequest | KVProbe):
+            self.role.probe(msg)
         elif isinstance(msg, Shutdown):
             log.info("shutdown requested: %s", msg.reason or "no reason given")
             self.stop()

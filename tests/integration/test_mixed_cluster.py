@@ -9,6 +9,7 @@ its decisions.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -75,3 +76,17 @@ def test_answers_equal_the_offline_engine_and_decisions_are_counted(cluster, off
     assert counted["local"] + counted["remote"] == len(TEXTS)
     if cluster.setup in ("mixed", "never"):
         assert counted["remote"] == 0  # nothing can (mixed) or may (never) go to a prefill worker
+
+
+def test_pairs_that_can_hand_off_are_probed_and_sound(cluster) -> None:
+    """Without a floor a working pair is measured and not degraded; a cluster without prefill workers
+    has no pair to probe (kv_pairs in /health, router/kv_probes.py)."""
+    want = {"mixed": set(), "never": {("prefill-0", "decode-0")}, "auto": {("prefill-0", "mixed-0")}}[
+        cluster.setup
+    ]
+    deadline = time.monotonic() + 60
+    while {(p["prefill"], p["decode"]) for p in cluster.health()["kv_pairs"]} != want:
+        assert time.monotonic() < deadline, cluster.health()
+        time.sleep(0.2)
+    for pair in cluster.health()["kv_pairs"]:
+        assert pair["transport"] == "tcp" and pair["probe_gbps"] > 0 and not pair["degraded"], pair

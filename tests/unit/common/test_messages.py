@@ -64,6 +64,10 @@ EXAMPLES: list[m.Message] = [
     ),
     m.SnapshotRequest("prefill-0"),
     m.Snapshot("prefill-0", 0, [5, 6]),
+    m.KVProbeRequest("kvprobe-1-prefill-0-decode-0", "decode-0", "tcp://h:1", 32 << 20),
+    m.KVProbe("kvprobe-1", "prefill-0", {"transport": "tcp", "address": "tcp://h:2", "nonce": 5}, [0, 1]),
+    m.KVProbeResult("kvprobe-1", "prefill-0", "decode-0", "tcp", 1 << 20, 0.01),
+    m.KVProbeResult("kvprobe-2", "prefill-0", "decode-0", "nccl", 0, 0.0, "timed out"),
     m.Shutdown(),
 ]
 
@@ -71,6 +75,13 @@ EXAMPLES: list[m.Message] = [
 @pytest.mark.parametrize("msg", EXAMPLES, ids=lambda msg: msg.TYPE)
 def test_round_trip(msg: m.Message) -> None:
     assert decode(encode(msg)) == msg
+
+
+def test_probe_results_say_their_rate() -> None:
+    assert m.KVProbeResult("p", "a", "b", "tcp", 10**9, 0.5).gbps == 2.0
+    assert m.KVProbeResult("p", "a", "b", "tcp", 10**9, 0.5, "broken").gbps == 0.0
+    with pytest.raises(MessageError, match="num_bytes"):
+        m.KVProbeRequest("p", "b", "tcp://h:1", 0)
 
 
 def test_every_type_has_an_example() -> None:

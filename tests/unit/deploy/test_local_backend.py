@@ -26,8 +26,8 @@ def fake_python(tmp_path: Path, ignore_term: bool = False) -> str:
     script = tmp_path / ("stubborn" if ignore_term else "sleeper")
     trap = "trap '' TERM\n" if ignore_term else ""
     script.write_text(
-        f'#!/bin/sh\n{trap}echo "$@" > "{tmp_path}/argv.$$"\necho "$MARK" > "{tmp_path}/env.$$"\n'
-        "sleep 60 &\nwait\n"
+        f'#!/bin/sh\n{trap}echo "$@" > "{tmp_path}/argv.$$"\n'
+        f'echo "$MARK $SECRET_MARK" > "{tmp_path}/env.$$"\nsleep 60 &\nwait\n'
     )
     script.chmod(0o755)
     return str(script)
@@ -53,14 +53,22 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
 
 def test_start_runs_the_role_module_with_argv_and_env(tmp_path) -> None:
     backend = LocalBackend(log_dir=str(tmp_path / "logs"), python=fake_python(tmp_path))
-    spec = WorkerSpec("decode", "decode-0", ["--worker-id", "decode-0"], env={"MARK": "hello"})
+    spec = WorkerSpec(
+        "decode",
+        "decode-0",
+        ["--worker-id", "decode-0"],
+        env={"MARK": "hello"},
+        secret_env={"SECRET_MARK": "s3"},
+    )
+    assert "s3" not in repr(spec)  # secrets (the cluster's CURVE keys) never show in a repr
     worker = backend.start(spec)
     try:
         assert worker.alive() and os.getpgid(worker.pid) == worker.pid  # its own process group
         argv_file = tmp_path / f"argv.{worker.pid}"
         assert wait_until(argv_file.exists)
         assert argv_file.read_text().split() == ["-m", "decode_worker", "--worker-id", "decode-0"]
-        assert wait_until(lambda: (tmp_path / f"env.{worker.pid}").read_text().strip() == "hello")
+        env_file = tmp_path / f"env.{worker.pid}"
+        assert wait_until(lambda: env_file.exists() and env_file.read_text().strip() == "hello s3")
         assert (tmp_path / "logs" / "decode-0.log").exists()
     finally:
         backend.shutdown()

@@ -60,6 +60,7 @@ def sleeper_spec(
         num_gpus=gpus,
         env={"PDSERVE_TEST_MARK": worker_id},
         module_override=SLEEPER,
+        secret_env={"PDSERVE_TEST_SECRET": f"secret-of-{worker_id}"},
     )
 
 
@@ -83,6 +84,11 @@ def test_module_override_replaces_role_module():
 def test_backend_rejects_bad_settings_naming_the_field(kwargs, name):
     with pytest.raises(ValueError, match=name):
         RayBackend(**kwargs)
+
+
+def test_secrets_stay_out_of_reprs():
+    config = SupervisorConfig(worker_id="w", command=["x"], secret_env={"PDSERVE_TEST_SECRET": "s3"})
+    assert "s3" not in repr(config) and "s3" not in repr(sleeper_spec("w", Path("x")))
 
 
 def test_supervisor_config_validation():
@@ -164,6 +170,7 @@ def test_ray_backend_lifecycle(tmp_path, monkeypatch):
         first, p0_rec, d1_rec = (records(files[name], 1)[0] for name in ("d0", "p0", "d1"))
         pids += [first["pid"], p0_rec["pid"], d1_rec["pid"]]
         assert first["mark"] == "d0" and running(first["pid"]) and d0.alive()
+        assert first["secret"] == "secret-of-d0"  # handed over as the actor's argument, then the environment
         # Two half shares are packed onto one GPU, the whole GPU is the other one.
         assert first["cuda"] == p0_rec["cuda"] and {first["cuda"], d1_rec["cuda"]} == {"0", "1"}
         assert d0.pid() == first["pid"]

@@ -96,8 +96,15 @@ class SenderProc:
             raise RuntimeError(value)
         return value
 
-    def publish(self, request_id: str, block_ids: list[int], lease_s: float | None = None, which: int = 0):
-        return self._call("publish", which, request_id, block_ids, lease_s)
+    def publish(
+        self,
+        request_id: str,
+        block_ids: list[int],
+        lease_s: float | None = None,
+        which: int = 0,
+        block_hashes: list[int] = (),
+    ):
+        return self._call("publish", which, request_id, block_ids, lease_s, list(block_hashes))
 
     def cancel(self, request_id: str, which: int = 0) -> bool:
         return self._call("cancel", which, request_id)
@@ -162,6 +169,14 @@ REQUESTS = [
 ]
 
 
+def chain_for(num_blocks: int, seed: str) -> list[int]:
+    """A prompt's block-hash chain for `num_blocks` blocks, the last one partly filled (so unhashed)."""
+    from common.hashing import block_hashes
+
+    tokens = [hash((seed, i)) % 1000 for i in range(16 * num_blocks - 3)]
+    return block_hashes(tokens, 16)
+
+
 def check_concurrent_transfers(proc: SenderProc, which: int, receiver, cache: torch.Tensor, tag: str) -> None:
     """Publish REQUESTS on sender `which` of `proc`, fetch them all at once into `cache` (DST_BLOCKS
     blocks), and check: DONE with the right byte counts, exactly the dst blocks hold bitwise the src
@@ -171,9 +186,13 @@ def check_concurrent_transfers(proc: SenderProc, which: int, receiver, cache: to
     spec = proc.specs[which]
     before = cache.clone()
     rids = [f"{tag}-{spec.dtype}-{i}" for i in range(len(REQUESTS))]
-    endpoints = [proc.publish(rid, src, which=which) for rid, (src, _) in zip(rids, REQUESTS, strict=True)]
-    for rid, endpoint, (src, dst) in zip(rids, endpoints, REQUESTS, strict=True):
-        receiver.fetch(rid, endpoint, src, dst, timeout_s=30)
+    chains = [chain_for(len(src), f"{tag}-{i}") for i, (src, _) in enumerate(REQUESTS)]
+    endpoints = [
+        proc.publish(rid, src, which=which, block_hashes=chain)
+        for rid, (src, _), chain in zip(rids, REQUESTS, chains, strict=True)
+    ]
+    for rid, endpoint, (src, dst), chain in zip(rids, endpoints, REQUESTS, chains, strict=True):
+        receiver.fetch(rid, endpoint, src, dst, timeout_s=30, block_hashes=chain)
     results = wait_results(receiver, rids, timeout=40)
 
     expected = spec.make().to(cache.device)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from kv_procs import DST_BLOCKS, SPECS, SenderProc, bits, check_concurrent_transfers, wait_results
+from kv_procs import DST_BLOCKS, SPECS, SenderProc, bits, chain_for, check_concurrent_transfers, wait_results
 
 from kvtransfer import TransferStatus
 
@@ -62,6 +62,27 @@ def test_ipc_failures_are_reported(gpu_pool, receivers):
     mismatched.fetch("ipc-dtype", endpoint, [3, 4], [0, 1], timeout_s=10)
     assert "dtype mismatch" in wait_results(mismatched, ["ipc-dtype"])["ipc-dtype"].error
     assert proc.wait_released(["ipc-dtype"])["ipc-dtype"][0] == "failed"
+
+
+def test_ipc_verifies_the_chain_before_and_the_bytes_after_the_copy(gpu_pool, receivers):
+    """kvtransfer/verify.py over ipc: the endpoint's hashes must match the prompt's chain (checked before
+    the copy) and the checksums the sender took at publish time must match the destination blocks
+    (computed on the GPU right behind the copy); either failing is FAILED, and the sender released."""
+    proc = gpu_pool("ipc")
+    receiver = receivers("ipc", GPU0[0].with_(num_blocks=8, seed=3).make())
+    chain = chain_for(3, "ipc-verify")
+    endpoint = proc.publish("ipc-verified", [5, 6, 7], block_hashes=chain)
+    receiver.fetch("ipc-verified", endpoint, [5, 6, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
+    assert wait_results(receiver, ["ipc-verified"])["ipc-verified"].status is TransferStatus.DONE
+    endpoint = proc.publish("ipc-wrong-blocks", [5, 6, 7], block_hashes=chain)
+    receiver.fetch("ipc-wrong-blocks", endpoint, [6, 5, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
+    assert "wrong blocks" in wait_results(receiver, ["ipc-wrong-blocks"])["ipc-wrong-blocks"].error
+    endpoint = proc.publish("ipc-rewritten", [5, 6, 7], block_hashes=chain)
+    rewritten = {**endpoint, "sums": [endpoint["sums"][0], endpoint["sums"][1] ^ 1, endpoint["sums"][2]]}
+    receiver.fetch("ipc-rewritten", rewritten, [5, 6, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
+    assert "checksum" in wait_results(receiver, ["ipc-rewritten"])["ipc-rewritten"].error
+    released = proc.wait_released(["ipc-wrong-blocks", "ipc-rewritten"])
+    assert all(status == "failed" for status, _ in released.values()), released
 
 
 def test_ipc_batches_many_fetches_into_one_copy(gpu_pool, receivers):

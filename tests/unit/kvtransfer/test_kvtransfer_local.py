@@ -77,11 +77,11 @@ def test_statuses_and_duplicate_fetch(sender):
     receiver.start()
     try:
         assert receiver.status("r") is None
-        sender.publish("r", [4, 2])
-        receiver.fetch("r", sender.endpoint(), [4, 2], [0, 15])
+        endpoint = sender.publish("r", [4, 2])
+        receiver.fetch("r", endpoint, [4, 2], [0, 15])
         assert receiver.status("r") in (TransferStatus.PENDING, TransferStatus.TRANSFERRING)
         with pytest.raises(ValueError, match="in flight"):
-            receiver.fetch("r", sender.endpoint(), [4, 2], [0, 15])
+            receiver.fetch("r", endpoint, [4, 2], [0, 15])
         assert wait_results(receiver, ["r"])["r"].status is TransferStatus.DONE
         assert receiver.status("r") is TransferStatus.DONE
         assert torch.equal(bits(cache[:, :, [0, 15]]), bits(SPEC.make()[:, :, [4, 2]]))
@@ -121,8 +121,8 @@ def test_receiver_survives_garbage_replies(sender):
         assert fake.poll(5000) and msgpack.unpackb(fake.recv_multipart()[1])["t"] == "error"
         assert torch.equal(bits(cache), bits(before))
 
-        sender.publish("ok", [5])
-        receiver.fetch("ok", sender.endpoint(), [5], [6])
+        endpoint = sender.publish("ok", [5])
+        receiver.fetch("ok", endpoint, [5], [6])
         assert wait_results(receiver, ["ok"])["ok"].status is TransferStatus.DONE
     finally:
         receiver.close()

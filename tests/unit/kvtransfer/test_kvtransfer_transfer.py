@@ -48,22 +48,22 @@ def test_unknown_request_fails(sender, receivers):
 def test_lease_expiry_releases_failed(sender, receivers):
     transport, proc = sender
     rid = f"{transport}-lease"
-    proc.publish(rid, [1, 2, 3], 0.3)
+    endpoint = proc.publish(rid, [1, 2, 3], 0.3)
     released = proc.wait_released([rid], timeout=5)
     assert released[rid][0] == "failed" and "lease" in released[rid][1]
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8).make())
-    receiver.fetch(rid, proc.endpoints[0], [1, 2, 3], [0, 1, 2], timeout_s=10)
+    receiver.fetch(rid, endpoint, [1, 2, 3], [0, 1, 2], timeout_s=10)
     assert wait_results(receiver, [rid])[rid].status is FAILED
 
 
 def test_cancel_drops_publication_without_release(sender, receivers):
     transport, proc = sender
     rid = f"{transport}-cancel"
-    proc.publish(rid, [4, 5])
+    endpoint = proc.publish(rid, [4, 5])
     assert proc.cancel(rid) is True
     assert proc.cancel(rid) is False
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8).make())
-    receiver.fetch(rid, proc.endpoints[0], [4, 5], [0, 1], timeout_s=10)
+    receiver.fetch(rid, endpoint, [4, 5], [0, 1], timeout_s=10)
     assert "unknown request_id" in wait_results(receiver, [rid])[rid].error
     assert rid not in proc.released()
 
@@ -76,9 +76,9 @@ def test_cancel_drops_publication_without_release(sender, receivers):
 def test_layout_mismatch_fails_both_sides(sender, receivers, mismatch, message):
     transport, proc = sender
     rid = f"{transport}-mismatch-{message}"
-    proc.publish(rid, [6, 7])
+    endpoint = proc.publish(rid, [6, 7])
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8, **mismatch).make())
-    receiver.fetch(rid, proc.endpoints[0], [6, 7], [0, 1], timeout_s=10)
+    receiver.fetch(rid, endpoint, [6, 7], [0, 1], timeout_s=10)
     result = wait_results(receiver, [rid])[rid]
     assert result.status is FAILED and message in result.error
     released = proc.wait_released([rid])
@@ -102,13 +102,13 @@ def test_killed_sender_fails_within_timeout(receivers, transport):
     proc = SenderProc(transport, [spec])
     try:
         receiver = receivers(transport, spec.with_(num_blocks=8).make())
-        proc.publish("before-kill", [1, 2])
-        receiver.fetch("before-kill", proc.endpoints[0], [1, 2], [0, 1], timeout_s=20)
+        endpoint = proc.publish("before-kill", [1, 2])
+        receiver.fetch("before-kill", endpoint, [1, 2], [0, 1], timeout_s=20)
         assert wait_results(receiver, ["before-kill"])["before-kill"].status is DONE
-        proc.publish("after-kill", [3, 4])
+        endpoint = proc.publish("after-kill", [3, 4])
         proc.kill()
         t0 = time.monotonic()
-        receiver.fetch("after-kill", proc.endpoints[0], [3, 4], [2, 3], timeout_s=1.0)
+        receiver.fetch("after-kill", endpoint, [3, 4], [2, 3], timeout_s=1.0)
         result = wait_results(receiver, ["after-kill"], timeout=10)["after-kill"]
         assert result.status is FAILED and result.error
         assert time.monotonic() - t0 < 3.0
@@ -162,7 +162,7 @@ GARBAGE = [
 def test_sender_survives_garbage_frames(sender, receivers):
     transport, proc = sender
     rid = f"{transport}-garbage"
-    proc.publish(rid, [8, 9])
+    endpoint = proc.publish(rid, [8, 9])
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(proc.endpoints[0]["address"])
@@ -176,10 +176,10 @@ def test_sender_survives_garbage_frames(sender, receivers):
         sock.close()
     # Each bad fetch that names a request gets an error; over tcp the two well-formed ones are served.
     assert sum(r["t"] == "error" for r in replies) >= 8
-    assert {r["t"] for r in replies} <= {"error", "data"}  # nccl: even those two lack a pair
+    assert {r["t"] for r in replies} <= {"error", "data", "sums"}  # nccl: even those two lack a pair
     assert rid not in proc.released()  # and garbage released nothing
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8).make())
-    receiver.fetch(rid, proc.endpoints[0], [8, 9], [6, 7], timeout_s=20)
+    receiver.fetch(rid, endpoint, [8, 9], [6, 7], timeout_s=20)
     assert wait_results(receiver, [rid])[rid].status is DONE
     assert proc.wait_released([rid])[rid][0] == "done"
 

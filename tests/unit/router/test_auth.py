@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from common.curve import CurveKeys
 from deploy import launch
 from router.__main__ import parse_args
 from router.config import API_KEY_ENV, RouterConfig
@@ -161,10 +162,12 @@ def test_launcher_passes_the_key_through_the_environment(monkeypatch, tmp_path) 
     )
     cluster = launch.Cluster(plan, backend=None)
     monkeypatch.setattr(cluster, "_check_alive", _interrupt)  # no router really starts
+    keys = CurveKeys.generate()  # the cluster's CURVE keys travel the same way
     with pytest.raises(launch.Interrupted):
-        cluster._start_router(deadline=0)
+        cluster._start_router(deadline=0, secret_env=keys.to_env())
     assert "--protect-status" in spawned["argv"] and KEY not in spawned["argv"]  # argv is public (ps)
-    assert spawned["env"] == {API_KEY_ENV: KEY}
+    assert keys.secret.decode() not in " ".join(spawned["argv"])
+    assert spawned["env"] == {API_KEY_ENV: KEY, **keys.to_env()}
 
 
 def _interrupt(*_args, **_kwargs) -> None:
