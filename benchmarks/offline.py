@@ -39,7 +39,7 @@ def make_workload(args) -> tuple[list[list[int]], list[int]]:
 
 def run_engine(model: str, prompts, outputs, args) -> dict:
     engine_kwargs = json.loads(args.engine_kwargs)
-    llm = LLM(model, max_model_len=4096, enforce_eager=args.enforce_eager, **engine_kwargs)
+    llm = LLM(model, max_model_len=4096, enforce_eager=args.enforce_eager, dtype=args.dtype, **engine_kwargs)
     params = [
         SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n, seed=None)
         for n in outputs
@@ -67,7 +67,9 @@ def run_transformers(model: str, prompts, outputs, args) -> dict:
     import torch
     import transformers
 
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    # The engine's dtype ("auto": bf16 on CUDA, fp32 on the CPU), so both read the same weight bytes.
+    auto = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
     width = max(len(p) for p in prompts)
@@ -105,6 +107,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--dtype", default="auto", help="engine (and transformers) dtype, e.g. bfloat16")
     p.add_argument(
         "--engine-kwargs",
         default="{}",

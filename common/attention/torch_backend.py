@@ -35,15 +35,16 @@ class TorchAttentionBackend(AttentionBackend):
         k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
         v = v_cache[tables].flatten(1, 2).transpose(1, 2)
         valid = torch.arange(k.shape[2], device=q.device).unsqueeze(0) < meta.seq_lens.unsqueeze(1)
+        dtype = _compute_dtype(q)
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(2),  # [B, H, 1, D]
-            k.to(q.dtype),
-            v.to(q.dtype),
+            q.unsqueeze(2).to(dtype),  # [B, H, 1, D]
+            k.to(dtype),
+            v.to(dtype),
             attn_mask=valid[:, None, None, :],
             scale=scale,
             enable_gqa=k.shape[1] != q.shape[1],
         )
-        return out.squeeze(2)
+        return out.squeeze(2).to(q.dtype)
 
     def _attend(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         starts = meta.query_start_loc_host or meta.query_start_loc.tolist()
@@ -72,11 +73,18 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         v = v.repeat_interleave(group, dim=1)
     q_pos = torch.arange(k_len - q_len, k_len, device=q.device).unsqueeze(1)
     mask = torch.arange(k_len, device=q.device).unsqueeze(0) <= q_pos
+    dtype = _compute_dtype(q)
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1),
-        k.transpose(0, 1).to(q.dtype),
-        v.transpose(0, 1).to(q.dtype),
+        q.transpose(0, 1).to(dtype),
+        k.transpose(0, 1).to(dtype),
+        v.transpose(0, 1).to(dtype),
         attn_mask=mask,
         scale=scale,
     )
-    return out.transpose(0, 1)
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def _compute_dtype(q: torch.Tensor) -> torch.dtype:
+    """Half-precision attention runs in float32 on the CPU: PyTorch's CPU SDPA kernels take 4x longer
+    in bf16 than in fp32 for these shapes (the weights stay bf16, where halving the bytes pays)."""
+    return torch.float32 if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) else q.dtype
