@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import LLM, SamplingParams  # noqa: E402
+from common.chat import build_chat_prompt  # noqa: E402
 from common.default_model import resolve_model  # noqa: E402
 from common.draft_proposer import build_draft_proposer  # noqa: E402
 from common.llm_engine import StepTimings  # noqa: E402
@@ -101,15 +102,7 @@ FREE = [
 def prompt_rounds(llm: LLM, texts: list[str], batch: int) -> list[list[list[int]]]:
     """Batches of `batch` chat prompts; a batch smaller than the prompt set runs once per slice of it
     (batch 1 runs every prompt alone), so no single prompt decides a small batch's figure."""
-    tok = llm.tokenizer
-    rendered = [
-        tok.encode(
-            tok.apply_chat_template(
-                [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
-            )
-        )
-        for t in texts
-    ]
+    rendered = [llm.tokenizer.encode(build_chat_prompt(llm.tokenizer, t)) for t in texts]
     rounds = max(1, len(rendered) // batch)
     return [[rendered[(r * batch + i) % len(rendered)] for i in range(batch)] for r in range(rounds)]
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
+from common.chat import build_chat_prompt
 from common.default_model import prepare_default_model
 from tests.unit.common.test_speculative import two_sample_total_variation
 
@@ -40,15 +41,7 @@ def _llm(model: str, **kw) -> LLM:
 
 
 def _generate(llm: LLM) -> list[list[int]]:
-    tok = llm.tokenizer
-    prompts = [
-        tok.encode(
-            tok.apply_chat_template(
-                [{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True
-            )
-        )
-        for t in TEXTS
-    ]
+    prompts = [llm.tokenizer.encode(build_chat_prompt(llm.tokenizer, t)) for t in TEXTS]
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in MAX_TOKENS]
     return [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
 
