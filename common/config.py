@@ -42,7 +42,8 @@ class EngineConfig:
     speculative: str | None = None  # "ngram" (prompt lookup) or "draft" (draft_model); off by default
     draft_model: str | None = None  # HF model dir of the draft model (same vocabulary) for "draft"
     num_speculative_tokens: int = 4
-    speculative_max_batch: int = 16  # speculation is off while more sequences than this are running
+    # Without measured step costs (the CPU): speculation is off while more sequences than this run.
+    speculative_max_batch: int = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:

@@ -47,8 +47,8 @@ ENGINE_FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag("tensor_parallel_size", int, "GPUs per model replica"),
     EngineFlag("speculative", str, "speculative decoding method (decode steps)", ("ngram", "draft")),
     EngineFlag("draft_model", str, "draft model directory (same vocabulary) for --speculative draft"),
-    EngineFlag("num_speculative_tokens", int, "proposals verified per speculative step"),
-    EngineFlag("speculative_max_batch", int, "no speculation while more sequences than this run"),
+    EngineFlag("num_speculative_tokens", int, "most proposals verified per speculative step"),
+    EngineFlag("speculative_max_batch", int, "CPU: no speculation while more sequences than this run"),
 )
 
 
