@@ -51,13 +51,14 @@ class DraftModelProposer(Proposer):
         steps: list[list[int]] = []  # per step: the mirrors it advanced, in row order
         outputs: list[torch.Tensor] = []
         while active:
+            rows = None
             if steps:  # a one-token step: the input is the mirror's previous sample (still on device)
                 previous = {i: row for row, i in enumerate(steps[-1])}
+                rows = [previous[i] for i in active]
                 for i in active:
                     mirrors[i].commit_scheduled()
                     mirrors[i].append_placeholder()
                     mirrors[i].schedule(1)
-            rows = [previous[i] for i in active] if steps else None
             outputs.append(self.runner.launch_on_device([mirrors[i] for i in active], rows))
             steps.append(active)
             active = [i for i in active if wanted[i] > len(steps)]

@@ -9,8 +9,9 @@ Invariants:
 * At most one step is in flight; `resolve` waits for it and hands its tokens to
   `Scheduler.update_from_output`, which replaces each placeholder like any other sampled token.
 * Only pure decode steps run ahead, and only when the next batch is exactly the in-flight sequences
-  (no waiting requests, nothing that needs token values on the host first: logprobs, penalties, or a
-  sequence that will stop by length at its in-flight token).
+  (no waiting requests, nothing that needs token values on the host first: logprobs, penalties, a
+  sequence that will stop by length at its in-flight token, or a batch the speculative proposer
+  wants to propose for: `Proposer.may_speculate`).
 * A sequence that turns out to have finished at step k was already launched in step k+1: its extra
   token is discarded, and the scheduler frees its blocks only after step k+1 has completed (the
   device is still writing its KV). Prefix-cache hashes are registered only once tokens are real.

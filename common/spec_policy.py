@@ -50,14 +50,17 @@ class StepCosts:
 
     def padded(self, rows: int) -> int:
         """The measured size a step of `rows` rows runs at."""
-        i = bisect.bisect_left(self.sizes, rows)
-        if i == len(self.sizes):
-            raise ValueError(f"rows ({rows}) exceed the largest measured size ({self.sizes[-1]})")
-        return self.sizes[i]
+        return self.sizes[self._slot(rows)]
 
     def cost(self, rows: int) -> float:
         """Seconds for a step of `rows` rows (padded up to the next measured size)."""
-        return self.seconds[self.sizes.index(self.padded(rows))]
+        return self.seconds[self._slot(rows)]
+
+    def _slot(self, rows: int) -> int:
+        i = bisect.bisect_left(self.sizes, rows)
+        if i == len(self.sizes):
+            raise ValueError(f"rows ({rows}) exceed the largest measured size ({self.sizes[-1]})")
+        return i
 
 
 class StepClock:

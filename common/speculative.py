@@ -177,7 +177,7 @@ class Proposer:
     def may_speculate(self, running: list[Sequence]) -> bool:
         """Could this step's batch speculate? False lets the engine run the step ahead (run-ahead
         leaves the last token on the device, where no proposal can read it)."""
-        if self.clock is None and len(running) > self.config.max_batch:
+        if self._over_fixed_cap(running):
             return False
         candidates = [s for s in running if s.spec_skip_steps == 0 and can_speculate_later(s)]
         if not candidates:
@@ -192,7 +192,7 @@ class Proposer:
         """(sequence, draft room) of the decoding sequences that propose this step. The step
         verifies when some sequence is due (not waiting after a rejection); then every sequence may
         propose, since the step is synchronous anyway, and measured costs pick the ones that pay."""
-        if self.clock is None and len(running) > self.config.max_batch:
+        if self._over_fixed_cap(running):
             return []
         decoding = [s for s in running if s.num_uncomputed_tokens == 1 and s.num_completion_tokens > 0]
         due = False
@@ -207,6 +207,10 @@ class Proposer:
         if self.clock is not None and wanted:
             return choose_drafts(self.clock, len(running), wanted)
         return wanted
+
+    def _over_fixed_cap(self, running: list[Sequence]) -> bool:
+        """Without measured costs (the CPU), the fixed `max_batch` rule decides."""
+        return self.clock is None and len(running) > self.config.max_batch
 
     def _length(self, seq: Sequence) -> int:
         return draft_length(seq, self.config.num_tokens)

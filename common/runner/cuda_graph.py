@@ -207,6 +207,8 @@ class DecodeGraphs:
         self.copied[self.turn].record()
         self.turn ^= 1
         self.graphs[bs].replay()
+        if n == len(seqs):  # plain decode: one row, sampled, per sequence
+            return self.logits[bs][:n], list(range(n))
         rows = sampled_rows(seqs, q_lens)
         if rows is None:
             index = [i for i, q in enumerate(q_lens) for _ in range(q)]
