@@ -1,6 +1,7 @@
 """Chooses fused Triton kernels on CUDA and eager PyTorch elsewhere (the CPU never imports Triton).
 
-`PDSERVE_DISABLE_FUSED=1` forces the eager path everywhere, for A/B benchmarks and debugging.
+`PDSERVE_DISABLE_FUSED=1` forces the eager path everywhere, for A/B benchmarks and debugging;
+`PDSERVE_DISABLE_SKINNY=1` keeps the other fused kernels but runs decode-sized projections on cuBLAS.
 """
 
 from __future__ import annotations
@@ -21,6 +22,28 @@ def _triton_usable() -> bool:
 
 def use_fused(x: torch.Tensor) -> bool:
     return x.is_cuda and _triton_usable()
+
+
+# Rows per step up to which projections run as skinny Triton kernels with their neighbouring norm and
+# activation fused in (common/layers/triton_skinny.py): the decode graph sizes 1, 2, 4, 8 and 16.
+SKINNY_MAX_ROWS = 16
+
+
+@functools.cache
+def _skinny_enabled() -> bool:
+    return os.environ.get("PDSERVE_DISABLE_SKINNY") != "1"
+
+
+def use_skinny(x: torch.Tensor) -> bool:
+    """A decode-sized 2-d activation on CUDA: its projections take the skinny kernels."""
+    return x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS and use_fused(x) and _skinny_enabled()
+
+
+def skinny():
+    """The skinny projection kernels (call only after `use_skinny` said yes)."""
+    from common.layers import triton_skinny
+
+    return triton_skinny
 
 
 def ops():

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.layers.fused import skinny, use_skinny
 from common.parallel import all_reduce, divide, tp_rank, tp_size
 
 
@@ -30,7 +31,13 @@ class LinearBase(nn.Module):
         _copy_checked(param.data, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.bias)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if use_skinny(x):
+        return skinny().skinny_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -106,7 +113,7 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
-        return all_reduce(F.linear(x, self.weight, bias))
+        return all_reduce(_linear(x, self.weight, bias))
 
 
 def _copy_checked(target: torch.Tensor, loaded: torch.Tensor) -> None:

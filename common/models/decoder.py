@@ -12,7 +12,7 @@ from torch import nn
 from common.layers.activation import SiluAndMul
 from common.layers.attention import Attention
 from common.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from common.layers.fused import use_fused
+from common.layers.fused import skinny, use_fused, use_skinny
 from common.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from common.layers.norm import RMSNorm
 from common.layers.rotary import RotaryEmbedding
@@ -35,7 +35,10 @@ class DecoderAttention(nn.Module):
         self.attn = Attention(self.num_heads, hd, hd**-0.5, self.num_kv_heads)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)
+        return self.attend(positions, self.qkv_proj(hidden))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """Attention and the output projection, from the fused q/k/v projection's output."""
         if use_fused(qkv) and self.head_dim & (self.head_dim - 1) == 0:  # kernels tile a power-of-2 half
             out = self.attn.forward_qkv_fused(qkv, positions, self.rotary_emb, self.q_norm, self.k_norm)
             return self.o_proj(out.reshape(-1, self.q_size))
@@ -73,6 +76,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if use_skinny(hidden):
+            return self._forward_skinny(positions, hidden, residual)
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
@@ -80,6 +85,33 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def _forward_skinny(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode-sized steps on CUDA: each norm runs inside the projection after it, and SiLU*mul
+        inside the gate/up projection (common/layers/triton_skinny.py): 4 kernels fewer per layer."""
+        attn, mlp = self.self_attn, self.mlp
+        qkv, residual = _norm_project(self.input_layernorm, attn.qkv_proj, hidden, residual)
+        hidden = attn.attend(positions, qkv)
+        act, residual = _norm_project(self.post_attention_layernorm, mlp.gate_up_proj, hidden, residual, True)
+        return mlp.down_proj(act), residual
+
+
+def _norm_project(
+    norm: RMSNorm, proj: nn.Module, x: torch.Tensor, residual: torch.Tensor | None, silu_mul: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """proj(norm(x + residual)) [then SiLU(gate) * up] and the new residual, as one skinny kernel."""
+    out = skinny().skinny_linear(
+        x,
+        proj.weight,
+        proj.bias,
+        residual=residual,
+        norm_weight=norm.weight,
+        eps=norm.eps,
+        silu_mul=silu_mul,
+    )
+    return (out, x) if residual is None else out
 
 
 class DecoderModel(nn.Module):
