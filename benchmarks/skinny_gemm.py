@@ -90,7 +90,7 @@ def case(name: str, n: int, k: int, mlp: bool, rows: int, launch: SkinnyLaunch |
 
 def sweep(n: int, k: int, mlp: bool, name: str, rows: int) -> tuple[SkinnyLaunch, float]:
     best = (SkinnyLaunch(), float("inf"))
-    for bn, bk, warps, stages in itertools.product((16, 32), (128, 256, 512), (4, 8), (3, 4)):
+    for bn, bk, warps, stages in itertools.product((16, 32), (256, 512), (4, 8), (3, 4)):
         launch = SkinnyLaunch(bn, bk, warps, stages)
         try:
             us = _time_us(case(name, n, k, mlp, rows, launch)[0])
