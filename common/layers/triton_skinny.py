@@ -34,18 +34,74 @@ from common.layers.fused import SKINNY_MAX_ROWS  # tl.dot pads the rows to 16; p
 @dataclass(frozen=True)
 class SkinnyLaunch:
     """Tile and launch shape: `block_n` output columns per program, `block_k` of the inner dimension
-    per loop iteration."""
+    per loop iteration, the inner dimension cut into `split_k` parts (0: chosen from the shape)."""
 
-    block_n: int = 16
-    block_k: int = 256
+    block_n: int = 32
+    block_k: int = 128
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 3
+    split_k: int = 0
+
+
+# Programs to aim for: about four per SM of an H200 keeps enough weight loads in flight.
+_TARGET_PROGRAMS = 528
+_MAX_SPLIT = 16
 
 
 def launch_for(n: int, k: int) -> SkinnyLaunch:
-    """The launch for an [n, k] weight. Narrow outputs (n <= 1024 gives 64 programs at 16 columns
-    each) get longer loops per program; see benchmarks/skinny_gemm.py for the sweep behind this."""
-    return SkinnyLaunch(block_n=16, block_k=256 if k <= 2048 else 512)
+    """The launch for an [n, k] weight (see benchmarks/skinny_gemm.py for the sweep behind it)."""
+    return SkinnyLaunch()
+
+
+def split_for(n: int, k: int, launch: SkinnyLaunch) -> int:
+    """Inner-dimension parts: enough programs to fill the GPU, each part whole `block_k` tiles."""
+    if launch.split_k:
+        return launch.split_k
+    blocks = triton.cdiv(n, launch.block_n)
+    split = 1
+    while blocks * split < _TARGET_PROGRAMS and split < _MAX_SPLIT and k // (2 * split) >= launch.block_k:
+        split *= 2
+    return split
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+_MAX_COLUMN_BLOCKS = 1 << 16
+
+
+def _tickets(device: torch.device) -> torch.Tensor:
+    """Arrival counters of split programs, one per column block; zero between launches (the last
+    arriving program resets its own), so one buffer serves every launch in stream order."""
+    if device not in _counters:
+        _counters[device] = torch.zeros(_MAX_COLUMN_BLOCKS, dtype=torch.int32, device=device)
+    return _counters[device]
+
+
+@triton.jit
+def _load_input(
+    x_ptr,
+    res_ptr,
+    nw_ptr,
+    rows,
+    ks,
+    row_ok,
+    k_ok,
+    inv,
+    stride_x,
+    stride_r,
+    dt,
+    HAS_RES: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    """Rows of the projection's input over columns `ks`: (x [+ residual]) [normed, scaled]."""
+    mask = row_ok[:, None] & k_ok[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(res_ptr + rows[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
+    if HAS_NORM:
+        w = tl.load(nw_ptr + ks, mask=k_ok, other=0.0)
+        x = (x.to(tl.float32) * inv[:, None]).to(dt) * w[None, :]
+    return x
 
 
 @triton.jit
@@ -57,6 +113,8 @@ def _skinny_kernel(
     w_ptr,
     b_ptr,
     out_ptr,
+    part_ptr,
+    ticket_ptr,
     M,
     N,
     stride_x,
@@ -66,6 +124,8 @@ def _skinny_kernel(
     stride_o,
     eps,
     K: tl.constexpr,  # per layer shape: a known trip count lets the loads be pipelined
+    SPLIT_K: tl.constexpr,
+    K_PER_SPLIT: tl.constexpr,
     HAS_RES: tl.constexpr,
     HAS_NORM: tl.constexpr,
     SILU_MUL: tl.constexpr,
@@ -76,46 +136,72 @@ def _skinny_kernel(
     PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     rows = tl.arange(0, BM)
     row_ok = rows < M
     cols = pid * BN + tl.arange(0, BN)
     col_ok = cols < N
     dt = out_ptr.dtype.element_ty
+    inv = tl.zeros([BM], dtype=tl.float32)
+    if HAS_NORM:  # each program sums the few input rows itself (from L2): no kernel before this one
+        for k0 in range(0, K, BK):
+            ks = k0 + tl.arange(0, BK)
+            x = _load_input(
+                x_ptr, res_ptr, nw_ptr, rows, ks, row_ok, ks < K, inv, stride_x, stride_r, dt, HAS_RES, False
+            ).to(tl.float32)
+            inv += tl.sum(x * x, axis=1)
+        inv = tl.rsqrt(inv / K + eps)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc_up = tl.zeros([BM, BN], dtype=tl.float32)
-    sumsq = tl.zeros([BM], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        ks = k0 + tl.arange(0, BK)
+    for kk in range(0, K_PER_SPLIT, BK):
+        ks = split * K_PER_SPLIT + kk + tl.arange(0, BK)
         k_ok = ks < K
-        x_mask = row_ok[:, None] & k_ok[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=x_mask, other=0.0)
-        if HAS_RES:
-            r = tl.load(res_ptr + rows[:, None] * stride_r + ks[None, :], mask=x_mask, other=0.0)
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
-            if pid == 0:
-                tl.store(res_out_ptr + rows[:, None] * stride_ro + ks[None, :], x, mask=x_mask)
-        if HAS_NORM:
-            xf = x.to(tl.float32)
-            sumsq += tl.sum(xf * xf, axis=1)
-            x = (xf * tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(dt)
+        x = _load_input(
+            x_ptr, res_ptr, nw_ptr, rows, ks, row_ok, k_ok, inv, stride_x, stride_r, dt, HAS_RES, HAS_NORM
+        )
         w_mask = col_ok[:, None] & k_ok[None, :]
         w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         if SILU_MUL:
             wu = tl.load(w_ptr + (cols + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
             acc_up = tl.dot(x, tl.trans(wu), acc_up, input_precision=PRECISION)
-    if HAS_NORM:
-        inv = tl.rsqrt(sumsq / K + eps)
-        acc = acc * inv[:, None]
-        acc_up = acc_up * inv[:, None]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    if SILU_MUL:
-        gate = acc.to(dt).to(tl.float32)
-        y = (gate / (1.0 + tl.exp(-gate))).to(dt) * acc_up.to(dt)
-    else:
-        y = acc.to(dt)
-    tl.store(out_ptr + rows[:, None] * stride_o + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
+    tile = rows[:, None] * BN + tl.arange(0, BN)[None, :]
+    last = True
+    if SPLIT_K > 1:  # partials to scratch; the last program to arrive at this column block adds them
+        part = part_ptr + (pid * SPLIT_K + split) * (2 * BM * BN)
+        tl.store(part + tile, acc)
+        tl.store(part + BM * BN + tile, acc_up)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel")
+        last = ticket == SPLIT_K - 1
+        if last:
+            acc = tl.zeros([BM, BN], dtype=tl.float32)
+            acc_up = tl.zeros([BM, BN], dtype=tl.float32)
+            for s in range(0, SPLIT_K):
+                other = part_ptr + (pid * SPLIT_K + s) * (2 * BM * BN)
+                acc += tl.load(other + tile, cache_modifier=".cg")
+                acc_up += tl.load(other + BM * BN + tile, cache_modifier=".cg")
+            tl.store(ticket_ptr + pid, 0)
+    if last:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if SILU_MUL:
+            gate = acc.to(dt).to(tl.float32)
+            y = (gate / (1.0 + tl.exp(-gate))).to(dt) * acc_up.to(dt)
+        else:
+            y = acc.to(dt)
+        tl.store(
+            out_ptr + rows[:, None] * stride_o + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :]
+        )
+    if HAS_RES:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if (pid == 0) & (split == 0):  # the next residual stream, written once
+            for k0 in range(0, K, BK):
+                ks = k0 + tl.arange(0, BK)
+                x = _load_input(
+                    x_ptr, res_ptr, nw_ptr, rows, ks, row_ok, ks < K, inv, stride_x, stride_r, dt, True, False
+                )
+                mask = row_ok[:, None] & (ks < K)[None, :]
+                tl.store(res_out_ptr + rows[:, None] * stride_ro + ks[None, :], x, mask=mask)
 
 
 def skinny_linear(
@@ -150,8 +236,18 @@ def skinny_linear(
     if residual is not None:
         residual = residual.contiguous()
     cfg = launch or launch_for(n, k)
+    split = split_for(n, k, cfg)
+    blocks = triton.cdiv(n, cfg.block_n)
+    if blocks > _MAX_COLUMN_BLOCKS:
+        raise ValueError(f"skinny_linear: {n} output columns are more than this kernel's counters cover")
+    per_split = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
+    part = torch.empty(
+        blocks * split * 2 * SKINNY_MAX_ROWS * cfg.block_n if split > 1 else 1,
+        dtype=torch.float32,
+        device=x.device,
+    )
     if rows:
-        _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
+        _skinny_kernel[(blocks, split)](
             x,
             residual if residual is not None else x,
             res_out,
@@ -159,6 +255,8 @@ def skinny_linear(
             weight,
             bias if bias is not None else x,
             out,
+            part,
+            _tickets(x.device),
             rows,
             n,
             x.stride(0),
@@ -168,6 +266,8 @@ def skinny_linear(
             out.stride(0),
             eps,
             K=k,
+            SPLIT_K=split,
+            K_PER_SPLIT=per_split,
             HAS_RES=residual is not None,
             HAS_NORM=norm_weight is not None,
             SILU_MUL=silu_mul,

@@ -27,8 +27,9 @@ DEVICE = "cpu" if INTERPRET else "cuda"
 DTYPE = torch.float32 if INTERPRET else torch.bfloat16
 TOL = dict(atol=1e-4, rtol=1e-4) if INTERPRET else dict(atol=3e-2, rtol=3e-2)
 # Small tiles keep the interpreter quick and make the shapes below cross several tiles and loops.
-SMALL = SkinnyLaunch(block_n=16, block_k=32, num_warps=4, num_stages=2)
-LAUNCHES = [SMALL] if INTERPRET else [None, SMALL]
+# split_k 3 leaves the last part partly or wholly past the end of the inner dimension.
+SMALL = [SkinnyLaunch(16, 32, 4, 2, split_k=1), SkinnyLaunch(16, 32, 4, 2, split_k=3)]
+LAUNCHES = SMALL if INTERPRET else [None, *SMALL]
 
 
 def _rand(*shape, scale=1.0):
