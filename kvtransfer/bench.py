@@ -28,6 +28,7 @@ part of its copy kernel); none for nccl (the gather and the scatter take the sum
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import statistics
@@ -195,12 +196,13 @@ def checksum_seconds(args: argparse.Namespace, device: str, nbytes: int) -> floa
         else (lambda: block_checksums(flat_view(cache)))
     )
     times = []
-    for _ in range(8):
-        _sync()
-        t0 = time.perf_counter()
-        run()
-        _sync()
-        times.append(time.perf_counter() - t0)
+    with torch.cuda.device(cache.device) if cache.is_cuda else contextlib.nullcontext():
+        for _ in range(8):
+            _sync()
+            t0 = time.perf_counter()
+            run()
+            _sync()
+            times.append(time.perf_counter() - t0)
     return min(times[1:]) * -(-nbytes // chunk)
 
 

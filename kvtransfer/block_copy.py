@@ -52,9 +52,10 @@ def copy_blocks(
 
 def gather_blocks(cache: torch.Tensor, ids: torch.Tensor, sums: torch.Tensor | None = None) -> torch.Tensor:
     """Blocks `ids` of `cache` as one new contiguous [2 * num_layers, n, block_elems] tensor, adding
-    their checksums to `sums` if given (as `copy_blocks`)."""
+    their checksums to `sums` if given (as `copy_blocks`). Without sums this is torch's gather: the
+    kernel earns its place here by summing in the same pass."""
     _check_sums(sums, ids.numel())
-    if not _uses_kernel(cache) or ids.numel() == 0:
+    if sums is None or not _uses_kernel(cache) or ids.numel() == 0:
         blocks = gather(cache, ids)
         _add_checksums(sums, blocks)
         return blocks
@@ -68,9 +69,9 @@ def scatter_blocks(
     cache: torch.Tensor, ids: torch.Tensor, blocks: torch.Tensor, sums: torch.Tensor | None = None
 ) -> None:
     """Write `blocks` ([2 * num_layers, n, block_elems], contiguous) into blocks `ids` of `cache`, adding
-    their checksums to `sums` if given (as `copy_blocks`)."""
+    their checksums to `sums` if given (as `copy_blocks`; without sums, torch's scatter)."""
     _check_sums(sums, ids.numel())
-    if not _uses_kernel(cache) or ids.numel() == 0:
+    if sums is None or not _uses_kernel(cache) or ids.numel() == 0:
         scatter(cache, ids, blocks)
         _add_checksums(sums, blocks)
         return
