@@ -33,7 +33,7 @@ from .jobs import Job
 from .publication import FetchRejected, Publication
 from .receiver import ZmqReceiver
 from .sender import ZmqSender
-from .verify import VerificationFailed, check_residuals, sent_sums
+from .verify import VerificationFailed, check_residuals, unpack_sums
 from .wire import READY, FetchRequest, Header, ProtocolError, encode, encode_error
 
 MAX_DEAD_PAIRS = 1024
@@ -196,7 +196,7 @@ class NcclReceiver(ZmqReceiver):
         """Scatter received blocks into the job's dst blocks, checking them against the sender's sums
         in the same pass when verifying (a failed check leaves them there: the job fails, and its
         reserved blocks are never committed, so nothing reads them). False if the job had failed."""
-        sent = sent_sums(sums, len(job.dst)) if self._config.verify else None
+        sent = unpack_sums(sums, len(job.dst)) if self._config.verify else None
         device = self._kv.device
         with self._write_lock:
             if job.state.get("failed"):

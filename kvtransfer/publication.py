@@ -20,7 +20,7 @@ class FetchRejected(Exception):
 @dataclass(eq=False)
 class ReadBlocks:
     blocks: torch.Tensor  # [2 * num_layers, n, block_elems]
-    sums: list[int] | None  # their checksums (verify.py), if asked for
+    sums: bytes | None  # their checksums (verify.pack_sums), if asked for
 
 
 @dataclass(eq=False)

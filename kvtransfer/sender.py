@@ -25,7 +25,7 @@ from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds, zmq_host
 from .device import CopyStream, host_buffer, record_event, wait_event
 from .layout import CacheLayout, parse_block_ids
 from .publication import FetchRejected, Publication, ReadBlocks
-from .verify import new_token
+from .verify import new_token, pack_sums
 from .wire import ACK, DONE, ERROR, FETCH, FetchRequest, Header, ProtocolError, decode, encode_error
 
 logger = logging.getLogger(__name__)
@@ -253,7 +253,7 @@ class ZmqSender(KVSender):
                     staged = host_buffer(blocks.shape, blocks.dtype, pinned=True)
                     blocks = staged.copy_(blocks, non_blocking=True)
                 self._stream.synchronize()
-                return ReadBlocks(blocks, None if sums is None else sums.tolist())
+                return ReadBlocks(blocks, None if sums is None else pack_sums(sums))
 
     def _end(self, header: Header, status: TransferStatus, error: str | None) -> None:
         with self._lock:

@@ -35,6 +35,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -110,16 +111,18 @@ def check_checksums(sent: object, received: torch.Tensor, first: int = 0) -> Non
             raise VerificationFailed(f"block {first + i}: checksum {b} of the bytes received, {a!r} sent")
 
 
-def sent_sums(sent: object, count: int, first: int = 0) -> torch.Tensor:
-    """The sender's `count` per-block checksums as an int64 CPU tensor, for a comparison on the device;
-    VerificationFailed if it sent none or something that is not int64s. (A float that slips through
-    torch's conversion is compared truncated: it fails, unless it was the right sum anyway.)"""
-    if isinstance(sent, list) and len(sent) == count:
-        try:
-            return torch.tensor(sent, dtype=torch.int64)
-        except (TypeError, ValueError, RuntimeError, OverflowError):
-            pass
-    raise VerificationFailed(f"the sender sent no checksums for blocks {first}..{first + count - 1}")
+def pack_sums(sums: torch.Tensor) -> bytes:
+    """Per-block checksums as they travel (ipc's endpoint, nccl's `ready`): little-endian int64s, 8 bytes
+    a block, so a receiver takes them in one step however many blocks there are."""
+    return sums.cpu().numpy().astype("<i8", copy=False).tobytes()
+
+
+def unpack_sums(raw: object, count: int) -> torch.Tensor:
+    """The `count` checksums `pack_sums` made, as an int64 CPU tensor; VerificationFailed if the sender
+    sent none (a sender that does not verify) or not that many."""
+    if isinstance(raw, bytes) and len(raw) == 8 * count:
+        return torch.from_numpy(np.frombuffer(raw, dtype="<i8").astype(np.int64))
+    raise VerificationFailed(f"the sender sent no checksums for its {count} blocks")
 
 
 def check_residuals(residuals: torch.Tensor, sent: torch.Tensor, first: int = 0) -> None:

@@ -78,7 +78,9 @@ def test_ipc_verifies_the_chain_before_and_the_bytes_after_the_copy(gpu_pool, re
     receiver.fetch("ipc-wrong-blocks", endpoint, [6, 5, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
     assert "wrong blocks" in wait_results(receiver, ["ipc-wrong-blocks"])["ipc-wrong-blocks"].error
     endpoint = proc.publish("ipc-rewritten", [5, 6, 7], block_hashes=chain)
-    rewritten = {**endpoint, "sums": [endpoint["sums"][0], endpoint["sums"][1] ^ 1, endpoint["sums"][2]]}
+    sums = bytearray(endpoint["sums"])  # 8 bytes a block (verify.pack_sums)
+    sums[8] ^= 1  # the second block's
+    rewritten = {**endpoint, "sums": bytes(sums)}
     receiver.fetch("ipc-rewritten", rewritten, [5, 6, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
     assert "checksum" in wait_results(receiver, ["ipc-rewritten"])["ipc-rewritten"].error
     released = proc.wait_released(["ipc-wrong-blocks", "ipc-rewritten"])

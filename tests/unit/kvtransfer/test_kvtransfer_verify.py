@@ -12,7 +12,13 @@ from kv_procs import SPECS, bits, chain_for, wait_results
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.block_copy import checksum_blocks
 from kvtransfer.layout import flat_view
-from kvtransfer.verify import VerificationFailed, block_checksums, check_residuals, sent_sums
+from kvtransfer.verify import (
+    VerificationFailed,
+    block_checksums,
+    check_residuals,
+    pack_sums,
+    unpack_sums,
+)
 from tests.helpers.kv_proxy import KVProxy, flip_a_byte, redirect_fetch
 
 pytestmark = pytest.mark.timeout(120)
@@ -65,11 +71,16 @@ def test_residuals_name_the_first_block_that_differs() -> None:
         check_residuals(torch.tensor([0, 0, 1]), sent)
 
 
-@pytest.mark.parametrize("sent", [None, [1, 2], [1, None, 3], [1, "2", 3], [1, 2**64, 3], "123"])
-def test_sums_a_sender_did_not_send_fail_closed(sent) -> None:
-    with pytest.raises(VerificationFailed, match="no checksums for blocks 2..4"):
-        sent_sums(sent, 3, first=2)
-    assert sent_sums([1, -(2**63), 2**63 - 1], 3).tolist() == [1, -(2**63), 2**63 - 1]
+@pytest.mark.parametrize("raw", [None, [1, 2, 3], b"\0" * 16, b"\0" * 25, "x" * 24])
+def test_sums_a_sender_did_not_send_fail_closed(raw) -> None:
+    with pytest.raises(VerificationFailed, match="no checksums for its 3 blocks"):
+        unpack_sums(raw, 3)
+
+
+def test_sums_travel_as_they_were_taken() -> None:
+    sums = torch.tensor([1, -(2**63), 2**63 - 1, -5])
+    assert torch.equal(unpack_sums(pack_sums(sums), 4), sums)
+    assert pack_sums(torch.tensor([1]))[:2] == b"\x01\x00"  # little-endian on every host
 
 
 def test_a_clean_transfer_passes_every_check(sender, receivers) -> None:
