@@ -116,7 +116,7 @@ def _launch(
     sums: torch.Tensor | None,
     n: int,
 ) -> None:
-    """One kernel over `n` (block, plane) x planes programs. `src`/`dst` are flat [planes, blocks,
+    """One kernel, one program per (pair, plane) of `n` pairs. `src`/`dst` are flat [planes, blocks,
     elems] views; ids None means the buffer's own block order (0..n-1); `dst` None: read only."""
     word = checksum_word(src.shape[2] * src.element_size())  # the copy moves the words it sums
     s = src.view(word)
