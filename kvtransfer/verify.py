@@ -11,11 +11,13 @@ A transfer is bound to three things:
   full prompt block, and the sender reports, for every block id it serves, the hash it recorded for it.
 
 Where the sender reads the blocks it also reports a checksum per block of the bytes it read, and the
-receiver compares them with its own over the bytes it received. On the GPU both come out of the kernel
+receiver compares them with its own over the bytes it received. On the GPU they come out of the kernel
 that moves the bytes (`block_copy.py`: the copy accumulates each block's checksum as it goes, so no
 pass reads the bytes again): the ipc receiver's copy adds the received blocks' sums to the negated sent
-ones, on the device, and reads the residuals back with the copy's completion; nccl's gather and scatter
-do the same. On the CPU (tcp's host buffers, gloo) the torch form below computes them. The receiver
+ones, on the device, and reads the residuals back with the copy's completion; nccl's scatter does the
+same, its sender's gather takes the sent sums; the ipc sender, which moves nothing, takes them with a
+read-only pass of the kernel when it publishes. On the CPU (tcp's host buffers, gloo) the torch form
+below computes them. The receiver
 compares: nonce and epoch with the endpoint it was given, the reported hashes with the chain it computed
 itself from the prompt's tokens, and the checksums. Any difference fails the transfer closed: FAILED,
 and the decode worker recomputes the prompt instead of decoding on blocks it cannot trust.
