@@ -17,14 +17,18 @@ pipe to the sender process is benchmark plumbing only.
 verification on and off at both ends (separate sender/receiver pairs, one run of each in turn, which
 first alternating, so load drifts hit both alike) and reports the median time per transfer of each and
 the overhead: the median of the paired differences (on minus off, run by run) as a percentage of the
-median unverified time. It also
-times the checksum work alone (`block_checksums` over the transfer's bytes on each end's device, per
-chunk for tcp), what verification would cost if nothing overlapped it.
+median unverified time. Both modes hand the receiver the prompt's block-hash chain, hashed before the
+timed region: a decode worker has it from admission whether it verifies or not. It also times the
+checksum passes that remain outside any copy, what verification would cost if nothing overlapped them:
+tcp's `block_checksums` of each host chunk at both ends; ipc's sender pass at publish time
+(`block_copy.checksum_blocks`, on the prefill side, outside the timed transfer; the receiver's check is
+part of its copy kernel); none for nccl (the gather and the scatter take the sums as they move bytes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import statistics
@@ -36,7 +40,8 @@ from common.blocks import blocks_for
 from common.hashing import block_hashes
 
 from . import KVTransferConfig, TransferStatus, create_receiver, create_sender
-from .layout import CacheLayout
+from .block_copy import checksum_blocks
+from .layout import CacheLayout, flat_view
 from .verify import block_checksums
 
 
@@ -133,9 +138,7 @@ def _row(args: argparse.Namespace, case: str, seconds: dict[bool, list[float]], 
         plain = statistics.median(seconds[False][1:])
         # Paired run by run: a load spike on a shared machine shifts one pair, not the median.
         diffs = [on - off for on, off in zip(seconds[True][1:], seconds[False][1:], strict=True)]
-        checksums = sum(
-            checksum_seconds(args, device, nbytes) for device in (args.src_device, args.dst_device)
-        )
+        checksums = sum(checksum_seconds(args, device, nbytes) for device in _checksum_passes(args))
         row.update(
             ms_verified=verified * 1e3,
             ms_unverified=plain * 1e3,
@@ -148,14 +151,14 @@ def _row(args: argparse.Namespace, case: str, seconds: dict[bool, list[float]], 
 def _timed(conn, receiver, verify: bool, run: int, n: int, batch: int, args: argparse.Namespace) -> float:
     """Publish `batch` requests of n blocks each, fetch them all; seconds for the whole hand-over."""
     tokens = [[(run * 7 + k * 13 + i) % 30000 for i in range(n * args.block_size)] for k in range(batch)]
-    chains = [block_hashes(t, args.block_size) for t in tokens]  # the prefill side has these already
+    # Both sides have these already (the decode worker hashes the prompt at admission, verified or not).
+    chains = [block_hashes(t, args.block_size) for t in tokens]
     srcs = [list(range(2 * k * n, 2 * (k + 1) * n, 2)) for k in range(batch)]
     reqs = [(f"bench-{run}-{k}", srcs[k], chains[k]) for k in range(batch)]
     conn.send((verify, reqs))
     endpoints = conn.recv()
     t0 = time.perf_counter()  # from here on only the transfer: the pipe above is benchmark plumbing
-    for (rid, src, _), endpoint, t in zip(reqs, endpoints, tokens, strict=True):
-        chain = block_hashes(t, args.block_size) if verify else None  # the decode side's own chain
+    for (rid, src, chain), endpoint in zip(reqs, endpoints, strict=True):
         receiver.fetch(rid, endpoint, src, [b + 1 for b in src], 60.0, chain)
     receiver.flush()
     pending = {rid for rid, _, _ in reqs}
@@ -168,22 +171,38 @@ def _timed(conn, receiver, verify: bool, run: int, n: int, batch: int, args: arg
     return time.perf_counter() - t0
 
 
+def _checksum_passes(args: argparse.Namespace) -> list[str]:
+    """The device of each checksum pass a transfer makes outside a copy (see the module's docstring)."""
+    return {"tcp": ["cpu", "cpu"], "ipc": [args.src_device], "nccl": []}[args.transport]
+
+
 def checksum_seconds(args: argparse.Namespace, device: str, nbytes: int) -> float:
-    """The checksum work of one end for a transfer of `nbytes`, as the transport does it: tcp checksums
-    each chunk (at most `--chunk-mb`) just after writing or receiving it, so while it is in the cache;
-    nccl and ipc the whole buffer at once. The fastest of a few synchronized runs."""
+    """One checksum pass over a transfer of `nbytes`, as the transport does it: tcp sums each chunk (at
+    most `--chunk-mb`) of host memory just after writing or receiving it, so while it is in the cache;
+    ipc's sender sums the whole publication with the block kernel. The fastest of a few synchronized runs."""
     chunk = min(nbytes, args.chunk_mb << 20) if args.transport == "tcp" else nbytes
-    elems = args.block_size * args.heads * args.head_dim
     dtype = getattr(torch, args.dtype)
-    n = max(1, chunk // (2 * args.layers * elems * dtype.itemsize))
-    blocks = torch.ones(2 * args.layers, n, elems, dtype=dtype, device=device)
+    n = max(
+        1,
+        chunk // CacheLayout(args.dtype, args.layers, args.block_size, args.heads, args.head_dim).block_bytes,
+    )
+    cache = torch.ones(
+        2, args.layers, n, args.block_size, args.heads, args.head_dim, dtype=dtype, device=device
+    )
+    ids = torch.arange(n, device=device)
+    run = (
+        (lambda: checksum_blocks(cache, ids))
+        if cache.is_cuda
+        else (lambda: block_checksums(flat_view(cache)))
+    )
     times = []
-    for _ in range(8):
-        _sync()
-        t0 = time.perf_counter()
-        block_checksums(blocks)
-        _sync()
-        times.append(time.perf_counter() - t0)
+    with torch.cuda.device(cache.device) if cache.is_cuda else contextlib.nullcontext():
+        for _ in range(8):
+            _sync()
+            t0 = time.perf_counter()
+            run()
+            _sync()
+            times.append(time.perf_counter() - t0)
     return min(times[1:]) * -(-nbytes // chunk)
 
 
@@ -212,7 +231,7 @@ def _report(rows: list[dict], args: argparse.Namespace) -> None:
     for row in rows:
         print(f"{row['case']:<28} {row['GBps']:>8.1f} {row['GBps'] / raw:>7.0%}")
     if args.verify_overhead:
-        print(f"\n{'verification':<28} {'ms on':>8} {'ms off':>8} {'overhead':>9} {'checksums':>10}")
+        print(f"\n{'verification':<28} {'ms on':>8} {'ms off':>8} {'overhead':>9} {'sum passes':>10}")
         for row in rows[1:]:
             print(
                 f"{row['case']:<28} {row['ms_verified']:>8.2f} {row['ms_unverified']:>8.2f} "

@@ -17,12 +17,16 @@ batch, and neither engine ever waits on the other. A copy that would start or en
 blocks, so the decode worker recomputes.
 
 Verification (`verify.py`): the publication endpoint also lists the published block ids with their
-prompt-chain hashes and their checksums, computed on the sender's GPU when it publishes (the engine's
-writes are done by then). The receiver checks the hashes of the blocks it is about to copy against the
-prompt's chain before the copy, and the checksums of its destination blocks, computed on its GPU on the
-copy stream right behind the copy, when the batch settles. A block the sender reused after publishing
-fails the second check. The nonce and epoch travel in the endpoint too, but with no reply from the
-sender there is nothing to compare them with: the pid and lease checks play the epoch's part here.
+prompt-chain hashes and their checksums, taken on the sender's GPU when it publishes (one read-only pass
+of the block kernel; the engine's writes are done by then). The receiver's copy is the checking one:
+the kernel adds the sums of what it copied to the negated sent sums, on the device, and one small
+asynchronous read-back of those residuals rides with the batch's event, so a verified batch issues the
+same one launch and waits for nothing more than an unverified one. The chain check (the hashes of the
+blocks copied against the prompt's chain) runs on the host while the copy runs; a job that fails it is
+reported when its batch settles, since the copy writes its dst blocks until then. A block the sender
+reused after publishing fails the checksum. The nonce and epoch travel in the endpoint too, but with no
+reply from the sender there is nothing to compare them with: the pid and lease checks play the epoch's
+part here.
 
 `cancel()` cannot stop a copy running in another process; it is meant for aborted requests, whose decode
 side is aborted too, so a copy racing with block reuse there is never used.
@@ -33,90 +37,30 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from .base import Endpoint, TransferResult, TransferStatus
-from .block_copy import copy_blocks
+from .block_copy import checksum_blocks, copy_blocks
 from .config import KVTransferConfig
-from .device import wait_event
+from .cuda_ipc import HANDLE_KEYS, export_cache, open_cache, process_alive
+from .device import host_buffer, wait_event
 from .jobs import Job
-from .layout import CacheLayout, dtype_from_name, parse_block_ids
+from .layout import CacheLayout, parse_block_ids
+from .publication import FetchRejected, Publication
 from .receiver import ZmqReceiver
-from .sender import FetchRejected, Publication, ZmqSender
-from .verify import VerificationFailed, cache_block_checksums, check_checksums
+from .sender import ZmqSender
+from .verify import VerificationFailed, check_residuals, pack_sums, unpack_sums
 from .wire import DONE, FetchRequest, Header, ProtocolError, encode, encode_error
 
-_HANDLE_KEYS = (
-    "size",
-    "stride",
-    "offset",
-    "dtype",
-    "device",
-    "handle",
-    "storage_bytes",
-    "storage_offset",
-    "ref_counter_handle",
-    "ref_counter_offset",
-    "event_handle",
-    "event_sync",
-)
 # A copy must end this long before the sender's lease does: covers the time between our clock read and
 # the copy's last write, and the sender's I/O thread noticing the expiry late is on the safe side.
 LEASE_MARGIN_S = 1.0
 
 
-def export_cache(kv_cache: torch.Tensor) -> dict[str, Any]:
-    """A msgpack-able CUDA IPC handle of the whole cache (bytes stay bytes)."""
-    # reduce_tensor's args: (cls, size, stride, offset, storage_cls, dtype, device, handle, storage_bytes,
-    # storage_offset, requires_grad, ref_counter_handle, ref_counter_offset, event_handle, event_sync).
-    _, args = reduce_tensor(kv_cache)
-    dtype = str(args[5]).removeprefix("torch.")
-    picked = (list(args[1]), list(args[2]), args[3], dtype, *args[6:10], *args[11:15])
-    return dict(zip(_HANDLE_KEYS, picked, strict=True))
-
-
-def open_cache(handle: dict[str, Any], device: torch.device) -> torch.Tensor:
-    """Map a sender's exported cache into this process. The storage is opened under this process's own
-    device: for the same GPU that is a plain mapping, for another GPU of the host CUDA maps it peer to
-    peer (device indices differ between processes anyway, e.g. under CUDA_VISIBLE_DEVICES)."""
-    h = handle
-    dtype = dtype_from_name(h["dtype"])
-    return rebuild_cuda_tensor(
-        torch.Tensor,
-        torch.Size(h["size"]),
-        tuple(h["stride"]),
-        h["offset"],
-        torch.storage.TypedStorage,
-        dtype,
-        device.index if device.index is not None else torch.cuda.current_device(),
-        h["handle"],
-        h["storage_bytes"],
-        h["storage_offset"],
-        False,
-        h["ref_counter_handle"],
-        h["ref_counter_offset"],
-        h["event_handle"],
-        h["event_sync"],
-    )
-
-
 def _require_cuda(kv_cache: object) -> None:
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.device.type != "cuda":
         raise ValueError("kv_cache must be a CUDA tensor for the ipc transport")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process of this host with `pid` exists (it may belong to another user)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class IpcSender(ZmqSender):
@@ -135,7 +79,7 @@ class IpcSender(ZmqSender):
         ids, sums = pub.block_ids, None
         if self._config.verify:
             with self._stream.use():
-                sums = cache_block_checksums(self._kv, torch.tensor(ids, device=self._kv.device)).tolist()
+                sums = pack_sums(checksum_blocks(self._kv, torch.tensor(ids, device=self._kv.device)))
         binding = pub.binding(self._epoch, ids)
         return {
             **super()._publication_endpoint(request_id, pub),
@@ -153,14 +97,15 @@ class IpcSender(ZmqSender):
 
 @dataclass(eq=False)
 class CopyBatch:
-    """Fetches from one sender copied by one set of launches; done when `event` has fired."""
+    """Fetches from one sender copied by one launch; done when `event` has fired."""
 
     address: str
     jobs: list[Job]
     event: torch.cuda.Event
     expires_at: float  # the earliest lease end among the jobs (Unix time)
     pid: int
-    sums: torch.Tensor | None = None  # checksums of the dst blocks after the copy, jobs' blocks in order
+    sent: torch.Tensor | None = None  # the sender's checksums of the jobs' blocks, in order (CPU)
+    residuals: torch.Tensor | None = None  # pinned: received minus sent sums, readable once `event` fired
 
 
 class IpcReceiver(ZmqReceiver):
@@ -206,7 +151,7 @@ class IpcReceiver(ZmqReceiver):
 
     def _validate_endpoint(self, endpoint: Endpoint) -> str | None:
         handle = endpoint.get("handle")
-        if not isinstance(handle, dict) or any(k not in handle for k in _HANDLE_KEYS):
+        if not isinstance(handle, dict) or any(k not in handle for k in HANDLE_KEYS):
             return "ipc sender_endpoint needs a 'handle' map with the exported cache"
         if not isinstance(endpoint.get("rid"), str) or not _is_number(endpoint.get("expires_at")):
             return "ipc sender_endpoint must be the one publish() returned for this request"
@@ -215,48 +160,89 @@ class IpcReceiver(ZmqReceiver):
         return None
 
     def _copy(self, jobs: list[Job]) -> None:
-        """One batched block copy for `jobs` (all from one sender) on the copy stream."""
+        """One batched block copy for `jobs` (all from one sender) on the copy stream; when verifying,
+        the same kernel sums what it copied against the sender's sums, and the chain is checked on the
+        host while it runs."""
         now = time.time()
         live = [j for j in jobs if self._still_valid(j, now)]
+        src = self._source_of(live)
+        if src is None:
+            return
+        verify = self._config.verify
+        live = [j for j in live if self._ids_fit(j, src.shape[2]) and (not verify or self._take_sums(j))]
         if not live:
             return
-        try:
-            src = self._source(live[0])
-        except ProtocolError as e:
-            for job in live:
-                self._fail_direct(job, str(e))
-            return
-        live = [j for j in live if self._ids_fit(j, src.shape[2]) and self._bound(j)]
-        if not live:
-            return
+        sent = torch.cat([j.state.pop("sent") for j in live]) if verify else None
+        plan = self._plan(live, sent)
         with self._stream.use():
             for job in live:
                 self._stream.wait(job.ready)  # the engine's earlier work on these dst blocks
-            device = self._kv.device
-            src_ids = torch.tensor([b for j in live for b in j.src], device=device)
-            dst_ids = torch.tensor([b for j in live for b in j.dst], device=device)
-            copy_blocks(src, self._kv, src_ids, dst_ids)
-            sums = cache_block_checksums(self._kv, dst_ids) if self._config.verify else None
+            ids = plan.to(self._kv.device, non_blocking=True)
+            sums = ids[2] if sent is not None else None  # starts at -sent: ends at 0 where bytes match
+            copy_blocks(src, self._kv, ids[0], ids[1], sums)
+            residuals = None
+            if sums is not None:  # read once the event has fired: no wait
+                residuals = host_buffer(sums.shape, sums.dtype, pinned=True).copy_(sums, non_blocking=True)
             event = torch.cuda.Event()
             event.record()  # on the current stream, which use() made the copy stream
+        if verify:
+            for job in live:
+                self._bind(job)
         expires = min(float(j.endpoint["expires_at"]) for j in live)
-        self._copying.append(CopyBatch(live[0].address, live, event, expires, live[0].endpoint["pid"], sums))
+        pid = live[0].endpoint["pid"]
+        self._copying.append(CopyBatch(live[0].address, live, event, expires, pid, sent, residuals))
 
-    def _bound(self, job: Job) -> bool:
-        """Whether the blocks to copy are the prompt's (their hashes at publish time match its chain)."""
-        ep = job.endpoint
+    def _source_of(self, live: list[Job]) -> torch.Tensor | None:
+        """The sender's mapped cache (all of `live` come from one sender), or None, the jobs failed."""
+        if not live:
+            return None
         try:
-            published = dict(zip(ep.get("blocks") or [], ep.get("hashes") or [], strict=True))
-            self._check_binding(job, {**ep, "hashes": [published.get(b) for b in job.src]})
-        except (VerificationFailed, ValueError, TypeError) as e:
+            return self._source(live[0])
+        except ProtocolError as e:
+            for job in live:
+                self._fail_direct(job, str(e))
+            return None
+
+    @staticmethod
+    def _plan(live: list[Job], sent: torch.Tensor | None) -> torch.Tensor:
+        """The copy's src ids, dst ids and (verifying) negated sent sums as one pinned [2 or 3, n] tensor:
+        one asynchronous upload, where pageable memory would wait for the copy stream to drain."""
+        rows = torch.tensor([[b for j in live for b in j.src], [b for j in live for b in j.dst]])
+        if sent is not None:
+            rows = torch.cat([rows, sent.neg().unsqueeze(0)])
+        return rows.pin_memory()
+
+    def _take_sums(self, job: Job) -> bool:
+        """Put the sender's checksums of the blocks to copy in job.state["sent"] (False: it has none,
+        the job failed)."""
+        blocks = job.endpoint.get("blocks")
+        try:
+            if not isinstance(blocks, list):
+                raise VerificationFailed("the endpoint lists no published blocks")
+            sums = unpack_sums(job.endpoint.get("sums"), len(blocks))
+            if blocks != job.src:
+                where = {b: i for i, b in enumerate(blocks)}
+                if any(b not in where for b in job.src):
+                    raise VerificationFailed("the sender published no checksums for some blocks asked for")
+                sums = sums[[where[b] for b in job.src]]
+        except (VerificationFailed, TypeError) as e:
             self._fail_direct(job, f"verification failed: {e}")
             return False
+        job.state["sent"] = sums
         return True
 
-    def _expected_sums(self, job: Job) -> list:
+    def _bind(self, job: Job) -> None:
+        """Check that the copied blocks are the prompt's (their hashes at publish time vs its chain). A
+        failure is reported when the copy settles, not now: the copy still writes the job's dst blocks."""
         ep = job.endpoint
-        published = dict(zip(ep.get("blocks") or [], ep.get("sums") or [], strict=False))
-        return [published.get(b) for b in job.src]
+        try:
+            blocks, hashes = ep.get("blocks"), ep.get("hashes")
+            if blocks != job.src:
+                published = dict(zip(blocks or [], hashes or [], strict=True))
+                hashes = [published.get(b) for b in job.src]
+            self._check_binding(job, {**ep, "hashes": hashes})
+        except (VerificationFailed, ValueError, TypeError) as e:
+            job.state["unbound"] = f"verification failed: {e}"
 
     def _still_valid(self, job: Job, now: float) -> bool:
         ep = job.endpoint
@@ -283,20 +269,30 @@ class IpcReceiver(ZmqReceiver):
             for job in batch.jobs:  # the sender may have reused its blocks mid-copy
                 self._fail_direct(job, "copy finished after the sender's lease ended: not trusted")
             return
-        rids, first = [], 0
+        rids, end = [], 0
+        dirty = batch.residuals is not None and bool(batch.residuals.any())  # one look when all is well
         for job in batch.jobs:
-            first += len(job.dst)
-            if batch.sums is not None:
-                try:
-                    check_checksums(self._expected_sums(job), batch.sums[first - len(job.dst) : first])
-                except VerificationFailed as e:
-                    self._fail_direct(job, f"verification failed: {e}")
-                    continue
+            first, end = end, end + len(job.dst)
+            error = job.state.get("unbound") or (self._mismatch(batch, first, end) if dirty else None)
+            if error:
+                self._fail_direct(job, error)
+                continue
             job.progress = len(job.dst)
             job.num_bytes = len(job.dst) * self._layout.block_bytes
             self._book.finish(job, TransferStatus.DONE, None)
             rids.append(job.request_id)
         self._post(batch.address, [encode(DONE, "", 0, rids=rids)])
+
+    @staticmethod
+    def _mismatch(batch: CopyBatch, first: int, end: int) -> str | None:
+        """Why blocks first..end-1 of a settled batch differ from what was sent, or None."""
+        if batch.residuals is None or batch.sent is None:
+            return None
+        try:
+            check_residuals(batch.residuals[first:end], batch.sent[first:end])
+        except VerificationFailed as e:
+            return f"verification failed: {e}"
+        return None
 
     def _fail_direct(self, job: Job, error: str, notify: bool = True) -> None:
         if notify and isinstance(job.endpoint, dict) and isinstance(job.endpoint.get("address"), str):

@@ -7,9 +7,11 @@ receiver, on `ready`, queues a recv into a buffer of that size on its end of the
 into the dst blocks, synchronizes and acks. The backend is NCCL for CUDA caches and gloo for CPU ones
 (which is how the protocol is tested without GPUs). Bytes travel as uint8, so every cache dtype works.
 
-Verification (`verify.py`): `ready` carries the binding and the checksums of the gathered buffer, computed
-on the sender's device; the receiver checks the binding on `ready` (before queueing its recv) and its own
-checksums of the received buffer, on its device, before scattering it.
+Verification (`verify.py`): `ready` carries the binding and the checksums of the blocks served, which the
+gather took as it read them (`block_copy.py`: on CUDA one kernel reads each byte once); the receiver
+checks the binding on `ready` (before queueing its recv), and its scatter of the received buffer checks
+the bytes in the same pass: it adds their sums to the negated sent ones on the device, and the job
+fails unless every residual is 0 (read back after the synchronization the scatter already had).
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from typing import Any
 import torch
 
 from .base import Endpoint
+from .block_copy import scatter_blocks
 from .config import WILDCARD_HOSTS
 from .device import wait_event
 from .dist_pair import PairGroup, close_pairs, connect_store, resolve_backend, serve_store, wait_work
 from .jobs import Job
-from .layout import scatter
+from .publication import FetchRejected, Publication
 from .receiver import ZmqReceiver
-from .sender import FetchRejected, Publication, ZmqSender
-from .verify import VerificationFailed
+from .sender import ZmqSender
+from .verify import VerificationFailed, check_residuals, unpack_sums
 from .wire import READY, FetchRequest, Header, ProtocolError, encode, encode_error
 
 MAX_DEAD_PAIRS = 1024
@@ -59,14 +62,14 @@ class NcclSender(ZmqSender):
 
     def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
         pair = self._pair(req.fields["pair"])
-        blocks = self._read_blocks(req.request_id, pub, req.src_block_ids, to_host=False)
-        if blocks is None:
+        verify = self._config.verify
+        read = self._read_blocks(req.request_id, pub, req.src_block_ids, to_host=False, checksum=verify)
+        if read is None:
             raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
-        payload = blocks.view(-1).view(torch.uint8)
+        payload = read.blocks.view(-1).view(torch.uint8)
         binding = pub.binding(self._epoch, req.src_block_ids)
-        sums = self._checksums(blocks)
         self._reply(
-            ident, [encode(READY, req.request_id, req.xid, nbytes=payload.numel(), sums=sums, **binding)]
+            ident, [encode(READY, req.request_id, req.xid, nbytes=payload.numel(), sums=read.sums, **binding)]
         )
         deadline = time.monotonic() + req.timeout_s
         failure = (ident, req.request_id, req.xid)
@@ -179,20 +182,32 @@ class NcclReceiver(ZmqReceiver):
             wait_work(work, self._backend, job.deadline, pair.is_broken)
             blocks = buf.view(self._layout.torch_dtype).view(2 * self._layout.num_layers, len(job.dst), -1)
             try:
-                self._check_bytes(sums, blocks)
+                if not self._write(job, blocks, sums):
+                    return  # reported FAILED already: the dst blocks may belong to someone else now
             except VerificationFailed as e:
                 self._finished_recvs.put((job, f"verification failed: {e}"))
                 self._waker.wake()
                 return
-            with self._write_lock:
-                if job.state.get("failed"):
-                    return  # reported FAILED already: the dst blocks may belong to someone else now
-                wait_event(job.ready)
-                scatter(self._kv, torch.tensor(job.dst, device=self._kv.device), blocks)
-                self._stream.synchronize()
         job.num_bytes = nbytes
         self._finished_recvs.put((job, None))
         self._waker.wake()
+
+    def _write(self, job: Job, blocks: torch.Tensor, sums: object) -> bool:
+        """Scatter received blocks into the job's dst blocks, checking them against the sender's sums
+        in the same pass when verifying (a failed check leaves them there: the job fails, and its
+        reserved blocks are never committed, so nothing reads them). False if the job had failed."""
+        sent = unpack_sums(sums, len(job.dst)) if self._config.verify else None
+        device = self._kv.device
+        with self._write_lock:
+            if job.state.get("failed"):
+                return False
+            wait_event(job.ready)
+            residuals = None if sent is None else sent.neg().to(device)
+            scatter_blocks(self._kv, torch.tensor(job.dst, device=device), blocks, residuals)
+            self._stream.synchronize()
+        if residuals is not None and sent is not None:
+            check_residuals(residuals.cpu(), sent)
+        return True
 
     def _tick(self) -> None:
         while True:

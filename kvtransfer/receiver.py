@@ -26,7 +26,7 @@ from .config import KVTransferConfig, validate_seconds
 from .device import CopyStream, record_event
 from .jobs import Job, StatusBook
 from .layout import CacheLayout, parse_block_ids
-from .verify import VerificationFailed, block_checksums, check_binding, check_checksums
+from .verify import VerificationFailed, check_binding
 from .wire import ACK, ERROR, FetchRequest, ProtocolError, decode, encode, encode_error
 
 logger = logging.getLogger(__name__)
@@ -312,13 +312,6 @@ class ZmqReceiver(KVReceiver):
         """Raise VerificationFailed unless the reply is bound to this job's publication and prompt."""
         if self._config.verify:
             check_binding(job.endpoint, fields, job.block_hashes, len(job.dst))
-
-    def _check_bytes(self, sent: object, blocks: torch.Tensor, first: int = 0) -> None:
-        """Raise VerificationFailed unless `blocks` (as received, on their device) match the sender's
-        per-block checksums `sent`."""
-        if self._config.verify:
-            with self._stream.use():
-                check_checksums(sent, block_checksums(blocks), first)
 
     # ---- transport hooks --------------------------------------------------------------------------
 

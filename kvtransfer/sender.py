@@ -12,7 +12,6 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -21,10 +20,12 @@ import zmq
 from common import curve
 
 from .base import Endpoint, KVSender, Release, TransferStatus, check_kv_cache
+from .block_copy import gather_blocks
 from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds, zmq_host
 from .device import CopyStream, host_buffer, record_event, wait_event
-from .layout import CacheLayout, gather, parse_block_ids
-from .verify import binding_fields, block_checksums, new_token
+from .layout import CacheLayout, parse_block_ids
+from .publication import FetchRejected, Publication, ReadBlocks
+from .verify import new_token, pack_sums
 from .wire import ACK, DONE, ERROR, FETCH, FetchRequest, Header, ProtocolError, decode, encode_error
 
 logger = logging.getLogger(__name__)
@@ -32,30 +33,6 @@ logger = logging.getLogger(__name__)
 # A served fetch keeps its blocks pinned at least this long past the receiver's own timeout, so a
 # receiver still inside its deadline never reads blocks the engine has already reused.
 CLAIM_GRACE_S = 5.0
-
-
-class FetchRejected(Exception):
-    """A fetch this sender will not serve; the message (and `fields`) go back to the receiver."""
-
-    def __init__(self, message: str, **fields: object) -> None:
-        super().__init__(message)
-        self.fields = fields
-
-
-@dataclass(eq=False)
-class Publication:
-    block_ids: list[int]
-    block_set: frozenset[int]
-    lease_s: float
-    deadline: float
-    ready: torch.cuda.Event | None  # the engine's writes to these blocks, on CUDA
-    nonce: int  # binds the transfer to this publication (kvtransfer/verify.py)
-    hashes: dict[int, int]  # block id -> the prompt chain's hash of its content (full blocks only)
-    xid: int | None = None  # the fetch attempt being served; acks for other attempts are stale
-
-    def binding(self, epoch: int, block_ids: list[int]) -> dict:
-        """What a reply serving `block_ids` says about its binding (verify.check_binding reads it)."""
-        return binding_fields(self.nonce, epoch, [self.hashes.get(b) for b in block_ids])
 
 
 class ZmqSender(KVSender):
@@ -257,22 +234,26 @@ class ZmqSender(KVSender):
             pub.deadline = max(pub.deadline, time.monotonic() + req.timeout_s + CLAIM_GRACE_S)
             return pub
 
-    def _read_blocks(self, request_id: str, pub: Publication, index: list[int], to_host: bool):
+    def _read_blocks(
+        self, request_id: str, pub: Publication, index: list[int], to_host: bool, checksum: bool = False
+    ) -> ReadBlocks | None:
         """Gather blocks `index` of a live publication into one contiguous tensor (host memory if
-        `to_host`), or None if it was cancelled meanwhile. Synchronous: the blocks are free to reuse
-        once this returns."""
+        `to_host`), with the checksums the gather took of them if `checksum`; None if the publication was
+        cancelled meanwhile. Synchronous: the blocks are free to reuse once this returns."""
         with self._read_lock:
             with self._lock:
                 if self._pubs.get(request_id) is not pub:
                     return None
             wait_event(pub.ready)
             with self._stream.use():
-                blocks = gather(self._kv, torch.tensor(index, device=self._kv.device))
+                device = self._kv.device
+                sums = torch.zeros(len(index), dtype=torch.int64, device=device) if checksum else None
+                blocks = gather_blocks(self._kv, torch.tensor(index, device=device), sums)
                 if to_host and blocks.is_cuda:
                     staged = host_buffer(blocks.shape, blocks.dtype, pinned=True)
                     blocks = staged.copy_(blocks, non_blocking=True)
-            self._stream.synchronize()
-        return blocks
+                self._stream.synchronize()
+                return ReadBlocks(blocks, None if sums is None else pack_sums(sums))
 
     def _end(self, header: Header, status: TransferStatus, error: str | None) -> None:
         with self._lock:
@@ -324,14 +305,6 @@ class ZmqSender(KVSender):
     def _publication_endpoint(self, request_id: str, pub: Publication) -> Endpoint:
         """The endpoint a notice for this publication carries: the sender's own plus the nonce."""
         return {**self.endpoint(), "nonce": pub.nonce}
-
-    def _checksums(self, blocks: torch.Tensor) -> list[int] | None:
-        """Per-block checksums of blocks just read (on their device, the copy stream), or None when
-        verification is off."""
-        if not self._config.verify:
-            return None
-        with self._stream.use():
-            return block_checksums(blocks).tolist()
 
     def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
         raise NotImplementedError

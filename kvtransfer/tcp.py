@@ -22,8 +22,9 @@ import zmq
 from .device import host_buffer, wait_event
 from .jobs import Job
 from .layout import scatter
+from .publication import FetchRejected, Publication
 from .receiver import ZmqReceiver
-from .sender import FetchRejected, Publication, ZmqSender
+from .sender import ZmqSender
 from .verify import VerificationFailed, block_checksums, check_checksums
 from .wire import DATA, SUMS, FetchRequest, Header, ProtocolError, encode
 
@@ -36,9 +37,10 @@ class TcpSender(ZmqSender):
         per_chunk = max(1, self._config.chunk_bytes // self._layout.block_bytes)
         verify = self._config.verify
         for first in range(0, len(ids), per_chunk):
-            blocks = self._read_blocks(req.request_id, pub, ids[first : first + per_chunk], to_host=True)
-            if blocks is None:
+            read = self._read_blocks(req.request_id, pub, ids[first : first + per_chunk], to_host=True)
+            if read is None:
                 raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
+            blocks = read.blocks
             binding = pub.binding(self._epoch, ids) if first == 0 else {}
             count = blocks.shape[1]
             header = encode(DATA, req.request_id, req.xid, first=first, count=count, sums=verify, **binding)
@@ -46,7 +48,7 @@ class TcpSender(ZmqSender):
             payload = blocks.view(-1).view(torch.uint8).numpy()
             sent = self._reply(ident, [header, payload], copy=False)
             if sent and verify:  # read while ZMQ's I/O thread sends the same (unchanged) bytes
-                sums = self._checksums(blocks)
+                sums = block_checksums(blocks).tolist()  # host memory: the torch form
                 sent = self._reply(ident, [encode(SUMS, req.request_id, req.xid, first=first, sums=sums)])
             if not sent:
                 self._fail(req.request_id, "receiver disconnected during the transfer")

@@ -10,16 +10,25 @@ A transfer is bound to three things:
 * the prompt's block-hash chain (`common.hashing`): the prefill worker hands `publish()` the hash of each
   full prompt block, and the sender reports, for every block id it serves, the hash it recorded for it.
 
-Where the sender reads the blocks it also reports a checksum per block of the bytes it read
-(`block_checksums`: torch ops, so it runs where the bytes are, on the GPU for GPU caches and on the CPU
-for tcp's host buffers). The receiver compares: nonce and epoch with the endpoint it was given, the
-reported hashes with the chain it computed itself from the prompt's tokens, and the checksums with its
-own over the bytes it received. Any difference fails the transfer closed: FAILED, and the decode worker
-recomputes the prompt instead of decoding on blocks it cannot trust.
+Where the sender reads the blocks it also reports a checksum per block of the bytes it read, and the
+receiver compares them with its own over the bytes it received. On the GPU they come out of the kernel
+that moves the bytes (`block_copy.py`: the copy accumulates each block's checksum as it goes, so no
+pass reads the bytes again): the ipc receiver's copy adds the received blocks' sums to the negated sent
+ones, on the device, and reads the residuals back with the copy's completion; nccl's scatter does the
+same, its sender's gather takes the sent sums; the ipc sender, which moves nothing, takes them with a
+read-only pass of the kernel when it publishes. On the CPU (tcp's host buffers, gloo) the torch form
+below computes them. The receiver
+compares: nonce and epoch with the endpoint it was given, the reported hashes with the chain it computed
+itself from the prompt's tokens, and the checksums. Any difference fails the transfer closed: FAILED,
+and the decode worker recomputes the prompt instead of decoding on blocks it cannot trust.
 
-The checksum is a sum of 64-bit words per (k/v, layer) plane of a block (wrapping), the planes weighted
-by distinct odd numbers: any single flipped bit, a block swapped for another, and a plane swapped for
-another change it. It is meant to catch corruption and mix-ups, not an adversary (that is CURVE's job).
+The checksum (`block_checksums` defines it; the Triton kernel matches it bit for bit) is, per (k/v,
+layer) plane of a block, the wrapping sum of its 64-bit words (of its bytes, where a plane's share of a
+block is not a whole number of words), the planes weighted by distinct odd numbers (1, 3, 5, ...) and
+summed, wrapping: any single flipped bit, a block swapped for another, and a plane swapped for another
+change it. Wrapping sums do not depend on the order of the additions, which is what lets the kernel's
+programs add their parts in any order. It is meant to catch corruption and mix-ups, not an adversary
+(that is CURVE's job).
 """
 
 from __future__ import annotations
@@ -28,9 +37,8 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
-
-from .layout import gather
 
 
 class VerificationFailed(Exception):
@@ -42,24 +50,26 @@ def new_token() -> int:
     return secrets.randbits(63)
 
 
+def checksum_word(plane_block_bytes: int) -> torch.dtype:
+    """The word a checksum sums for blocks whose share of one plane is `plane_block_bytes` bytes."""
+    return torch.int64 if plane_block_bytes % 8 == 0 else torch.uint8
+
+
 def block_checksums(blocks: torch.Tensor) -> torch.Tensor:
     """One int64 checksum per block of `blocks` ([2 * num_layers, n, block_elems], contiguous), computed
-    on the tensor's own device; asynchronous on CUDA."""
+    on the tensor's own device with torch ops. The definition; the GPU paths use `block_copy.py`."""
     planes, n = blocks.shape[0], blocks.shape[1]
     raw = blocks.reshape(planes, n, -1).view(torch.uint8)
-    if raw.shape[2] % 8 == 0:  # the fast path: whole 64-bit words, no widening
+    if checksum_word(raw.shape[2]) == torch.int64:  # whole 64-bit words, no widening
         sums = raw.view(torch.int64).sum(dim=2)
     else:
         sums = raw.sum(dim=2, dtype=torch.int64)
-    weights = torch.arange(1, 2 * planes, 2, dtype=torch.int64, device=blocks.device)
-    return (sums * weights[:, None]).sum(dim=0)
+    return (sums * plane_weights(planes, blocks.device)[:, None]).sum(dim=0)
 
 
-def cache_block_checksums(kv_cache: torch.Tensor, index: torch.Tensor, group: int = 64) -> torch.Tensor:
-    """`block_checksums` of blocks `index` (a long tensor on the cache's device) of a cache, gathered
-    `group` blocks at a time so the temporary stays small whatever the hand-over's size."""
-    parts = [block_checksums(gather(kv_cache, index[i : i + group])) for i in range(0, index.numel(), group)]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=kv_cache.device)
+def plane_weights(planes: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The odd weight of each plane's sum in a block's checksum: plane p counts 2p + 1 times."""
+    return torch.arange(1, 2 * planes, 2, dtype=torch.int64, device=device)
 
 
 def binding_fields(nonce: int, epoch: int, hashes: Sequence[int | None]) -> dict[str, Any]:
@@ -101,3 +111,29 @@ def check_checksums(sent: object, received: torch.Tensor, first: int = 0) -> Non
     for i, (a, b) in enumerate(zip(sent, got, strict=True)):
         if a != b:
             raise VerificationFailed(f"block {first + i}: checksum {b} of the bytes received, {a!r} sent")
+
+
+def pack_sums(sums: torch.Tensor) -> bytes:
+    """Per-block checksums as they travel (ipc's endpoint, nccl's `ready`): little-endian int64s, 8 bytes
+    a block, so a receiver takes them in one step however many blocks there are."""
+    return sums.cpu().numpy().astype("<i8", copy=False).tobytes()
+
+
+def unpack_sums(raw: object, count: int) -> torch.Tensor:
+    """The `count` checksums `pack_sums` made, as an int64 CPU tensor; VerificationFailed if the sender
+    sent none (a sender that does not verify) or not that many."""
+    if isinstance(raw, bytes) and len(raw) == 8 * count:
+        return torch.from_numpy(np.frombuffer(raw, dtype="<i8").astype(np.int64))
+    raise VerificationFailed(f"the sender sent no checksums for its {count} blocks")
+
+
+def check_residuals(residuals: torch.Tensor, sent: torch.Tensor, first: int = 0) -> None:
+    """Raise VerificationFailed unless every residual is 0. `residuals` (int64, CPU) are what a checking
+    copy left (received minus `sent`, wrapping): the copy's sums added to the negated sent ones."""
+    bad = residuals.nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        received = int((sent[i] + residuals[i]).item())  # int64 arithmetic: wraps as the sums do
+        raise VerificationFailed(
+            f"block {first + i}: checksum {received} of the bytes received, {int(sent[i])} sent"
+        )

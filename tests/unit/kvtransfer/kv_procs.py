@@ -43,7 +43,8 @@ def _sender_main(conn, transport: str, specs: list[CacheSpec], config_kw: dict) 
     from kvtransfer import KVTransferConfig, create_sender
 
     config = KVTransferConfig(transport=transport, **config_kw)
-    senders = [create_sender(transport, spec.make(), config) for spec in specs]
+    caches = [spec.make() for spec in specs]
+    senders = [create_sender(transport, cache, config) for cache in caches]
     for s in senders:
         s.start()
     conn.send([s.endpoint() for s in senders])
@@ -65,11 +66,22 @@ def _sender_main(conn, transport: str, specs: list[CacheSpec], config_kw: dict) 
                     conn.send(("ok", senders[which].cancel(*args)))
                 elif cmd == "released":
                     conn.send(("ok", dict(released)))
+                elif cmd == "flip":
+                    conn.send(("ok", _flip_bit(caches[which], *args)))
             except Exception as e:
                 conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         for s in senders:
             s.close()
+
+
+def _flip_bit(cache: torch.Tensor, block: int) -> bool:
+    """Flip one bit of `block` in a sender's cache, in place (as if the engine had reused the block)."""
+    plane = cache[1, 0, block].view(-1).view(torch.uint8)  # the v plane of the first layer
+    plane[plane.numel() // 2] ^= 0x10
+    if cache.is_cuda:
+        torch.cuda.synchronize(cache.device)
+    return True
 
 
 class SenderProc:
@@ -108,6 +120,10 @@ class SenderProc:
 
     def cancel(self, request_id: str, which: int = 0) -> bool:
         return self._call("cancel", which, request_id)
+
+    def flip_bit(self, block: int, which: int = 0) -> None:
+        """Flip one bit of `block` in sender `which`'s cache (flipping it again restores the block)."""
+        self._call("flip", which, block)
 
     def released(self) -> dict[str, tuple[str, str | None]]:
         return self._call("released", 0)

@@ -65,9 +65,9 @@ def test_ipc_failures_are_reported(gpu_pool, receivers):
 
 
 def test_ipc_verifies_the_chain_before_and_the_bytes_after_the_copy(gpu_pool, receivers):
-    """kvtransfer/verify.py over ipc: the endpoint's hashes must match the prompt's chain (checked before
-    the copy) and the checksums the sender took at publish time must match the destination blocks
-    (computed on the GPU right behind the copy); either failing is FAILED, and the sender released."""
+    """kvtransfer/verify.py over ipc: the endpoint's hashes must match the prompt's chain (checked on the
+    host while the copy runs) and the checksums the sender took at publish time must match those the
+    copy kernel took of what it copied; either failing is FAILED, and the sender released."""
     proc = gpu_pool("ipc")
     receiver = receivers("ipc", GPU0[0].with_(num_blocks=8, seed=3).make())
     chain = chain_for(3, "ipc-verify")
@@ -78,11 +78,60 @@ def test_ipc_verifies_the_chain_before_and_the_bytes_after_the_copy(gpu_pool, re
     receiver.fetch("ipc-wrong-blocks", endpoint, [6, 5, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
     assert "wrong blocks" in wait_results(receiver, ["ipc-wrong-blocks"])["ipc-wrong-blocks"].error
     endpoint = proc.publish("ipc-rewritten", [5, 6, 7], block_hashes=chain)
-    rewritten = {**endpoint, "sums": [endpoint["sums"][0], endpoint["sums"][1] ^ 1, endpoint["sums"][2]]}
+    sums = bytearray(endpoint["sums"])  # 8 bytes a block (verify.pack_sums)
+    sums[8] ^= 1  # the second block's
+    rewritten = {**endpoint, "sums": bytes(sums)}
     receiver.fetch("ipc-rewritten", rewritten, [5, 6, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
     assert "checksum" in wait_results(receiver, ["ipc-rewritten"])["ipc-rewritten"].error
     released = proc.wait_released(["ipc-wrong-blocks", "ipc-rewritten"])
     assert all(status == "failed" for status, _ in released.values()), released
+
+
+def test_ipc_verified_end_to_end_catches_a_block_rewritten_after_publishing(gpu_pool, receivers):
+    """Over ipc with verification on at both ends (the default), three requests travel in one copy: the
+    two clean ones are DONE and bitwise exact; the one with a bit flipped in a published block after
+    publishing (as if the sender had reused it) fails on that block alone, and the sender releases it
+    as failed. The control: a receiver that does not verify copies the flipped bit and reports DONE."""
+    proc, spec = gpu_pool("ipc"), GPU0[0]
+    cache = spec.with_(num_blocks=DST_BLOCKS, seed=3).make()
+    receiver = receivers("ipc", cache)
+    jobs = {
+        "ipc-clean-a": ([10, 11, 12], [0, 1, 2]),
+        "ipc-flip": ([13, 14, 15], [3, 4, 5]),
+        "ipc-clean-b": ([16], [6]),
+    }
+    chains = {rid: chain_for(len(src), rid) for rid, (src, _) in jobs.items()}
+    endpoints = {rid: proc.publish(rid, src, block_hashes=chains[rid]) for rid, (src, _) in jobs.items()}
+    proc.flip_bit(14)
+    try:
+        for rid, (src, dst) in jobs.items():
+            receiver.fetch(rid, endpoints[rid], src, dst, timeout_s=30, block_hashes=chains[rid])
+        receiver.flush()
+        assert len(receiver._copying) == 1  # one checked copy for all three
+        results = wait_results(receiver, list(jobs))
+        flipped = results["ipc-flip"]
+        assert flipped.status is TransferStatus.FAILED and "block 1: checksum" in flipped.error, flipped.error
+        expected = spec.make()
+        for rid in ("ipc-clean-a", "ipc-clean-b"):
+            src, dst = jobs[rid]
+            assert results[rid].status is TransferStatus.DONE, results[rid].error
+            assert torch.equal(bits(cache[:, :, dst]), bits(expected[:, :, src]))
+        released = proc.wait_released(list(jobs))
+        assert {rid: status for rid, (status, _) in released.items()} == {
+            "ipc-clean-a": "done",
+            "ipc-flip": "failed",
+            "ipc-clean-b": "done",
+        }
+        plain = spec.with_(num_blocks=8).make()
+        unverified = receivers("ipc", plain, verify=False)
+        unverified.fetch(
+            "ipc-flip-unverified", proc.publish("ipc-flip-unverified", [14]), [14], [0], timeout_s=30
+        )
+        result = wait_results(unverified, ["ipc-flip-unverified"])["ipc-flip-unverified"]
+        assert result.status is TransferStatus.DONE, result.error
+        assert not torch.equal(bits(plain[:, :, 0]), bits(expected[:, :, 14]))
+    finally:
+        proc.flip_bit(14)  # the pool's sender is shared: restore the block
 
 
 def test_ipc_batches_many_fetches_into_one_copy(gpu_pool, receivers):

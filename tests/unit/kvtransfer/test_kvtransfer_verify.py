@@ -10,8 +10,15 @@ import torch
 from kv_procs import SPECS, bits, chain_for, wait_results
 
 from kvtransfer import KVTransferConfig, TransferStatus
+from kvtransfer.block_copy import checksum_blocks
 from kvtransfer.layout import flat_view
-from kvtransfer.verify import block_checksums, cache_block_checksums
+from kvtransfer.verify import (
+    VerificationFailed,
+    block_checksums,
+    check_residuals,
+    pack_sums,
+    unpack_sums,
+)
 from tests.helpers.kv_proxy import KVProxy, flip_a_byte, redirect_fetch
 
 pytestmark = pytest.mark.timeout(120)
@@ -47,8 +54,33 @@ def test_checksums_see_a_flipped_bit_a_swapped_block_and_a_swapped_plane() -> No
     odd = torch.arange(2 * 3 * 5, dtype=torch.uint8).view(2, 3, 5)  # bytes per block not a multiple of 8
     assert block_checksums(odd).shape == (3,)
     cache, index = SPECS[0].make(), torch.tensor([7, 3, 40, 41, 0])
-    grouped = cache_block_checksums(cache, index, group=2)  # what ipc uses: bounded temporaries
+    grouped = checksum_blocks(cache, index, group=2)  # the CPU form: bounded temporaries
     assert torch.equal(grouped, block_checksums(flat_view(cache)[:, index].contiguous()))
+
+
+def test_residuals_name_the_first_block_that_differs() -> None:
+    """What a checking copy leaves (received minus sent, wrapping) passes only when all are 0, and the
+    error gives both sums back, even across the int64 wrap."""
+    sent = torch.tensor([5, -(2**63), 2**63 - 1])
+    check_residuals(torch.zeros(3, dtype=torch.int64), sent)
+    with pytest.raises(
+        VerificationFailed, match=f"block 4: checksum {2**63 - 1} of the bytes received, {-(2**63)}"
+    ):
+        check_residuals(torch.tensor([0, -1, 0]), sent, first=3)
+    with pytest.raises(VerificationFailed, match=f"block 2: checksum {-(2**63)} of the bytes received"):
+        check_residuals(torch.tensor([0, 0, 1]), sent)
+
+
+@pytest.mark.parametrize("raw", [None, [1, 2, 3], b"\0" * 16, b"\0" * 25, "x" * 24])
+def test_sums_a_sender_did_not_send_fail_closed(raw) -> None:
+    with pytest.raises(VerificationFailed, match="no checksums for its 3 blocks"):
+        unpack_sums(raw, 3)
+
+
+def test_sums_travel_as_they_were_taken() -> None:
+    sums = torch.tensor([1, -(2**63), 2**63 - 1, -5])
+    assert torch.equal(unpack_sums(pack_sums(sums), 4), sums)
+    assert pack_sums(torch.tensor([1]))[:2] == b"\x01\x00"  # little-endian on every host
 
 
 def test_a_clean_transfer_passes_every_check(sender, receivers) -> None:
