@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -204,6 +205,36 @@ def prefill_rows(num_seqs: int, seq_len: int) -> list[tuple[str, float | str]]:
     return rows
 
 
+def first_call_ms(num_seqs: int, seq_len: int) -> list[tuple[str, str]]:
+    """Wall time of the first call at lengths never seen before (mean of three): what a serving step with
+    new prompt lengths pays where a kernel builds a plan per shape (cuDNN SDPA) rather than not at all."""
+    api = find_varlen_api()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    calls = {
+        "SDPA default, GQA": lambda q, k, v, starts, n: sdpa(
+            *(t.view(num_seqs, n, -1, HEAD_DIM).transpose(1, 2) for t in (q, k, v.contiguous())),
+            is_causal=True,
+            enable_gqa=True,
+        ),
+    }
+    if api is not None:
+        calls["varlen_attn"] = lambda q, k, v, starts, n: varlen_prefill(
+            api, q, k, v, starts, n, HEAD_DIM**-0.5
+        )
+    out = []
+    for name, call in calls.items():
+        times = []
+        for extra in (8, 24, 40):
+            q, k, v, starts = packed_step(num_seqs, seq_len + extra)
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            call(q, k, v, starts, seq_len + extra)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - begin)
+        out.append((f"{name}, first call at a new length", f"{1e3 * sum(times) / len(times):.2f} ms wall"))
+    return out
+
+
 def _sdpa_backends():
     """SDPA as it dispatches by default, then pinned to each fused backend (to name what the default runs)."""
     from contextlib import nullcontext
@@ -237,6 +268,8 @@ def prefill_table() -> None:
                 continue
             share = f"{100 * ref / sec:7.0f}%" if ref else ""
             print(f"  {name:<34} {sec * 1e3:6.3f} {flops / sec / 1e12:8.1f} {share}")
+        for name, text in first_call_ms(num_seqs, seq_len):
+            print(f"  {name:<34} {text}")
         torch.cuda.empty_cache()
     print(
         "(of SDPA = rate relative to the faster SDPA default row; 'expanded' repeats k/v to 16 heads first)"
