@@ -149,5 +149,5 @@ def test_qkv_rope_store_rejects_a_misshapen_k_out():
     slots = torch.arange(tokens, device=DEVICE)
     with pytest.raises(ValueError, match="k_out"):
         triton_ops.qkv_rope_store(
-            qkv, positions, rope.cos, rope.sin, None, None, 0.0, heads, kv_heads, cache[0], cache[1], slots, wrong
+            qkv, positions, rope.cos, rope.sin, None, None, 0.0, heads, kv_heads, *cache, slots, wrong
         )
