@@ -203,3 +203,58 @@ def test_fused_layer_feeds_flash_attention_the_same_keys_it_caches():
     assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
     tol = TOLERANCE[torch.bfloat16]
     torch.testing.assert_close(outs[0].float(), outs[1].float(), atol=tol, rtol=tol)
+
+
+# ------------------------------------------------------------------------------------------ engine
+
+
+def _engine_run(model: str, dtype: str, prompts, varlen: bool, monkeypatch):
+    """Greedy tokens, per-step logits and whether the backend had varlen, with the path on or off."""
+    import gc
+
+    from common import LLM, SamplingParams
+    from tests.helpers.recording import record_logits
+
+    monkeypatch.setenv("PDSERVE_DISABLE_VARLEN_PREFILL", "0" if varlen else "1")
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    share = min(
+        1.0, (total - free + (2 << 30)) / total
+    )  # 2 GiB beyond what is in use (tests run side by side)
+    llm = LLM(model, dtype=dtype, gpu_memory_utilization=share, max_model_len=1024, max_num_seqs=16)
+    seen = record_logits(llm)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    tokens = [o["token_ids"] for o in llm.generate(prompts, params, use_tqdm=False)]
+    has_varlen = llm.engine.runner.backend.varlen is not None
+    del llm
+    return tokens, seen, has_varlen
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 400, (n,), generator=gen).tolist()
+    return [torch.randint(0, 512, (n_tok,), generator=gen).tolist() for n_tok in lengths]
+
+
+def test_engine_float32_greedy_is_unchanged(tiny_model_dirs, monkeypatch):
+    """fp32 never takes FlashAttention, so turning the path on changes nothing, token for token."""
+    prompts = _prompts(6, seed=1)
+    on, _, has_varlen = _engine_run(tiny_model_dirs["qwen3"], "float32", prompts, True, monkeypatch)
+    off, _, _ = _engine_run(tiny_model_dirs["qwen3"], "float32", prompts, False, monkeypatch)
+    assert has_varlen is (API is not None)
+    assert on == off
+
+
+@needs_varlen
+def test_engine_bfloat16_prefill_on_flash_attention_matches_triton(tiny_model_dirs, monkeypatch):
+    """bf16 fresh prompts: the prefill logits agree within bf16 tolerance, and so does every decode step
+    up to the first token where the two runs part (a near-tie), if any."""
+    prompts = _prompts(6, seed=2)
+    on, on_logits, has_varlen = _engine_run(tiny_model_dirs["qwen3"], "bfloat16", prompts, True, monkeypatch)
+    off, off_logits, _ = _engine_run(tiny_model_dirs["qwen3"], "bfloat16", prompts, False, monkeypatch)
+    assert has_varlen
+    first_diff = next((i for i in range(12) if any(a[i] != b[i] for a, b in zip(on, off, strict=True))), None)
+    steps = len(on_logits) if first_diff is None else first_diff + 1
+    for x, y in zip(on_logits[:steps], off_logits[:steps], strict=True):
+        assert ((x - y).norm(dim=-1) / y.norm(dim=-1)).max().item() < 2e-2
