@@ -21,7 +21,7 @@ if [ "$MODE" = full ]; then
       --json-out "$LOG/offline.json" 2>&1 | tail -4
   $PY benchmarks/offline.py --model "$MODEL" --quiet --num-seqs 64 --input-len 512 512 \
       --output-len 128 128 --compare-hf --json-out "$LOG/offline_vs_hf.json" 2>&1 | tail -5
-  $PY benchmarks/attention_kernels.py 2>&1 | tail -12 | tee "$LOG/attention.txt"
+  $PY benchmarks/attention_kernels.py 2>&1 | tail -40 | tee "$LOG/attention.txt"
 else
   $PY benchmarks/offline.py --model "$MODEL" --quiet --num-seqs 64 --input-len 100 512 --output-len 100 256 \
       --json-out "$LOG/offline.json" 2>&1 | tail -4

@@ -14,6 +14,9 @@ Layout invariants every backend relies on:
   position `seq_lens[i] - q_len_i + j` and attends causally to keys 0..that position.
 * `is_decode` means every sequence has exactly one query token (the CUDA-graph path).
 * GQA: query head h reads KV head h // (num_heads // num_kv_heads).
+* `prefill` may also be handed this step's keys/values as tensors (`StepKV`, the same values it stores
+  in the cache): a backend that can attend over them directly, when no sequence has a cached prefix,
+  says so through `prefill_reads_step_kv`, so that fused callers only build them when they are read.
 
 Backends are stateless apart from scratch buffers and never synchronise with the host on the decode
 path, so decode steps can be captured in CUDA graphs.
@@ -47,6 +50,14 @@ class AttentionMetadata:
         return self.seq_lens.shape[0]
 
 
+@dataclass
+class StepKV:
+    """This step's new keys and values, [num_tokens, num_kv_heads, head_dim] each (row-strided views do)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+
 class AttentionBackend(ABC):
     """Computes paged attention for one layer; chosen once per engine."""
 
@@ -71,8 +82,18 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        step_kv: StepKV | None = None,
     ) -> torch.Tensor:
-        """Variable-length causal attention over each sequence's cached prefix plus new tokens."""
+        """Variable-length causal attention over each sequence's cached prefix plus new tokens.
+
+        `step_kv` (already stored in the cache too) may be read instead of the cache where
+        `prefill_reads_step_kv` says so; every other backend ignores it."""
+
+    def prefill_reads_step_kv(
+        self, meta: AttentionMetadata, dtype: torch.dtype, head_dim: int, scale: float
+    ) -> bool:
+        """Whether `prefill` of this step would read `step_kv` (so a fused caller should produce it)."""
+        return False
 
     @abstractmethod
     def decode(
@@ -99,4 +120,4 @@ class AttentionBackend(ABC):
         self.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.is_decode:
             return self.decode(q, k_cache, v_cache, meta, scale)
-        return self.prefill(q, k_cache, v_cache, meta, scale)
+        return self.prefill(q, k_cache, v_cache, meta, scale, StepKV(k, v))

@@ -24,7 +24,9 @@ class TorchAttentionBackend(AttentionBackend):
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
 
-    def prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def prefill(
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, step_kv=None
+    ) -> torch.Tensor:
         return self._attend(q, k_cache, v_cache, meta, scale)
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

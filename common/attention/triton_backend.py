@@ -3,8 +3,11 @@
 Imported only when chosen (see `registry.py`), so machines without Triton never import it.
 
 * store_kv: one launch scatters k and v into their slots.
-* prefill: one launch over all sequences' query tiles; reads the cached prefix and the new tokens
-  through the block table (chunked prefill works unchanged).
+* prefill: prompts with no cached prefix, in fp16/bf16, run on PyTorch's FlashAttention over the
+  step's own packed k/v (`varlen_prefill.py`) where this PyTorch has `varlen_attn`; everything else
+  (chunked prefill, prefix-cache hits, float32, no `varlen_attn`) takes one Triton launch over all
+  sequences' query tiles, reading the cached prefix and the new tokens through the block table.
+  `PDSERVE_DISABLE_VARLEN_PREFILL=1` keeps every prefill on Triton (A/B runs).
 * decode: split-K flash-decoding with GQA head packing. The split count is a function of host ints
   only (batch size, KV heads, `meta.max_seq_len`, SM count), and the kernels derive each split's
   range from the sequence's length on the device. For CUDA graphs the runner should fill
@@ -14,9 +17,12 @@ Imported only when chosen (see `registry.py`), so machines without Triton never 
 
 from __future__ import annotations
 
+import logging
+import os
+
 import torch
 
-from common.attention.base import AttentionBackend, AttentionMetadata
+from common.attention.base import AttentionBackend, AttentionMetadata, StepKV
 from common.attention.triton_kernels.decode_attention import (
     choose_num_splits,
     num_sms,
@@ -24,6 +30,15 @@ from common.attention.triton_kernels.decode_attention import (
 )
 from common.attention.triton_kernels.prefill_attention import paged_prefill_attention
 from common.attention.triton_kernels.store_kv import store_kv
+from common.attention.varlen_prefill import (
+    PrefillKernel,
+    VarlenApi,
+    find_varlen_api,
+    route,
+    varlen_prefill,
+)
+
+log = logging.getLogger(__name__)
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -31,14 +46,33 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
 
-    def __init__(self, decode_num_splits: int | None = None) -> None:
+    def __init__(self, decode_num_splits: int | None = None, varlen_prefill: bool = True) -> None:
         # A fixed split count overrides the heuristic (tests, tuning).
         self.decode_num_splits = decode_num_splits
+        use_varlen = varlen_prefill and os.environ.get("PDSERVE_DISABLE_VARLEN_PREFILL") != "1"
+        self.varlen = find_varlen_api() if use_varlen else None
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping)
 
-    def prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def prefill_reads_step_kv(
+        self, meta: AttentionMetadata, dtype: torch.dtype, head_dim: int, scale: float
+    ) -> bool:
+        kernel = route(self.varlen, dtype, head_dim, scale, meta.query_start_loc_host, meta.seq_lens_host)
+        return kernel is PrefillKernel.VARLEN
+
+    def prefill(
+        self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, step_kv: StepKV | None = None
+    ) -> torch.Tensor:
+        api = self.varlen
+        if (
+            step_kv is not None
+            and api is not None
+            and self.prefill_reads_step_kv(meta, q.dtype, q.shape[-1], scale)
+        ):
+            out = self._varlen(api, q, step_kv, meta, scale)
+            if out is not None:
+                return out
         return paged_prefill_attention(
             q,
             k_cache,
@@ -49,6 +83,24 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             meta.max_query_len,
         )
+
+    def _varlen(self, api: VarlenApi, q, step_kv: StepKV, meta: AttentionMetadata, scale: float):
+        """FlashAttention on the step's k/v; None (and Triton from then on) if this PyTorch refuses the call:
+        the KV is in the cache already, so the paged kernel gives the same answer."""
+        try:
+            return varlen_prefill(
+                api, q, step_kv.k, step_kv.v, meta.query_start_loc, meta.max_query_len, scale
+            )
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, ValueError, TypeError) as exc:
+            log.warning(
+                "varlen_attn failed (%s: %s); prefill falls back to the Triton kernel",
+                type(exc).__name__,
+                exc,
+            )
+            self.varlen = None
+            return None
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         splits = self.decode_num_splits or choose_num_splits(

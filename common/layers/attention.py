@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from common.attention.base import StepKV
 from common.attention.context import get_forward_context
 from common.layers.fused import ops
 
@@ -33,9 +34,19 @@ class Attention(nn.Module):
         """CUDA path: one kernel applies q/k norm + rotary and stores k, v in the cache; then attend.
 
         Saves two launches per layer (separate q and k rotary kernels and the KV store), which is
-        what bounds small-batch decode inside a CUDA graph.
+        what bounds small-batch decode inside a CUDA graph. On prefill steps whose backend attends over
+        the step's own keys (fresh prompts, see `varlen_prefill.py`) the kernel also writes the rotated
+        k to a packed tensor; v is read in place from qkv.
         """
         ctx = get_forward_context()
+        meta = ctx.meta
+        k_out = None
+        if not meta.is_decode and ctx.backend.prefill_reads_step_kv(
+            meta, qkv.dtype, self.head_dim, self.scale
+        ):
+            k_out = torch.empty(
+                (qkv.shape[0], self.num_kv_heads, self.head_dim), dtype=qkv.dtype, device=qkv.device
+            )
         q = ops().qkv_rope_store(
             qkv,
             positions,
@@ -48,7 +59,15 @@ class Attention(nn.Module):
             self.num_kv_heads,
             self.k_cache,
             self.v_cache,
-            ctx.meta.slot_mapping,
+            meta.slot_mapping,
+            k_out,
         )
-        attend = ctx.backend.decode if ctx.meta.is_decode else ctx.backend.prefill
-        return attend(q, self.k_cache, self.v_cache, ctx.meta, self.scale)
+        if meta.is_decode:
+            return ctx.backend.decode(q, self.k_cache, self.v_cache, meta, self.scale)
+        step_kv = StepKV(k_out, self._v_view(qkv)) if k_out is not None else None
+        return ctx.backend.prefill(q, self.k_cache, self.v_cache, meta, self.scale, step_kv)
+
+    def _v_view(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The step's values as a row-strided [T, Hkv, D] view of qkv (they need no rotation)."""
+        v_start = (self.num_heads + self.num_kv_heads) * self.head_dim
+        return qkv[:, v_start:].view(qkv.shape[0], self.num_kv_heads, self.head_dim)

@@ -159,6 +159,7 @@ def norm_rope(
 def _qkv_kernel(
     qkv_ptr,
     q_out_ptr,
+    k_out_ptr,
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
@@ -178,6 +179,7 @@ def _qkv_kernel(
     HALF: tl.constexpr,
     HAS_NORM: tl.constexpr,
     CACHE_BLOCK: tl.constexpr,
+    K_OUT: tl.constexpr,
 ):
     # One program per (token, head) over q heads, then k heads, then v heads.
     tok = tl.program_id(0)
@@ -217,6 +219,10 @@ def _qkv_kernel(
             keep = (d < HALF) & (slot >= 0)
             tl.store(dst + d, r1.to(k_cache_ptr.dtype.element_ty), mask=keep)
             tl.store(dst + HALF + d, r2.to(k_cache_ptr.dtype.element_ty), mask=keep)
+            if K_OUT:  # the same rotated k, packed, for attention over the step's own keys
+                k_dst = k_out_ptr + (tok * num_kv_heads + head - num_heads) * HEAD_DIM
+                tl.store(k_dst + d, r1)
+                tl.store(k_dst + HALF + d, r2)
 
 
 def qkv_rope_store(
@@ -232,18 +238,29 @@ def qkv_rope_store(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """From the fused qkv projection [T, (H + 2 Hkv) * D]: q normed+rotated into a new [T, H, D]
     tensor; k normed+rotated and v written straight into their cache slots (slot < 0: skipped).
-    One launch replaces q-rope, k-rope and the KV store."""
+    One launch replaces q-rope, k-rope and the KV store. With `k_out` ([T, Hkv, D], contiguous, qkv's
+    dtype) the rotated k is also written there, every row, for prefill attention over the step's keys."""
     tokens = qkv.shape[0]
     head_dim = k_cache.shape[-1]
     q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if k_out is not None and (
+        k_out.shape != (tokens, num_kv_heads, head_dim)
+        or k_out.dtype != qkv.dtype
+        or not k_out.is_contiguous()
+    ):
+        raise ValueError(
+            f"k_out must be a contiguous {qkv.dtype} [{tokens}, {num_kv_heads}, {head_dim}] tensor"
+        )
     if tokens:
         has_norm = q_weight is not None
         _qkv_kernel[(tokens, num_heads + 2 * num_kv_heads)](
             qkv,
             q,
+            k_out if k_out is not None else q,
             k_cache,
             v_cache,
             slot_mapping,
@@ -263,6 +280,7 @@ def qkv_rope_store(
             HALF=head_dim // 2,
             HAS_NORM=has_norm,
             CACHE_BLOCK=k_cache.shape[1],
+            K_OUT=k_out is not None,
             num_warps=1,
         )
     return q

@@ -90,9 +90,10 @@ def test_norm_rope_on_strided_views(with_norm, head_dim):
     torch.testing.assert_close(got_k, ref_k, **TOL)
 
 
+@pytest.mark.parametrize("with_k_out", [False, True])
 @pytest.mark.parametrize("with_norm", [False, True])
 @pytest.mark.parametrize("block_size", [16, 64])
-def test_qkv_rope_store_matches_separate_steps(with_norm, block_size):
+def test_qkv_rope_store_matches_separate_steps(with_norm, block_size, with_k_out):
     from common.attention.torch_backend import TorchAttentionBackend
 
     torch.manual_seed(block_size)
@@ -114,6 +115,7 @@ def test_qkv_rope_store_matches_separate_steps(with_norm, block_size):
     ref_cache = torch.full(shape, float("nan"), device=DEVICE, dtype=DTYPE)
     TorchAttentionBackend().store_kv(ref_k, v, ref_cache[0], ref_cache[1], slots)
     cache = torch.full(shape, float("nan"), device=DEVICE, dtype=DTYPE)
+    k_out = torch.full((tokens, kv_heads, head_dim), float("nan"), device=DEVICE, dtype=DTYPE)
     got_q = triton_ops.qkv_rope_store(
         qkv,
         positions,
@@ -127,6 +129,25 @@ def test_qkv_rope_store_matches_separate_steps(with_norm, block_size):
         cache[0],
         cache[1],
         slots,
+        k_out if with_k_out else None,
     )
     torch.testing.assert_close(got_q, ref_q, **TOL)
     torch.testing.assert_close(cache, ref_cache, equal_nan=True, **TOL)
+    if with_k_out:  # every row, the padding one too, holds exactly the k that went to the cache
+        torch.testing.assert_close(k_out, ref_k, **TOL)
+        stored = cache[0].flatten(0, 1)[slots[slots >= 0]]
+        assert torch.equal(k_out[slots >= 0], stored)
+
+
+def test_qkv_rope_store_rejects_a_misshapen_k_out():
+    tokens, heads, kv_heads, head_dim = 3, 4, 2, 64
+    rope = RotaryEmbedding(head_dim, 64, 10000.0).to(DEVICE)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device=DEVICE, dtype=DTYPE)
+    cache = torch.zeros((2, 2, 16, kv_heads, head_dim), device=DEVICE, dtype=DTYPE)
+    wrong = torch.empty((tokens, heads, head_dim), device=DEVICE, dtype=DTYPE)
+    positions = torch.arange(tokens, device=DEVICE)
+    slots = torch.arange(tokens, device=DEVICE)
+    with pytest.raises(ValueError, match="k_out"):
+        triton_ops.qkv_rope_store(
+            qkv, positions, rope.cos, rope.sin, None, None, 0.0, heads, kv_heads, *cache, slots, wrong
+        )
