@@ -6,7 +6,7 @@ Each case is timed inside a CUDA graph (one replay calls it once per weight copy
 larger than the L2 cache, so weights come from HBM as in a model's step), so launch cost is out and
 what is left is what a decode graph pays. "unfused" is what the layer ran before: add+RMSNorm,
 F.linear (cuBLAS), SiLU*mul where the projection is gate/up. `--sweep` tries every launch shape at
-the first row count and prints the best per shape (what `triton_skinny.launch_for` should pick).
+each row count and prints the best per shape (what `triton_skinny.launch_for` should pick).
 """
 
 from __future__ import annotations
@@ -95,8 +95,14 @@ def case(name: str, n: int, k: int, mlp: bool, rows: int, launch: SkinnyLaunch |
 
 def sweep(n: int, k: int, mlp: bool, name: str, rows: int) -> tuple[SkinnyLaunch, float]:
     best = (SkinnyLaunch(), float("inf"))
-    for bn, bk, stages in itertools.product((16, 32, 64), (64, 128, 256), (2, 3)):
-        launch = SkinnyLaunch(bn, bk, 4, stages)
+    few = rows <= 4  # the multiply-add path: narrower, longer tiles
+    grid = (
+        itertools.product((8, 16, 32), (256, 512, 1024), (4, 8))
+        if few
+        else itertools.product((16, 32, 64), (128, 256), (4,))
+    )
+    for bn, bk, warps in grid:
+        launch = SkinnyLaunch(bn, bk, warps, 3)
         try:
             fused, _, calls, _ = case(name, n, k, mlp, rows, launch)
             us = _time_us(fused, calls)
@@ -118,11 +124,11 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for model in args.models:
         for name, n, k, mlp in projections(model):
-            launch = sweep(n, k, mlp, name, args.rows[0])[0] if args.sweep else None
             for rows in args.rows:
+                launch = sweep(n, k, mlp, name, rows)[0] if args.sweep else None
                 fused, unfused, calls, nbytes = case(name, n, k, mlp, rows, launch)
                 f_us, u_us = _time_us(fused, calls), _time_us(unfused, calls)
-                shown = launch or launch_for(n // 2 if mlp else n, k)
+                shown = launch or launch_for(n // 2 if mlp else n, k, rows)
                 print(
                     f"| {model} | {name} | {rows} | {nbytes / 1e6:.1f} | {u_us:.2f} | {f_us:.2f} | "
                     f"{u_us / f_us:.2f}x | {nbytes / f_us / 1e6:.2f} | {shown} |"

@@ -43,14 +43,19 @@ class SkinnyLaunch:
     split_k: int = 0
 
 
+# Rows handled with multiply-adds instead of tensor-core tiles (which pad to 16 rows).
+_FMA_MAX_ROWS: tl.constexpr = tl.constexpr(4)
 # Programs to aim for: about four per SM of an H200 keeps enough weight loads in flight.
 _TARGET_PROGRAMS = 528
 _MAX_SPLIT = 16
 
 
-def launch_for(n: int, k: int) -> SkinnyLaunch:
-    """The launch for an [n, k] weight (see benchmarks/skinny_gemm.py for the sweep behind it)."""
-    return SkinnyLaunch()
+def launch_for(n: int, k: int, rows: int) -> SkinnyLaunch:
+    """The launch for an [n, k] weight and `rows` input rows (benchmarks/skinny_gemm.py sweeps them):
+    the multiply-add path keeps about 8k products per iteration in registers."""
+    if rows <= _FMA_MAX_ROWS.value:
+        return SkinnyLaunch(block_n=16, block_k=512 // triton.next_power_of_2(rows))
+    return SkinnyLaunch(block_n=32, block_k=256)
 
 
 def split_for(n: int, k: int, launch: SkinnyLaunch) -> int:
@@ -102,6 +107,15 @@ def _load_input(
         w = tl.load(nw_ptr + ks, mask=k_ok, other=0.0)
         x = (x.to(tl.float32) * inv[:, None]).to(dt) * w[None, :]
     return x
+
+
+@triton.jit
+def _product(x, w, acc, BM: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + x @ w.T for x [BM, BK], w [BN, BK]. Up to 4 rows as fp32 multiply-adds straight from the
+    loaded registers (a streaming read, like a GEMV); more rows on the tensor cores (16-row tiles)."""
+    if BM <= _FMA_MAX_ROWS:
+        return acc + tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -161,10 +175,10 @@ def _skinny_kernel(
         )
         w_mask = col_ok[:, None] & k_ok[None, :]
         w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        acc = _product(x, w, acc, BM, PRECISION)
         if SILU_MUL:
             wu = tl.load(w_ptr + (cols + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
-            acc_up = tl.dot(x, tl.trans(wu), acc_up, input_precision=PRECISION)
+            acc_up = _product(x, wu, acc_up, BM, PRECISION)
     tile = rows[:, None] * BN + tl.arange(0, BN)[None, :]
     last = True
     if SPLIT_K > 1:  # partials to scratch; the last program to arrive at this column block adds them
@@ -235,14 +249,15 @@ def skinny_linear(
     res_out = torch.empty_like(x) if residual is not None else x
     if residual is not None:
         residual = residual.contiguous()
-    cfg = launch or launch_for(n, k)
+    cfg = launch or launch_for(n, k, rows)
     split = split_for(n, k, cfg)
+    tile_rows = triton.next_power_of_2(rows) if rows <= _FMA_MAX_ROWS.value else SKINNY_MAX_ROWS
     blocks = triton.cdiv(n, cfg.block_n)
     if blocks > _MAX_COLUMN_BLOCKS:
         raise ValueError(f"skinny_linear: {n} output columns are more than this kernel's counters cover")
     per_split = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
     part = torch.empty(
-        blocks * split * 2 * SKINNY_MAX_ROWS * cfg.block_n if split > 1 else 1,
+        blocks * split * 2 * tile_rows * cfg.block_n if split > 1 else 1,
         dtype=torch.float32,
         device=x.device,
     )
@@ -272,7 +287,7 @@ def skinny_linear(
             HAS_NORM=norm_weight is not None,
             SILU_MUL=silu_mul,
             HAS_BIAS=bias is not None,
-            BM=SKINNY_MAX_ROWS,
+            BM=tile_rows,
             BN=cfg.block_n,
             BK=cfg.block_k,
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
