@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from common.layers.fused import SKINNY_MAX_ROWS  # tl.dot pads the rows to 16; past that cuBLAS tiles win
+# The kernel takes up to 16 rows (tl.dot pads to 16); the engine sends it SKINNY_MAX_ROWS (fused.py).
+_MAX_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ _MAX_SPLIT = 16
 def launch_for(n: int, k: int, rows: int) -> SkinnyLaunch:
     """The launch for an [n, k] weight and `rows` input rows (benchmarks/skinny_gemm.py sweeps them):
     the multiply-add path keeps about 8k products per iteration in registers."""
+    if rows == 1:  # the H200 sweep's best for all four Qwen3-0.6B projections
+        return SkinnyLaunch(block_n=8, block_k=1024)
     if rows <= _FMA_MAX_ROWS.value:
         return SkinnyLaunch(block_n=16, block_k=512 // triton.next_power_of_2(rows))
     return SkinnyLaunch(block_n=32, block_k=256)
@@ -229,7 +232,7 @@ def skinny_linear(
     silu_mul: bool = False,
     launch: SkinnyLaunch | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """`linear(x, weight, bias)` for x of at most SKINNY_MAX_ROWS rows, with optional fusions:
+    """`linear(x, weight, bias)` for x of at most _MAX_ROWS rows, with optional fusions:
 
     * `norm_weight`: the input is `rmsnorm(x [+ residual]) * norm_weight` first; with `residual` the
       result is `(out, x + residual)`, the second being the next residual stream;
@@ -237,8 +240,8 @@ def skinny_linear(
       `silu(x @ gate.T) * (x @ up.T)`, [rows, n].
     """
     rows, k = x.shape
-    if rows > SKINNY_MAX_ROWS:
-        raise ValueError(f"skinny_linear takes at most {SKINNY_MAX_ROWS} rows, got {rows}")
+    if rows > _MAX_ROWS:
+        raise ValueError(f"skinny_linear takes at most {_MAX_ROWS} rows, got {rows}")
     if residual is not None and norm_weight is None:
         raise ValueError("skinny_linear: residual is only fused together with norm_weight")
     if silu_mul and bias is not None:
@@ -251,7 +254,7 @@ def skinny_linear(
         residual = residual.contiguous()
     cfg = launch or launch_for(n, k, rows)
     split = split_for(n, k, cfg)
-    tile_rows = triton.next_power_of_2(rows) if rows <= _FMA_MAX_ROWS.value else SKINNY_MAX_ROWS
+    tile_rows = triton.next_power_of_2(rows) if rows <= _FMA_MAX_ROWS.value else _MAX_ROWS
     blocks = triton.cdiv(n, cfg.block_n)
     if blocks > _MAX_COLUMN_BLOCKS:
         raise ValueError(f"skinny_linear: {n} output columns are more than this kernel's counters cover")
