@@ -3,11 +3,12 @@
 Imported only when chosen (see `registry.py`), so machines without Triton never import it.
 
 * store_kv: one launch scatters k and v into their slots.
-* prefill: prompts with no cached prefix, in fp16/bf16, run on PyTorch's FlashAttention over the
-  step's own packed k/v (`varlen_prefill.py`) where this PyTorch has `varlen_attn`; everything else
-  (chunked prefill, prefix-cache hits, float32, no `varlen_attn`) takes one Triton launch over all
-  sequences' query tiles, reading the cached prefix and the new tokens through the block table.
-  `PDSERVE_DISABLE_VARLEN_PREFILL=1` keeps every prefill on Triton (A/B runs).
+* prefill: one Triton launch over all sequences' query tiles, reading the cached prefix and the new
+  tokens through the block table. With `PDSERVE_VARLEN_PREFILL=1`, prompts with no cached prefix, in
+  fp16/bf16, run on PyTorch's FlashAttention over the step's own packed k/v instead
+  (`varlen_prefill.py`) where this PyTorch has `varlen_attn`. Off by default: on the H200 with
+  torch 2.11 it runs at 49% of SDPA's rate against the Triton kernel's 60% (docs/benchmarks.md);
+  it is there for PyTorch builds whose FlashAttention is faster than the Triton kernel.
 * decode: split-K flash-decoding with GQA head packing. The split count is a function of host ints
   only (batch size, KV heads, `meta.max_seq_len`, SM count), and the kernels derive each split's
   range from the sequence's length on the device. For CUDA graphs the runner should fill
@@ -46,10 +47,12 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
 
-    def __init__(self, decode_num_splits: int | None = None, varlen_prefill: bool = True) -> None:
+    def __init__(self, decode_num_splits: int | None = None, varlen_prefill: bool | None = None) -> None:
         # A fixed split count overrides the heuristic (tests, tuning).
         self.decode_num_splits = decode_num_splits
-        use_varlen = varlen_prefill and os.environ.get("PDSERVE_DISABLE_VARLEN_PREFILL") != "1"
+        if varlen_prefill is None:  # see the module docstring for why it is opt-in
+            varlen_prefill = os.environ.get("PDSERVE_VARLEN_PREFILL") == "1"
+        use_varlen = varlen_prefill
         self.varlen = find_varlen_api() if use_varlen else None
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:

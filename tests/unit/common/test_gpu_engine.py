@@ -93,7 +93,7 @@ def test_cuda_graphs_match_eager(qwen3_dir):
 def test_prefix_hit_matches_miss(qwen3_dir, monkeypatch):
     # Misses would prefill on FlashAttention and hits on Triton, which round differently in bf16: this
     # compares the cache, not the kernels (test_varlen_prefill.py does that), so both run on Triton.
-    monkeypatch.setenv("PDSERVE_DISABLE_VARLEN_PREFILL", "1")
+    monkeypatch.setenv("PDSERVE_VARLEN_PREFILL", "0")
     prefix = _prompts(1, 256, 256, seed=2)[0]
     prompts = [prefix + p for p in _prompts(6, 5, 60, seed=3)]
     cold = _llm(qwen3_dir, enable_prefix_caching=False)

@@ -96,7 +96,7 @@ class Step:
 
 
 def _check_varlen(step: Step) -> None:
-    backend = TritonAttentionBackend()
+    backend = TritonAttentionBackend(varlen_prefill=True)
     assert backend.prefill_reads_step_kv(step.meta, step.q.dtype, HEAD_DIM, SCALE)
     out = step.backend_prefill(backend)
     assert API is not None
@@ -150,14 +150,14 @@ PREFIX_CASES = {
 def test_steps_with_a_cached_prefix_stay_on_triton(case, dtype):
     prefix, q_lens = PREFIX_CASES[case]
     step = Step(prefix, q_lens, group=4, dtype=dtype)
-    backend = TritonAttentionBackend()
+    backend = TritonAttentionBackend(varlen_prefill=True)
     assert not backend.prefill_reads_step_kv(step.meta, dtype, HEAD_DIM, SCALE)
     assert torch.equal(step.backend_prefill(backend), step.triton())
 
 
 def test_float32_stays_on_triton():
     step = Step([0, 0], [50, 200], group=2, dtype=torch.float32)
-    backend = TritonAttentionBackend()
+    backend = TritonAttentionBackend(varlen_prefill=True)
     assert not backend.prefill_reads_step_kv(step.meta, torch.float32, HEAD_DIM, SCALE)
     assert torch.equal(step.backend_prefill(backend), step.triton())
 
@@ -167,7 +167,7 @@ def test_a_refused_varlen_call_falls_back_to_triton_for_good():
         raise RuntimeError("FlashAttention was not built for this GPU")
 
     step = Step([0, 0], [50, 200], group=2, dtype=torch.bfloat16)
-    backend = TritonAttentionBackend()
+    backend = TritonAttentionBackend(varlen_prefill=True)
     backend.varlen = VarlenApi(refuses, causal_by_window=True, takes_scale=True, takes_enable_gqa=True)
     assert torch.equal(step.backend_prefill(backend), step.triton())
     assert backend.varlen is None
@@ -215,7 +215,7 @@ def _engine_run(model: str, dtype: str, prompts, varlen: bool, monkeypatch):
     from common import LLM, SamplingParams
     from tests.helpers.recording import record_logits
 
-    monkeypatch.setenv("PDSERVE_DISABLE_VARLEN_PREFILL", "0" if varlen else "1")
+    monkeypatch.setenv("PDSERVE_VARLEN_PREFILL", "1" if varlen else "0")
     gc.collect()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
