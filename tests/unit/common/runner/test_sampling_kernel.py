@@ -29,8 +29,12 @@ pytestmark = [] if INTERPRET else [pytest.mark.gpu]
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
 DTYPE = torch.float32 if INTERPRET else torch.bfloat16
 VOCAB = 9_000 if INTERPRET else 151_936  # 3 chunks under the interpreter, 38 on the GPU
-DRAWS = 3_000 if INTERPRET else 40_000
-MIXED = 600 if INTERPRET else 2_000  # rows per kind in the mixed batch (the torch path sorts them)
+# The draws' tests: the interpreter runs one program per row at ~30 ms a chunk, so there they use one
+# chunk (its 4 Philox outputs) and fewer draws; the GPU uses the whole vocabulary.
+HOT_VOCAB = sampling_kernel.CHUNK if INTERPRET else VOCAB
+DRAWS = 1_000 if INTERPRET else 40_000
+MIXED = 300 if INTERPRET else 2_000  # rows per kind in the mixed batch (the torch path sorts them)
+TEMPERATURES = [0.8] if INTERPRET else [0.6, 1.3]
 
 
 def _batch(temps: list[float], plain: list[bool] | None = None, **kw) -> SamplingBatch:
@@ -98,8 +102,9 @@ def test_greedy_rows_honour_the_grammar_mask():
 def _hot_row(temperature: float) -> tuple[torch.Tensor, list[int], torch.Tensor]:
     """One row of logits whose mass sits on a few columns spread over the chunks, plus the rest
     (a few percent): the row, the hot columns, and softmax(row / T) bucketed as [hot..., the rest]."""
-    hot = [0, 4095, 4096, VOCAB // 2, VOCAB - 1]
-    row = torch.full((VOCAB,), -temperature * math.log(VOCAB))
+    lanes = sampling_kernel.LANES
+    hot = [0, lanes - 1, lanes, HOT_VOCAB // 2 + 3, HOT_VOCAB - 1]
+    row = torch.full((HOT_VOCAB,), -temperature * math.log(HOT_VOCAB))
     row[hot] = torch.tensor([1.0, 0.5, 1.5, 0.0, 1.25])
     row = row.to(DTYPE)  # the kernel sees these exact values
     probs = torch.softmax(row.float() / temperature, dim=-1)
@@ -108,14 +113,14 @@ def _hot_row(temperature: float) -> tuple[torch.Tensor, list[int], torch.Tensor]
 
 
 def _bucket(tokens: torch.Tensor, hot: list[int]) -> torch.Tensor:
-    counts = torch.bincount(tokens.cpu(), minlength=VOCAB).double()
+    counts = torch.bincount(tokens.cpu(), minlength=HOT_VOCAB).double()
     return torch.cat([counts[hot], (counts.sum() - counts[hot].sum()).reshape(1)])
 
 
-@pytest.mark.parametrize("temperature", [0.6, 1.3])
+@pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_draws_follow_softmax_over_temperature(temperature):
     row, hot, probs = _hot_row(temperature)
-    logits = row.expand(DRAWS, VOCAB)  # stride 0 between rows: one read of the row per program
+    logits = row.expand(DRAWS, HOT_VOCAB)  # stride 0 between rows: one read of the row per program
     temps = torch.full((DRAWS,), temperature, device=DEVICE)
     tokens = sampling_kernel.pick_tokens(logits, temps, _seeds(DRAWS))
     ok, stat = _chi_square_ok(_bucket(tokens, hot), probs)
@@ -151,7 +156,7 @@ def test_mixed_batch_greedy_sampled_and_a_top_p_row_on_the_torch_path():
     temps = [0.0] * 3 + [temperature] * n + [temperature] * n
     top_p = torch.tensor([1.0] * (3 + n) + [0.6] * n, device=DEVICE)
     batch = _batch(temps, plain=[True] * (3 + n) + [False] * n, top_p=top_p, num_logprobs=[2] + [None] * (2 * n + 2))
-    logits = row.expand(len(temps), VOCAB)
+    logits = row.expand(len(temps), HOT_VOCAB)
     torch.manual_seed(5)
     out = Sampler(fused=True)(logits, batch)
     tokens = out.token_ids.cpu()
