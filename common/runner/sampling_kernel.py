@@ -17,8 +17,6 @@ across programs, so a seeded row repeats its tokens exactly.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -28,11 +26,25 @@ import triton.language as tl
 # gets: changing it changes the draws a given seed produces.
 LANES = 1024
 CHUNK = 4 * LANES
+NUM_WARPS = 8
+MAX_SPLITS = 64  # programs per row at most (a power of 2: the merge loads them as one block)
 _MIN_TEMPERATURE = 1e-5  # as the torch path's clamp
 
 
 @triton.jit
-def _exp1(r):
+def _log2(x, FAST: tl.constexpr):
+    """log2: the hardware's approximation on the GPU (a couple of ulp, ample for noise keys: _exp1
+    keeps arguments away from the region where it loses precision); the interpreter's numpy log2."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _exp1(r, FAST: tl.constexpr):
     """Exp(1) from 32 random bits, strictly positive and finite. -log(u) loses all precision as u -> 1
     (where the small, decisive E live), so that end uses the series of -log(1 - w) on w = 1 - u,
     which is exact in fp32 here."""
@@ -40,20 +52,31 @@ def _exp1(r):
     u = (k + 0.5) * 1.1920928955078125e-07
     w = (8388607.5 - k) * 1.1920928955078125e-07
     series = w * (1.0 + w * (0.5 + w * (0.3333333333 + w * 0.25)))
-    return tl.where(w < 0.0078125, series, -tl.log2(u) * 0.6931471805599453)
+    return tl.where(w < 0.0078125, series, -_log2(u, FAST) * 0.6931471805599453)
 
 
 @triton.jit
 def _scan_block(
-    row_ptr, allowed_row, cols, n_cols, best, best_col, r, scale, HAS_ALLOWED: tl.constexpr, SAMPLE: tl.constexpr
+    row_ptr,
+    allowed_row,
+    cols,
+    n_cols,
+    best,
+    best_col,
+    r,
+    scale,
+    HAS_ALLOWED: tl.constexpr,
+    SAMPLE: tl.constexpr,
+    FAST: tl.constexpr,
 ):
+    """One block of columns into each lane's running (best key, its column)."""
     mask = cols < n_cols
     x = tl.load(row_ptr + cols, mask=mask, other=float("-inf")).to(tl.float32)
     if HAS_ALLOWED:
         ok = tl.load(allowed_row + cols, mask=mask, other=0)
         x = tl.where(ok != 0, x, float("-inf"))
     if SAMPLE:
-        key = x * scale - tl.log2(_exp1(r))  # log2 units: same ranking as x / T - ln E
+        key = x * scale - _log2(_exp1(r, FAST), FAST)  # log2 units: ranks as x / T - ln E
     else:
         key = tl.where(x != x, float("inf"), x)  # NaN ranks first, as in torch.argmax
     # Each lane sees its columns in increasing order, so a strict > keeps the first of equal keys.
@@ -73,7 +96,10 @@ def _scan(
     LANES: tl.constexpr,
     HAS_ALLOWED: tl.constexpr,
     SAMPLE: tl.constexpr,
+    FAST: tl.constexpr,
 ):
+    """The best key and its column over chunks [first, last) of a row. Chunk c's 4 blocks of LANES
+    columns take the 4 outputs of Philox at counters c * LANES + lane."""
     lanes = tl.arange(0, LANES)
     best = tl.full([LANES], float("-inf"), tl.float32)
     best_col = first * 4 * LANES + lanes  # each lane's first column: the answer for an all -inf row
@@ -82,21 +108,33 @@ def _scan(
         base = c * 4 * LANES + lanes
         if SAMPLE:
             r0, r1, r2, r3 = tl.randint4x(seed, c * LANES + lanes)
-        else:
+        else:  # unused
             r0 = lanes
             r1 = lanes
             r2 = lanes
             r3 = lanes
-        best, best_col = _scan_block(row_ptr, allowed_row, base, n_cols, best, best_col, r0, scale, HAS_ALLOWED, SAMPLE)
-        best, best_col = _scan_block(
-            row_ptr, allowed_row, base + LANES, n_cols, best, best_col, r1, scale, HAS_ALLOWED, SAMPLE
-        )
-        best, best_col = _scan_block(
-            row_ptr, allowed_row, base + 2 * LANES, n_cols, best, best_col, r2, scale, HAS_ALLOWED, SAMPLE
-        )
-        best, best_col = _scan_block(
-            row_ptr, allowed_row, base + 3 * LANES, n_cols, best, best_col, r3, scale, HAS_ALLOWED, SAMPLE
-        )
+        for k in tl.static_range(4):
+            if k == 0:
+                r = r0
+            elif k == 1:
+                r = r1
+            elif k == 2:
+                r = r2
+            else:
+                r = r3
+            best, best_col = _scan_block(
+                row_ptr,
+                allowed_row,
+                base + k * LANES,
+                n_cols,
+                best,
+                best_col,
+                r,
+                scale,
+                HAS_ALLOWED,
+                SAMPLE,
+                FAST,
+            )
     top = tl.max(best, axis=0)
     return top, tl.min(tl.where(best == top, best_col, 2147483647), axis=0)
 
@@ -111,6 +149,7 @@ def _pick_kernel(
     allowed_stride,
     part_key_ptr,
     part_col_ptr,
+    count_ptr,
     out_ptr,
     n_cols,
     chunks_per_split,
@@ -118,6 +157,8 @@ def _pick_kernel(
     min_temp,
     HAS_ALLOWED: tl.constexpr,
     SPLIT: tl.constexpr,
+    FAST: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
     LANES: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -130,47 +171,80 @@ def _pick_kernel(
     allowed_row = allowed_ptr + row.to(tl.int64) * allowed_stride
     temp = tl.load(temp_ptr + row)
     if temp == 0.0:
-        top, col = _scan(row_ptr, allowed_row, 0, 1.0, n_cols, first, last, LANES, HAS_ALLOWED, False)
+        top, col = _scan(row_ptr, allowed_row, 0, 1.0, n_cols, first, last, LANES, HAS_ALLOWED, False, FAST)
     else:
         seed = tl.load(seed_ptr + row)
         scale = 1.4426950408889634 / tl.maximum(temp, min_temp)
-        top, col = _scan(row_ptr, allowed_row, seed, scale, n_cols, first, last, LANES, HAS_ALLOWED, True)
+        top, col = _scan(
+            row_ptr, allowed_row, seed, scale, n_cols, first, last, LANES, HAS_ALLOWED, True, FAST
+        )
     if SPLIT:
-        n_splits = tl.num_programs(1)
-        tl.store(part_key_ptr + row * n_splits + split, top)
-        tl.store(part_col_ptr + row * n_splits + split, col)
+        _merge_when_last(part_key_ptr, part_col_ptr, count_ptr, out_ptr, row, split, top, col, MAX_SPLITS)
     else:
         tl.store(out_ptr + row, col.to(tl.int64))
 
 
 @triton.jit
-def _merge_kernel(part_key_ptr, part_col_ptr, out_ptr, n_splits, BLOCK: tl.constexpr):
-    """Per row, the best of its splits' winners; splits cover increasing columns, so the smallest
-    column among equal keys is the first one, as in the single-program scan."""
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n_splits
-    keys = tl.load(part_key_ptr + row * n_splits + offs, mask=mask, other=float("-inf"))
-    cols = tl.load(part_col_ptr + row * n_splits + offs, mask=mask, other=2147483647)
-    top = tl.max(keys, axis=0)
-    col = tl.min(tl.where(mask & (keys == top), cols, 2147483647), axis=0)
-    tl.store(out_ptr + row, col.to(tl.int64))
+def _merge_when_last(
+    part_key_ptr, part_col_ptr, count_ptr, out_ptr, row, split, top, col, MAX_SPLITS: tl.constexpr
+):
+    """Each split posts its winner; the row's last split to finish (a per-row counter, reset by that
+    split for the next call) takes the best, the smallest column among equal keys: splits cover
+    increasing columns, so that is the first one, as in a single scan. One launch, no merge kernel."""
+    n_splits = tl.num_programs(1)
+    tl.store(part_key_ptr + row * MAX_SPLITS + split, top)
+    tl.store(part_col_ptr + row * MAX_SPLITS + split, col)
+    tl.debug_barrier()  # the posted winner before the counter: the atomic below releases both
+    if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == n_splits - 1:
+        offs = tl.arange(0, MAX_SPLITS)
+        mask = offs < n_splits
+        # volatile: never an L1 line cached by an earlier call on this SM
+        keys = tl.load(part_key_ptr + row * MAX_SPLITS + offs, mask=mask, other=float("-inf"), volatile=True)
+        cols = tl.load(part_col_ptr + row * MAX_SPLITS + offs, mask=mask, other=2147483647, volatile=True)
+        best = tl.max(keys, axis=0)
+        tl.store(out_ptr + row, tl.min(tl.where(keys == best, cols, 2147483647), axis=0).to(tl.int64))
+        tl.store(count_ptr + row, 0)
 
 
-@functools.cache
-def _programs_wanted(device: torch.device) -> int:
-    """Enough programs to keep every SM busy: at batch 1 a single program would read the 300 KB
-    row (and run its Philox rounds) on one SM alone."""
-    if device.type != "cuda":
-        return 1
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+class _Device:
+    """Per device: how many programs fill it, and the workspace of the one-launch merge (the split
+    winners and per-row counters, zero between calls), grown as needed. Calls must share one
+    stream, as the runner's do."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        # Enough programs to keep every SM busy: at batch 1 one program per row would read the
+        # 300 KB row and run its Philox rounds on one SM alone.
+        self.programs = (
+            2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        )
+        self.fast = device.type == "cuda"  # the interpreter runs on the CPU, without PTX
+        self.rows = 0
+        self.part_key = self.part_col = self.counts = torch.empty(0, device=device)
+
+    def ensure(self, rows: int) -> None:
+        if rows <= self.rows:
+            return
+        self.rows = max(rows, 2 * self.rows)
+        self.part_key = torch.empty(self.rows * MAX_SPLITS, dtype=torch.float32, device=self.device)
+        self.part_col = torch.empty(self.rows * MAX_SPLITS, dtype=torch.int32, device=self.device)
+        self.counts = torch.zeros(self.rows, dtype=torch.int32, device=self.device)
+
+
+_devices: dict[torch.device, _Device] = {}
+
+
+def _device(device: torch.device) -> _Device:
+    state = _devices.get(device)
+    if state is None:
+        state = _devices[device] = _Device(device)
+    return state
 
 
 def num_splits(rows: int, n_cols: int, device: torch.device) -> int:
     """How many programs share one row (each a contiguous run of whole chunks)."""
-    n_chunks = triton.cdiv(n_cols, CHUNK)
-    wanted = min(n_chunks, max(1, triton.cdiv(_programs_wanted(device), rows)))
-    per_split = triton.cdiv(n_chunks, wanted)
+    n_chunks = triton.cdiv(n_cols, 4 * LANES)
+    per_split = triton.cdiv(n_chunks, min(n_chunks, MAX_SPLITS, triton.cdiv(_device(device).programs, rows)))
     return triton.cdiv(n_chunks, per_split)
 
 
@@ -184,40 +258,40 @@ def pick_tokens(
     """[B] int64 tokens: argmax for rows with temperature 0, an exact draw from softmax(logits / T)
     otherwise. `seeds`: [B] int64 Philox keys (None only when every row is greedy); `allowed`:
     optional [B, V] bool mask (False = never picked); `splits`: programs per row (default: enough
-    to fill the GPU)."""
+    to fill the GPU, at most MAX_SPLITS)."""
     rows, n_cols = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    state = _device(logits.device)
+    out = torch.empty(rows, dtype=torch.int64, device=state.device)
     if rows == 0:
         return out
-    n_chunks = triton.cdiv(n_cols, CHUNK)
-    splits = splits or num_splits(rows, n_cols, logits.device)
-    per_split = triton.cdiv(n_chunks, splits)
-    splits = triton.cdiv(n_chunks, per_split)  # no empty split
+    n_chunks = triton.cdiv(n_cols, 4 * LANES)
+    per_split = triton.cdiv(n_chunks, min(splits or triton.cdiv(state.programs, rows), n_chunks, MAX_SPLITS))
+    split = per_split < n_chunks
+    state.ensure(rows)
     if allowed is not None:
         allowed = allowed.contiguous().view(torch.uint8)
-    part_key = torch.empty(rows * splits, dtype=torch.float32, device=logits.device) if splits > 1 else out
-    part_col = torch.empty(rows * splits, dtype=torch.int32, device=logits.device) if splits > 1 else out
-    _pick_kernel[(rows, splits)](
+    _pick_kernel[(rows, triton.cdiv(n_chunks, per_split))](
         logits,
         logits.stride(0),
         temperatures,
-        seeds if seeds is not None else out,
-        allowed if allowed is not None else out,
-        allowed.stride(0) if allowed is not None else 0,
-        part_key,
-        part_col,
+        out if seeds is None else seeds,
+        out if allowed is None else allowed,
+        0 if allowed is None else allowed.stride(0),
+        state.part_key,
+        state.part_col,
+        state.counts,
         out,
         n_cols,
         per_split,
         n_chunks,
         _MIN_TEMPERATURE,
         HAS_ALLOWED=allowed is not None,
-        SPLIT=splits > 1,
+        SPLIT=split,
+        FAST=state.fast,
+        MAX_SPLITS=MAX_SPLITS,
         LANES=LANES,
-        num_warps=4,
+        num_warps=NUM_WARPS,
     )
-    if splits > 1:
-        _merge_kernel[(rows,)](part_key, part_col, out, splits, BLOCK=triton.next_power_of_2(splits))
     return out

@@ -155,7 +155,9 @@ def test_mixed_batch_greedy_sampled_and_a_top_p_row_on_the_torch_path():
     n = MIXED
     temps = [0.0] * 3 + [temperature] * n + [temperature] * n
     top_p = torch.tensor([1.0] * (3 + n) + [0.6] * n, device=DEVICE)
-    batch = _batch(temps, plain=[True] * (3 + n) + [False] * n, top_p=top_p, num_logprobs=[2] + [None] * (2 * n + 2))
+    batch = _batch(
+        temps, plain=[True] * (3 + n) + [False] * n, top_p=top_p, num_logprobs=[2] + [None] * (2 * n + 2)
+    )
     logits = row.expand(len(temps), HOT_VOCAB)
     torch.manual_seed(5)
     out = Sampler(fused=True)(logits, batch)
@@ -175,3 +177,26 @@ def test_mixed_batch_greedy_sampled_and_a_top_p_row_on_the_torch_path():
     reference = torch.log_softmax(row.float(), dim=-1)
     assert out.logprobs is not None and out.logprobs[1] is None
     assert out.logprobs[0].logprob == pytest.approx(float(reference[hot[2]]), abs=1e-5)
+
+
+@pytest.mark.skipif(INTERPRET, reason="CUDA graphs need a GPU")
+def test_a_captured_sampler_draws_afresh_at_every_replay():
+    """Inside a CUDA graph the seeds come from the default generator's graph-safe state, so each
+    replay draws new tokens, greedy rows stay the argmax, and the one-launch merge resets itself."""
+    logits = _ties_and_edges(5)[2:].float().mul(0.5).to(DTYPE)  # 3 rows of ties: splits matter
+    batch = _batch([0.0, 1.0, 1.0])
+    sampler = Sampler(fused=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        sampler(logits, batch)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = sampler(logits, batch).token_ids
+    draws = []
+    for _ in range(6):
+        graph.replay()
+        draws.append(tokens.tolist())
+    assert all(d[0] == int(logits[0].float().argmax()) for d in draws)
+    assert len({tuple(d[1:]) for d in draws}) > 1
