@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 # Columns per Philox call group: each of the 4 outputs of one Philox call feeds one of 4 sub-blocks
 # of LANES columns. Fixed (not tuned per shape) because it defines which random number each column
@@ -33,12 +34,11 @@ _MIN_TEMPERATURE = 1e-5  # as the torch path's clamp
 
 @triton.jit
 def _log2(x, FAST: tl.constexpr):
-    """log2: the hardware's approximation on the GPU (a couple of ulp, ample for noise keys: _exp1
-    keeps arguments away from the region where it loses precision); the interpreter's numpy log2."""
+    """log2: the hardware's approximation on the GPU (lg2.approx: ample for noise keys, and _exp1
+    keeps its arguments away from 1, where an approximation loses precision); numpy's under the
+    interpreter."""
     if FAST:
-        return tl.inline_asm_elementwise(
-            "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+        return libdevice.fast_log2f(x)
     else:
         return tl.log2(x)
 
@@ -47,7 +47,7 @@ def _log2(x, FAST: tl.constexpr):
 def _exp1(r, FAST: tl.constexpr):
     """Exp(1) from 32 random bits, strictly positive and finite. -log(u) loses all precision as u -> 1
     (where the small, decisive E live), so that end uses the series of -log(1 - w) on w = 1 - u,
-    which is exact in fp32 here."""
+    with w exact in fp32."""
     k = (r >> 9).to(tl.float32)  # 23 bits: k + 0.5 is exact in fp32
     u = (k + 0.5) * 1.1920928955078125e-07
     w = (8388607.5 - k) * 1.1920928955078125e-07
