@@ -241,11 +241,17 @@ def _device(device: torch.device) -> _Device:
     return state
 
 
+def _chunks_per_split(n_chunks: int, rows: int, splits: int | None, programs: int) -> int:
+    """Each program scans a contiguous run of whole chunks; `splits` (or enough to reach `programs`
+    in all) programs share a row, at most MAX_SPLITS."""
+    wanted = splits or triton.cdiv(programs, rows)
+    return triton.cdiv(n_chunks, min(wanted, n_chunks, MAX_SPLITS))
+
+
 def num_splits(rows: int, n_cols: int, device: torch.device) -> int:
-    """How many programs share one row (each a contiguous run of whole chunks)."""
-    n_chunks = triton.cdiv(n_cols, 4 * LANES)
-    per_split = triton.cdiv(n_chunks, min(n_chunks, MAX_SPLITS, triton.cdiv(_device(device).programs, rows)))
-    return triton.cdiv(n_chunks, per_split)
+    """How many programs share one row by default."""
+    n_chunks = triton.cdiv(n_cols, CHUNK)
+    return triton.cdiv(n_chunks, _chunks_per_split(n_chunks, rows, None, _device(device).programs))
 
 
 def pick_tokens(
@@ -266,9 +272,8 @@ def pick_tokens(
     out = torch.empty(rows, dtype=torch.int64, device=state.device)
     if rows == 0:
         return out
-    n_chunks = triton.cdiv(n_cols, 4 * LANES)
-    per_split = triton.cdiv(n_chunks, min(splits or triton.cdiv(state.programs, rows), n_chunks, MAX_SPLITS))
-    split = per_split < n_chunks
+    n_chunks = triton.cdiv(n_cols, CHUNK)
+    per_split = _chunks_per_split(n_chunks, rows, splits, state.programs)
     state.ensure(rows)
     if allowed is not None:
         allowed = allowed.contiguous().view(torch.uint8)
@@ -288,7 +293,7 @@ def pick_tokens(
         n_chunks,
         _MIN_TEMPERATURE,
         HAS_ALLOWED=allowed is not None,
-        SPLIT=split,
+        SPLIT=per_split < n_chunks,
         FAST=state.fast,
         MAX_SPLITS=MAX_SPLITS,
         LANES=LANES,
