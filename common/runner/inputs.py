@@ -139,8 +139,9 @@ def prepare_sampling(
 
 
 def _plain(p: SamplingParams) -> bool:
-    """The row needs only temperature (or greedy) and its grammar mask: the fused sampler's rows."""
-    no_filter = p.top_k <= 0 and p.top_p == 1.0 and p.min_p == 0.0
+    """The row needs only temperature (or greedy) and its grammar mask: the fused sampler's rows.
+    Filters never change a greedy row's token (they always keep the most likely one)."""
+    no_filter = p.greedy or (p.top_k <= 0 and p.top_p == 1.0 and p.min_p == 0.0)
     no_penalty = p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
     return no_filter and no_penalty
 

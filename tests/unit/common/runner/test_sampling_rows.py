@@ -19,6 +19,7 @@ def test_only_temperature_greedy_and_grammar_rows_are_plain():
         SamplingParams(temperature=0),
         SamplingParams(temperature=0.7, seed=3, logprobs=2),
         SamplingParams(grammar='{"type": "object"}'),
+        SamplingParams(temperature=0, top_k=3, top_p=0.5),  # filters keep a greedy row's argmax
         SamplingParams(top_k=5),
         SamplingParams(top_p=0.9),
         SamplingParams(min_p=0.1),
@@ -29,7 +30,7 @@ def test_only_temperature_greedy_and_grammar_rows_are_plain():
         SamplingParams(min_tokens=4, ignore_eos=True),  # nothing left to ban
     )
     batch = prepare_sampling(seqs, 32, torch.device("cpu"), eos_token_ids=(2,))
-    assert batch.plain_rows == [True, True, True] + [False] * 7 + [True]
+    assert batch.plain_rows == [True] * 4 + [False] * 7 + [True]
 
 
 def test_the_cpu_keeps_the_torch_path_for_plain_rows():
