@@ -184,18 +184,21 @@ def _exponential(out: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor
 def _logprobs(
     logits: torch.Tensor, tokens: torch.Tensor, wanted: list[int | None] | None
 ) -> list[TokenLogprob | None] | None:
-    """From the raw model logits, and only on steps where some row asks."""
-    if not wanted or all(w is None for w in wanted):
+    """From the raw model logits, only on steps where some row asks, and only for those rows."""
+    rows = [row for row, w in enumerate(wanted or []) if w is not None]
+    if not rows or wanted is None:
         return None
+    if len(rows) < len(wanted):
+        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        logits, tokens = logits[index], tokens[index]
     logp = torch.log_softmax(logits.float(), dim=-1)
     chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-    k = max(w or 0 for w in wanted)
-    top_vals, top_ids = logp.topk(k, dim=-1) if k else (None, None)
-    out: list[TokenLogprob | None] = []
-    for row, w in enumerate(wanted):
-        if w is None:
-            out.append(None)
-            continue
-        top = tuple(zip(top_ids[row, :w].tolist(), top_vals[row, :w].tolist(), strict=True)) if w else ()
-        out.append(TokenLogprob(chosen[row], top))
+    k = max(wanted[row] or 0 for row in rows)
+    top_vals, top_ids = logp.topk(k, dim=-1)  # k = 0: empty
+    out: list[TokenLogprob | None] = [None] * len(wanted)
+    for i, row in enumerate(rows):
+        w = wanted[row] or 0
+        out[row] = TokenLogprob(
+            chosen[i], tuple(zip(top_ids[i, :w].tolist(), top_vals[i, :w].tolist(), strict=True))
+        )
     return out

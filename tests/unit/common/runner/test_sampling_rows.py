@@ -39,3 +39,14 @@ def test_the_cpu_keeps_the_torch_path_for_plain_rows():
     batch = prepare_sampling(seqs, 8, torch.device("cpu"))
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0] * 2, [float("-inf")] * 8])
     assert Sampler()(logits, batch).token_ids.tolist() == [1, 0]
+
+
+def test_logprobs_only_for_the_rows_that_ask():
+    seqs = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=2))
+    batch = prepare_sampling(seqs, 6, torch.device("cpu"))
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], [5.0, 1.0, 4.0, 3.0, 2.0, 0.0]])
+    out = Sampler()(logits, batch)
+    want = torch.log_softmax(logits[1], dim=-1)
+    assert out.logprobs is not None and out.logprobs[0] is None
+    assert out.logprobs[1].logprob == float(want[0])
+    assert out.logprobs[1].top == ((0, float(want[0])), (2, float(want[2])))
