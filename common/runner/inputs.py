@@ -8,6 +8,7 @@ import torch
 
 from common.attention.base import AttentionMetadata
 from common.runner.sampler import SamplingBatch
+from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 
 
@@ -133,7 +134,16 @@ def prepare_sampling(
     _add_penalties(batch, seqs, vocab_size, device)
     banned = [_banned(s, eos_token_ids) for s in seqs]
     batch.banned = banned if any(banned) else None
+    batch.plain_rows = [_plain(p) and not ids for p, ids in zip(params, banned, strict=True)]
     return batch
+
+
+def _plain(p: SamplingParams) -> bool:
+    """The row needs only temperature (or greedy) and its grammar mask: the fused sampler's rows.
+    Filters never change a greedy row's token (they always keep the most likely one)."""
+    no_filter = p.greedy or (p.top_k <= 0 and p.top_p == 1.0 and p.min_p == 0.0)
+    no_penalty = p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+    return no_filter and no_penalty
 
 
 def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

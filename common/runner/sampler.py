@@ -4,14 +4,22 @@ Order of operations (per row): penalties -> min_tokens ban -> grammar mask -> te
 min-p -> draw. Greedy rows (temperature 0) take the argmax of the penalised logits. Draws use the
 exponential race (argmax of p / E, E ~ Exp(1)), which needs no host sync and lets a seeded row use
 its own generator. Logprobs, when asked for, come from the raw model logits.
+
+On CUDA the common rows (greedy or plain temperature, with at most a grammar mask: `plain_rows`)
+take one Triton pass over the model's logits in their own dtype (runner/sampling_kernel.py): the
+argmax for greedy rows, the same exponential race in log space (Gumbel-max) for the others, with
+Philox noise keyed by a per-row seed drawn on the device each step. A seeded row draws that seed
+from its own generator, so the same seed gives the same tokens whatever else is in the batch. Rows
+with top-k/top-p/min-p, penalties or banned ids take the torch path below, on their rows alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
+from common.layers.fused import use_fused
 from common.logprobs import TokenLogprob
 
 
@@ -35,6 +43,9 @@ class SamplingBatch:
     num_logprobs: list[int | None] | None = None
     any_greedy: bool = True  # some row has temperature 0 (host-known, so no device check is needed)
     allowed: torch.Tensor | None = None  # [B, V] bool, grammar rows' allowed tokens (runner/grammar.py)
+    # Host-known, per row: True when the row needs nothing beyond temperature (or greedy) and the
+    # grammar mask, so the fused kernel may take it. None: unknown, every row takes the torch path.
+    plain_rows: list[bool] | None = None
 
 
 @dataclass
@@ -44,17 +55,43 @@ class SamplerOutput:
 
 
 class Sampler:
+    """`fused`: take plain rows through the Triton kernel; None (default) = on CUDA when Triton is
+    usable (common.layers.fused.use_fused), so the CPU never imports Triton."""
+
+    def __init__(self, fused: bool | None = None) -> None:
+        self.fused = fused
+
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        logits = logits.float()
-        raw = logits
-        logits = _apply_penalties(logits, batch)
+        plain = batch.plain_rows
+        if plain and any(plain) and (use_fused(logits) if self.fused is None else self.fused):
+            tokens = self._fused(logits, batch, plain)
+        else:
+            tokens = self._torch(logits, batch)
+        return SamplerOutput(tokens, _logprobs(logits, tokens, batch.num_logprobs))
+
+    def _use_kernel(self, logits: torch.Tensor) -> bool:
+        if self.fused is not None:
+            return self.fused
+        return os.environ.get("PDSERVE_FUSED_SAMPLING") == "1" and use_fused(logits)
+
+    def _fused(self, logits: torch.Tensor, batch: SamplingBatch, plain: list[bool]) -> torch.Tensor:
+        from common.runner import sampling_kernel
+
+        seeds = None if batch.all_greedy else _row_seeds(batch, plain, logits.device)
+        tokens = sampling_kernel.pick_tokens(logits, batch.temperatures, seeds, batch.allowed)
+        rest = [row for row, p in enumerate(plain) if not p]
+        if rest:  # the kernel's picks for these rows are overwritten: one pass beats a gather
+            index = torch.tensor(rest, dtype=torch.int64, device=logits.device)
+            tokens[index] = self._torch(logits[index], _select_rows(batch, rest, index))
+        return tokens
+
+    def _torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        logits = _apply_penalties(logits.float(), batch)
         if batch.allowed is not None:
             logits = logits.masked_fill(~batch.allowed, float("-inf"))
         if batch.all_greedy:
-            tokens = logits.argmax(dim=-1)
-        else:
-            tokens = self._sample(logits, batch)
-        return SamplerOutput(tokens, _logprobs(raw, tokens, batch.num_logprobs))
+            return logits.argmax(dim=-1)
+        return self._sample(logits, batch)
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         # A mixed batch needs the argmax rows too; an all-sampling batch skips a full pass over the logits.
@@ -65,6 +102,32 @@ class Sampler:
         noise = _exponential_noise(probs, batch.generators)
         sampled = (probs / noise).argmax(dim=-1)
         return sampled if greedy is None else torch.where(batch.temperatures == 0, greedy, sampled)
+
+
+_SEED_BOUND = 2**62
+
+
+def _row_seeds(batch: SamplingBatch, plain: list[bool], device: torch.device) -> torch.Tensor:
+    """[B] int64 Philox keys for this step, drawn on the device (no host sync): from the default
+    generator, and for a seeded row from its own, which advances one draw per step."""
+    seeds = torch.randint(_SEED_BOUND, (len(plain),), dtype=torch.int64, device=device)
+    for row, gen in enumerate(batch.generators):
+        if gen is not None and plain[row]:
+            seeds[row : row + 1].random_(0, _SEED_BOUND, generator=gen)
+    return seeds
+
+
+def _select_rows(batch: SamplingBatch, rows: list[int], index: torch.Tensor) -> SamplingBatch:
+    """The batch restricted to `rows` (`index` is the same rows on the device)."""
+    picked = {}
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            value = value[index]
+        elif isinstance(value, list) and value:
+            value = [value[row] for row in rows]
+        picked[f.name] = value
+    return SamplingBatch(**picked)
 
 
 def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -124,19 +187,23 @@ def _exponential(out: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor
 
 
 def _logprobs(
-    raw: torch.Tensor, tokens: torch.Tensor, wanted: list[int | None] | None
+    logits: torch.Tensor, tokens: torch.Tensor, wanted: list[int | None] | None
 ) -> list[TokenLogprob | None] | None:
-    if not wanted or all(w is None for w in wanted):
+    """From the raw model logits, only on steps where some row asks, and only for those rows."""
+    rows = [row for row, w in enumerate(wanted or []) if w is not None]
+    if not rows or wanted is None:
         return None
-    logp = torch.log_softmax(raw, dim=-1)
+    if len(rows) < len(wanted):
+        index = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+        logits, tokens = logits[index], tokens[index]
+    logp = torch.log_softmax(logits.float(), dim=-1)
     chosen = logp.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-    k = max(w or 0 for w in wanted)
-    top_vals, top_ids = logp.topk(k, dim=-1) if k else (None, None)
-    out: list[TokenLogprob | None] = []
-    for row, w in enumerate(wanted):
-        if w is None:
-            out.append(None)
-            continue
-        top = tuple(zip(top_ids[row, :w].tolist(), top_vals[row, :w].tolist(), strict=True)) if w else ()
-        out.append(TokenLogprob(chosen[row], top))
+    k = max(wanted[row] or 0 for row in rows)
+    top_vals, top_ids = logp.topk(k, dim=-1)  # k = 0: empty
+    out: list[TokenLogprob | None] = [None] * len(wanted)
+    for i, row in enumerate(rows):
+        w = wanted[row] or 0
+        out[row] = TokenLogprob(
+            chosen[i], tuple(zip(top_ids[i, :w].tolist(), top_vals[i, :w].tolist(), strict=True))
+        )
     return out

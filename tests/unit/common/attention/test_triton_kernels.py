@@ -11,40 +11,20 @@ output buffers are NaN, so a kernel that reads or leaves anything it should not 
 from __future__ import annotations
 
 import math
-import os
 import zlib
 
 import pytest
 import torch
 
-INTERPRET = os.environ.get("PDSERVE_TRITON_INTERPRET") == "1"
+from tests.helpers import triton_interpret
+
+INTERPRET = triton_interpret.ENABLED
 if INTERPRET:
-    # Read by @triton.jit when the kernel modules are imported below, so it must be set first.
-    os.environ["TRITON_INTERPRET"] = "1"
+    triton_interpret.enable()  # before the kernel modules are imported below
 elif not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU or PDSERVE_TRITON_INTERPRET=1", allow_module_level=True)
 
 triton = pytest.importorskip("triton")
-
-
-def _patch_interpreter_index() -> None:
-    """Triton <= 3.6's interpreter int()s 1-element arrays in `range(...)`, which numpy >= 2.4 refuses.
-
-    Upstream: triton-lang/triton#9171 (fixed by #9172). Harmless where the bug is already fixed.
-    """
-    from triton.runtime import interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
-if INTERPRET:
-    _patch_interpreter_index()
 
 from common.attention.base import AttentionMetadata  # noqa: E402
 from common.attention.torch_backend import TorchAttentionBackend  # noqa: E402

@@ -1,0 +1,29 @@
+"""Runs the project's Triton kernels under the CPU interpreter (`PDSERVE_TRITON_INTERPRET=1`)."""
+
+from __future__ import annotations
+
+import os
+
+ENABLED = os.environ.get("PDSERVE_TRITON_INTERPRET") == "1"
+
+
+def enable() -> None:
+    """Call before any kernel module is imported: @triton.jit reads TRITON_INTERPRET at import."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    _patch_interpreter_index()
+
+
+def _patch_interpreter_index() -> None:
+    """Triton <= 3.6's interpreter int()s 1-element arrays in `range(...)`, which numpy >= 2.4 refuses.
+
+    Upstream: triton-lang/triton#9171 (fixed by #9172). Harmless where the bug is already fixed.
+    """
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched

@@ -1,0 +1,52 @@
+"""Which rows the fused sampler may take, as prepare_sampling marks them (host-side, no kernel)."""
+
+from __future__ import annotations
+
+import torch
+
+from common.runner.inputs import prepare_sampling
+from common.runner.sampler import Sampler
+from common.sampling_params import SamplingParams
+from common.sequence import Sequence
+
+
+def _seqs(*params: SamplingParams) -> list[Sequence]:
+    return [Sequence([1, 2, 3], p, block_size=16) for p in params]
+
+
+def test_only_temperature_greedy_and_grammar_rows_are_plain():
+    seqs = _seqs(
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.7, seed=3, logprobs=2),
+        SamplingParams(grammar='{"type": "object"}'),
+        SamplingParams(temperature=0, top_k=3, top_p=0.5),  # filters keep a greedy row's argmax
+        SamplingParams(top_k=5),
+        SamplingParams(top_p=0.9),
+        SamplingParams(min_p=0.1),
+        SamplingParams(repetition_penalty=1.2),
+        SamplingParams(presence_penalty=0.5),
+        SamplingParams(frequency_penalty=0.5),
+        SamplingParams(min_tokens=4),  # EOS is banned until then
+        SamplingParams(min_tokens=4, ignore_eos=True),  # nothing left to ban
+    )
+    batch = prepare_sampling(seqs, 32, torch.device("cpu"), eos_token_ids=(2,))
+    assert batch.plain_rows == [True] * 4 + [False] * 7 + [True]
+
+
+def test_the_cpu_keeps_the_torch_path_for_plain_rows():
+    """Plain rows on the CPU: no Triton import, and the same tokens as before (greedy here)."""
+    seqs = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0))
+    batch = prepare_sampling(seqs, 8, torch.device("cpu"))
+    logits = torch.tensor([[0.0, 3.0, 3.0, 1.0] * 2, [float("-inf")] * 8])
+    assert Sampler()(logits, batch).token_ids.tolist() == [1, 0]
+
+
+def test_logprobs_only_for_the_rows_that_ask():
+    seqs = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=2))
+    batch = prepare_sampling(seqs, 6, torch.device("cpu"))
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], [5.0, 1.0, 4.0, 3.0, 2.0, 0.0]])
+    out = Sampler()(logits, batch)
+    want = torch.log_softmax(logits[1], dim=-1)
+    assert out.logprobs is not None and out.logprobs[0] is None
+    assert out.logprobs[1].logprob == float(want[0])
+    assert out.logprobs[1].top == ((0, float(want[0])), (2, float(want[2])))
