@@ -15,6 +15,7 @@ with top-k/top-p/min-p, penalties or banned ids take the torch path below, on th
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 
 import torch
