@@ -27,3 +27,16 @@ def _patch_interpreter_index() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
     interpreter._patch_lang_tensor = patched
+
+
+def setup_or_skip() -> None:
+    """Top of a kernel test module, before the kernels' import: the CPU interpreter when
+    `PDSERVE_TRITON_INTERPRET=1`, else skip the module unless there is a CUDA GPU."""
+    import pytest
+    import torch
+
+    if ENABLED:
+        enable()
+    elif not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU or PDSERVE_TRITON_INTERPRET=1", allow_module_level=True)
+    pytest.importorskip("triton")

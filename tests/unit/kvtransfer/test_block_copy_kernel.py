@@ -9,18 +9,13 @@ every destination is poisoned, so a kernel that writes a byte it should not, or 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-INTERPRET = os.environ.get("PDSERVE_TRITON_INTERPRET") == "1"
-if INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"  # read by @triton.jit when the kernel is built
-elif not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU or PDSERVE_TRITON_INTERPRET=1", allow_module_level=True)
+from tests.helpers import triton_interpret
 
-pytest.importorskip("triton")
+triton_interpret.setup_or_skip()
+INTERPRET = triton_interpret.ENABLED
 
 from kvtransfer import block_copy  # noqa: E402
 from kvtransfer.layout import flat_view  # noqa: E402

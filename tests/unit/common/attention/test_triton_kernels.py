@@ -18,12 +18,8 @@ import torch
 
 from tests.helpers import triton_interpret
 
+triton_interpret.setup_or_skip()  # before the kernel modules are imported below
 INTERPRET = triton_interpret.ENABLED
-if INTERPRET:
-    triton_interpret.enable()  # before the kernel modules are imported below
-elif not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU or PDSERVE_TRITON_INTERPRET=1", allow_module_level=True)
-
 triton = pytest.importorskip("triton")
 
 from common.attention.base import AttentionMetadata  # noqa: E402

@@ -11,14 +11,12 @@ import os
 import pytest
 import torch
 
-INTERPRET = os.environ.get("PDSERVE_TRITON_INTERPRET") == "1"
-if INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' import
-    os.environ["PDSERVE_DISABLE_FUSED"] = "1"  # the eager reference must stay eager
-elif not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU or PDSERVE_TRITON_INTERPRET=1", allow_module_level=True)
+from tests.helpers import triton_interpret
 
-pytest.importorskip("triton")
+triton_interpret.setup_or_skip()
+INTERPRET = triton_interpret.ENABLED
+if INTERPRET:
+    os.environ["PDSERVE_DISABLE_FUSED"] = "1"  # the eager reference must stay eager
 
 from common.layers import triton_ops  # noqa: E402
 from common.layers.activation import SiluAndMul  # noqa: E402

@@ -6,19 +6,14 @@ Runs on a CUDA machine (marked `gpu`, bf16) and on the CPU under the Triton inte
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-INTERPRET = os.environ.get("PDSERVE_TRITON_INTERPRET") == "1"
-if INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the kernels' import
-elif not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU or PDSERVE_TRITON_INTERPRET=1", allow_module_level=True)
+from tests.helpers import triton_interpret
 
-pytest.importorskip("triton")
+triton_interpret.setup_or_skip()
+INTERPRET = triton_interpret.ENABLED
 
 from common.layers.triton_skinny import SkinnyLaunch, skinny_linear  # noqa: E402
 

@@ -14,12 +14,7 @@ import torch
 
 from tests.helpers import triton_interpret
 
-if triton_interpret.ENABLED:
-    triton_interpret.enable()
-elif not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU or PDSERVE_TRITON_INTERPRET=1", allow_module_level=True)
-
-pytest.importorskip("triton")
+triton_interpret.setup_or_skip()
 
 from common.runner import sampling_kernel  # noqa: E402
 from common.runner.sampler import Sampler, SamplingBatch  # noqa: E402
