@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from common.attention.base import AttentionBackend, AttentionMetadata
+from common.attention.torch_contexts import WideContexts, budget_bytes
 from common.blocks import blocks_for
 
 
@@ -22,6 +23,7 @@ class TorchAttentionBackend(AttentionBackend):
         # Reused across layers and steps by the half-precision CPU decode path (fresh multi-MB
         # tensors every layer cost page faults that took longer than the copies themselves).
         self._scratch: dict[str, torch.Tensor] = {}
+        self._contexts = WideContexts(budget_bytes())
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         keep = slot_mapping >= 0
@@ -34,6 +36,7 @@ class TorchAttentionBackend(AttentionBackend):
     def prefill(
         self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, step_kv=None
     ) -> torch.Tensor:
+        self._contexts.invalidate()
         return self._attend(q, k_cache, v_cache, meta, scale)
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
@@ -42,7 +45,7 @@ class TorchAttentionBackend(AttentionBackend):
         if meta.seq_lens_host:  # gather only the blocks some sequence uses (no device sync needed)
             tables = tables[:, : blocks_for(max(meta.seq_lens_host), k_cache.shape[1])]
         if _compute_dtype(q) != q.dtype:
-            return self._decode_upcast(q, k_cache, v_cache, tables, meta.seq_lens, scale)
+            return self._decode_upcast(q, k_cache, v_cache, tables, meta, scale)
         k = _gather(k_cache, tables).transpose(1, 2)  # [B, Hkv, L, D]
         v = _gather(v_cache, tables).transpose(1, 2)
         valid = torch.arange(k.shape[2], device=q.device).unsqueeze(0) < meta.seq_lens.unsqueeze(1)
@@ -56,23 +59,18 @@ class TorchAttentionBackend(AttentionBackend):
         )
         return out.squeeze(2)
 
-    def _decode_upcast(self, q, k_cache, v_cache, tables, seq_lens, scale: float) -> torch.Tensor:
-        """Half-precision decode on the CPU, attended in float32 with the fewest passes over the
-        context: each context is gathered into a scratch buffer, then transposed and widened in one
-        copy, and the query heads that share a KV head are stacked as the rows of one query
-        ([B, Hkv, group, D]), so SDPA never repeats K/V for GQA."""
+    def _decode_upcast(self, q, k_cache, v_cache, tables, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Half-precision decode on the CPU, attended in float32 over the layer's widened contexts
+        (torch_contexts.py; without them, gathered into scratch and widened in one copy each). The
+        query heads that share a KV head are stacked as the rows of one query ([B, Hkv, group, D]),
+        so SDPA never repeats K/V for GQA."""
         num_seqs, num_heads, head_dim = q.shape
-        block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-        length = tables.shape[1] * block_size
-        flat = tables.flatten()
-        widened = []
-        for name, cache in (("k", k_cache), ("v", v_cache)):
-            gathered = self._buffer("gather", (flat.shape[0], *cache.shape[1:]), cache.dtype, q.device)
-            torch.index_select(cache, 0, flat, out=gathered)
-            wide = self._buffer(name, (num_seqs, num_kv_heads, length, head_dim), torch.float32, q.device)
-            wide.copy_(gathered.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2))
-            widened.append(wide)
-        valid = torch.arange(length, device=q.device).unsqueeze(0) < seq_lens.unsqueeze(1)
+        num_kv_heads = k_cache.shape[2]
+        widened = self._contexts.get(k_cache, v_cache, tables, meta)
+        if widened is None:
+            widened = (self._widen("k", k_cache, tables), self._widen("v", v_cache, tables))
+        length = widened[0].shape[2]
+        valid = torch.arange(length, device=q.device).unsqueeze(0) < meta.seq_lens.unsqueeze(1)
         out = F.scaled_dot_product_attention(
             q.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).float(),
             widened[0],
@@ -81,6 +79,16 @@ class TorchAttentionBackend(AttentionBackend):
             scale=scale,
         )
         return out.view(num_seqs, num_heads, head_dim).to(q.dtype)
+
+    def _widen(self, name: str, cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """The contexts of `tables` as [B, Hkv, L, D] float32, through two scratch buffers."""
+        num_seqs, block_size, num_kv_heads, head_dim = tables.shape[0], *cache.shape[1:]
+        length = tables.shape[1] * block_size
+        flat = tables.flatten()
+        gathered = self._buffer("gather", (flat.shape[0], *cache.shape[1:]), cache.dtype, cache.device)
+        torch.index_select(cache, 0, flat, out=gathered)
+        wide = self._buffer(name, (num_seqs, num_kv_heads, length, head_dim), torch.float32, cache.device)
+        return wide.copy_(gathered.view(num_seqs, length, num_kv_heads, head_dim).transpose(1, 2))
 
     def _buffer(
         self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
