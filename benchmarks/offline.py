@@ -141,7 +141,8 @@ def main() -> None:
     for r in results:
         print(f"{r['engine']:<14}{r['output_tokens']:>12}{r['seconds']:>10.2f}{r['tok_per_s']:>12.1f}")
     for hf in results[1:]:
-        print(f"ratio pdserve {args.dtype} / {hf['engine']}: {results[0]['tok_per_s'] / hf['tok_per_s']:.2f}x")
+        ratio = results[0]["tok_per_s"] / hf["tok_per_s"]
+        print(f"ratio pdserve {args.dtype} / {hf['engine']}: {ratio:.2f}x")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))
 

@@ -59,7 +59,9 @@ class TorchAttentionBackend(AttentionBackend):
         )
         return out.squeeze(2)
 
-    def _decode_upcast(self, q, k_cache, v_cache, tables, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def _decode_upcast(
+        self, q, k_cache, v_cache, tables, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
         """Half-precision decode on the CPU, attended in float32 over the layer's widened contexts
         (torch_contexts.py; without them, gathered into scratch and widened in one copy each). The
         query heads that share a KV head are stacked as the rows of one query ([B, Hkv, group, D]),

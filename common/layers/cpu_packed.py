@@ -37,7 +37,8 @@ def use_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` through the weight's packed copy (call after `use_packed`)."""
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), _packed(weight), bias, "none", [], "")
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.ops.mkldnn._linear_pointwise(rows, _packed(weight), bias, "none", [], "")
     return out.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -25,9 +25,9 @@ def test_bf16_logprobs_within_bf16_tolerance_of_transformers():
     model_dir = str(prepare_default_model(progress=False))
     llm = LLM(model_dir, dtype="bfloat16", num_kvcache_blocks=64, max_model_len=512)
     tok = llm.tokenizer
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
     prompts = [
-        tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True))
-        for q in QUESTIONS
+        tok.encode(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True)) for c in chats
     ]
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=TOP)
     outs = llm.generate(prompts, params, use_tqdm=False)

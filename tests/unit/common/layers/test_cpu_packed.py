@@ -20,7 +20,8 @@ def test_packed_linear_equals_f_linear(rows):
     x = torch.randn(rows, 64, generator=g).bfloat16()
     assert use_packed(x, weight)
     assert torch.equal(packed_linear(x, weight, bias), F.linear(x, weight, bias))
-    assert torch.equal(packed_linear(x.view(1, rows, 64), weight, None), F.linear(x.view(1, rows, 64), weight))
+    batched = x.view(1, rows, 64)
+    assert torch.equal(packed_linear(batched, weight, None), F.linear(batched, weight))
 
 
 def test_repacks_after_an_in_place_weight_write():
