@@ -1,7 +1,9 @@
 """Reference attention backend in plain PyTorch: runs anywhere, including the CPU.
 
 It gathers each sequence's paged context into a contiguous tensor and calls SDPA. It loops over
-sequences on the host, so it is a correctness reference, not a fast path.
+sequences on the host for prefill, so it is a correctness reference, not a fast path on a GPU; on the
+CPU it is the engine's backend, and its bf16 decode keeps float32 contexts across steps
+(`torch_contexts.py`).
 """
 
 from __future__ import annotations
