@@ -7,6 +7,10 @@ ignore_eos; max_model_len 4096; one warm-up generate; throughput = output tokens
     python benchmarks/offline.py                                   # full workload, default model
     python benchmarks/offline.py --random-model qwen3-0.6b         # fixed-seed Qwen3-0.6B weights
     python benchmarks/offline.py --num-seqs 16 --input-len 64 256 --output-len 128 128 --compare-hf
+    python benchmarks/offline.py ... --compare-hf --dtype bfloat16 --hf-dtype float32 bfloat16
+
+transformers runs in the engine's dtype unless `--hf-dtype` names one or more dtypes; each gets its own
+timed `generate` and ratio line, so every ratio of one call is measured on the same box at the same time.
 """
 
 from __future__ import annotations
@@ -62,14 +66,14 @@ def run_engine(model: str, prompts, outputs, args) -> dict:
     }
 
 
-def run_transformers(model: str, prompts, outputs, args) -> dict:
+def run_transformers(model: str, prompts, outputs, args, dtype_name: str) -> dict:
     """transformers' batched generate on the same prompts; the batch runs to the longest output."""
     import torch
     import transformers
 
-    # The engine's dtype ("auto": bf16 on CUDA, fp32 on the CPU), so both read the same weight bytes.
+    # "auto" is the engine's rule (bf16 on CUDA, fp32 on the CPU), so both read the same weight bytes.
     auto = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    dtype = auto if args.dtype == "auto" else getattr(torch, args.dtype)
+    dtype = auto if dtype_name == "auto" else getattr(torch, dtype_name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
     width = max(len(p) for p in prompts)
@@ -90,7 +94,7 @@ def run_transformers(model: str, prompts, outputs, args) -> dict:
     # Only each prompt's own requested tokens count as useful output, as for our engine.
     total = sum(outputs)
     return {
-        "engine": "transformers",
+        "engine": f"hf {str(dtype).removeprefix('torch.')}",
         "output_tokens": total,
         "seconds": elapsed,
         "tok_per_s": total / elapsed,
@@ -114,6 +118,9 @@ def parse_args() -> argparse.Namespace:
         help="extra EngineConfig fields as JSON, e.g. '{\"max_num_seqs\": 512}'",
     )
     p.add_argument("--compare-hf", action="store_true", help="also time transformers' generate")
+    p.add_argument(
+        "--hf-dtype", nargs="+", default=None, help="transformers dtype(s) (default: the engine's --dtype)"
+    )
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json-out", default=None)
     return p.parse_args()
@@ -128,12 +135,14 @@ def main() -> None:
     prompts, outputs = make_workload(args)
     results = [run_engine(model, prompts, outputs, args)]
     if args.compare_hf:
-        results.append(run_transformers(model, prompts, outputs, args))
+        for dtype_name in args.hf_dtype or [args.dtype]:
+            results.append(run_transformers(model, prompts, outputs, args, dtype_name))
     print(f"\n{'engine':<14}{'output tok':>12}{'seconds':>10}{'tok/s':>12}")
     for r in results:
         print(f"{r['engine']:<14}{r['output_tokens']:>12}{r['seconds']:>10.2f}{r['tok_per_s']:>12.1f}")
-    if len(results) == 2:
-        print(f"ratio pdserve / transformers: {results[0]['tok_per_s'] / results[1]['tok_per_s']:.2f}x")
+    for hf in results[1:]:
+        ratio = results[0]["tok_per_s"] / hf["tok_per_s"]
+        print(f"ratio pdserve {args.dtype} / {hf['engine']}: {ratio:.2f}x")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))
 

@@ -44,6 +44,8 @@ class AttentionMetadata:
     # Host copies for backends that loop over sequences on the host (the torch reference backend).
     query_start_loc_host: list[int] | None = None
     seq_lens_host: list[int] | None = None
+    # Each row's sequence id: lets the torch backend keep per-sequence state across decode steps.
+    seq_ids_host: list[int] | None = None
 
     @property
     def num_seqs(self) -> int:

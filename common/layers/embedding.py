@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.layers.cpu_packed import packed_linear, use_packed
 from common.parallel import all_gather_last_dim, all_reduce, divide, tp_rank, tp_size
 
 
@@ -38,4 +39,6 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states (already reduced to the positions that sample) to full-vocab logits."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if use_packed(hidden, self.weight):
+            return all_gather_last_dim(packed_linear(hidden, self.weight, None))
         return all_gather_last_dim(F.linear(hidden, self.weight))

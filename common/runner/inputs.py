@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +38,7 @@ class StepPlan:
     sample_rows: list[int]
     sample_seq_index: list[int]
     max_seq_len: int
+    seq_ids: list[int] = field(default_factory=list)
 
     def to_inputs(self, device: torch.device) -> StepInputs:
         pin = device.type == "cuda"
@@ -52,6 +53,7 @@ class StepPlan:
             max_seq_len=self.max_seq_len,
             query_start_loc_host=starts,
             seq_lens_host=self.seq_lens,
+            seq_ids_host=self.seq_ids or None,
         )
         return StepInputs(
             input_ids=_to(self.input_ids, torch.int64, device, pin),
@@ -92,7 +94,17 @@ def plan_step(seqs: list[Sequence], block_size: int, is_decode: bool, decode_len
     tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
     max_seq_len = max(decode_len_bound, max(seq_lens)) if is_decode else max(seq_lens)
     return StepPlan(
-        is_decode, input_ids, positions, slots, starts, seq_lens, tables, sample_rows, sample_seq, max_seq_len
+        is_decode,
+        input_ids,
+        positions,
+        slots,
+        starts,
+        seq_lens,
+        tables,
+        sample_rows,
+        sample_seq,
+        max_seq_len,
+        seq_ids=[s.seq_id for s in seqs],
     )
 
 

@@ -41,3 +41,25 @@ def test_bf16_decode_and_prefill_attend_in_float32_on_the_cpu():
     reference = backend.decode(q.float(), k.float(), v.float(), meta, scale=DIM**-0.5)
     assert torch.equal(decode, reference.to(torch.bfloat16))
     torch.testing.assert_close(prefill.float(), reference, atol=1e-2, rtol=1e-2)
+
+
+def test_bf16_decode_reuses_scratch_across_lengths_and_matches_a_fresh_backend():
+    """Scratch buffers grow and are reused by later, shorter steps: results never depend on what an
+    earlier step left in them."""
+    backend = TorchAttentionBackend()
+    q, k, v, meta = _case(torch.bfloat16)
+    long_out = backend.decode(q, k, v, meta, scale=DIM**-0.5)
+    short = AttentionMetadata(
+        is_decode=True,
+        slot_mapping=torch.tensor([1]),
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        seq_lens=torch.tensor([3], dtype=torch.int32),
+        block_tables=torch.tensor([[6, 0, 0]], dtype=torch.int32),
+        max_query_len=1,
+        max_seq_len=3,
+        query_start_loc_host=[0, 1],
+        seq_lens_host=[3],
+    )
+    reused = backend.decode(q[:1], k, v, short, scale=DIM**-0.5)
+    assert torch.equal(reused, TorchAttentionBackend().decode(q[:1], k, v, short, scale=DIM**-0.5))
+    assert torch.equal(backend.decode(q, k, v, meta, scale=DIM**-0.5), long_out)
