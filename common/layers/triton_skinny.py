@@ -1,23 +1,23 @@
 """Projections of a few rows (decode steps) as one Triton kernel each, with their neighbours fused in.
 
-At batch 1-16 a decode step's projections read megabytes of weights for a handful of rows. cuBLAS
-picks tiles made for large products there and reaches about a quarter of the H200's bandwidth (the
-profile of a batch-1 Qwen3-0.6B step: 28 us of GEMMs per layer for 7.5 us of weights), and each
-projection is surrounded by small kernels. Here each program owns `BN` output columns of every row:
-it streams its slice of the weight once and keeps all rows' accumulators, so the weight is read once
-per step at nearly full bandwidth, and the neighbours come along:
+At one row a decode step's projections read megabytes of weights for one input row. cuBLAS picks
+tiles made for large products there (the profile of a batch-1 Qwen3-0.6B step: 28 us of GEMMs per
+layer for 31.5 MB of weights, with a split-K reduction kernel), and each projection is surrounded by
+small kernels. Here each program owns `BN` output columns and one part of the inner dimension: it
+streams its slice of the weight once (up to 4 rows as fp32 multiply-adds straight from the loaded
+registers, 5-16 rows on 16-row tensor-core tiles), the last program to arrive at a column block adds
+the parts, and the neighbours come along:
 
-* the residual add and RMSNorm before a projection: each program reads the (few) input rows itself,
-  sums `x + residual` (program 0 alone writes that sum out: it is the next residual), scales by the
-  norm weight, and since the norm's 1/rms is one factor per row it multiplies the accumulator once at
-  the end (`sum_k x_k w_k g_nk / rms == (sum_k x_k w_k g_nk) / rms`), so no second pass is needed;
+* the residual add and RMSNorm before a projection: each program first sums the squares of the few
+  input rows (`x + residual`) itself, then normalises and scales each loaded slice exactly as the
+  eager layer rounds it; program (0, 0) alone writes `x + residual` out (the next residual stream);
 * SiLU(gate) * up after the merged gate/up projection: each program computes its gate columns and the
   matching up columns and writes only the product.
 
-This replaces per layer: two add+RMSNorm kernels, the SiLU*mul kernel and cuBLAS's split-K reduction.
-Numerics: fp32 accumulation; the normed input is rounded to the activation dtype before the product
-like the eager path's, but 1/rms is applied after it, so results agree with the eager layers within
-the dtype's rounding, not bit for bit. Float32 dots are exact (`ieee`), never TF32.
+Per layer this replaces two add+RMSNorm kernels, the SiLU*mul kernel and cuBLAS's split-K reduction.
+The engine sends it 1-row steps only (`SKINNY_MAX_ROWS`, where it was measured to win; see
+docs/benchmarks.md). Numerics: fp32 accumulation in another order than cuBLAS, so results agree with
+the eager layers within the dtype's rounding, not bit for bit. Float32 dots are exact (`ieee`).
 """
 
 from __future__ import annotations
