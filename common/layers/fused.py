@@ -26,7 +26,7 @@ def use_fused(x: torch.Tensor) -> bool:
 
 # Rows per step up to which projections run as skinny Triton kernels with their neighbouring norm and
 # activation fused in (common/layers/triton_skinny.py). Measured on the H200 (benchmarks/
-# kernel_profile.py, Qwen3-0.6B shapes): a batch-1 decode step replays in 1.11 ms against 1.24 ms on
+# kernel_profile.py, Qwen3-0.6B shapes): a batch-1 decode step replays in 0.92 ms against 1.24 ms on
 # cuBLAS; from 2 rows on cuBLAS's tiles are as fast or faster and the skinny path loses 5-20%.
 SKINNY_MAX_ROWS = 1
 
