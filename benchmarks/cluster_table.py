@@ -7,8 +7,9 @@ Reads LOG_DIR/offline.json (benchmarks/offline.py) and LOG_DIR/<setup>/<workload
 output tok/s, TTFT and TPOT p50/p99, the KV moved and its rate, the mean time per stage (router queue,
 prefill queue, prefill, transfer, decode admission, decode) and the disaggregation decisions. For the
 interference workload TTFT is the long prompts' and TPOT the chat requests'. Ends with the summary
-line `disaggregated H200x2 1P+1D: N tok/s (offline one GPU: M tok/s)` (N: 1P+1D over nccl on the
-random workload).
+lines of the runs present: `disaggregated H200x2 1P+1D: N tok/s (offline one GPU: M tok/s)` (N: 1P+1D
+over nccl on the random workload) and, for `benchmarks/gpu_four.sh`, `four GPUs H200x4 1P+3D: N tok/s
+(4 colocated: M tok/s)` (random workload).
 """
 
 from __future__ import annotations
@@ -123,13 +124,24 @@ def main() -> None:
     offline = offline_tok_s(a.log)
     table = rows(a.log)
     print(render(table, offline))
-    by = defaultdict(dict)
+    for line in summary_lines(table, offline):
+        print(line)
+
+
+def summary_lines(table: list[dict], offline: float | None) -> list[str]:
+    """The issues' summary lines, for the setups this run has (random workload)."""
+    by: dict[str, dict[str, dict]] = defaultdict(dict)
     for r in table:
         by[r["setup"]][r["workload"]] = r
-    nccl = by.get("nccl", {}).get("random")
-    if nccl and offline:
-        n, m = f"{nccl['tok_s']:,.0f}", f"{offline:,.0f}"
-        print(f"disaggregated H200x2 1P+1D: {n} tok/s (offline one GPU: {m} tok/s)")
+    random = {setup: runs["random"]["tok_s"] for setup, runs in by.items() if "random" in runs}
+    lines = []
+    if "nccl" in random and offline:
+        n, m = f"{random['nccl']:,.0f}", f"{offline:,.0f}"
+        lines.append(f"disaggregated H200x2 1P+1D: {n} tok/s (offline one GPU: {m} tok/s)")
+    if "1p3d" in random and "mixed" in random:
+        n, m = f"{random['1p3d']:,.0f}", f"{random['mixed']:,.0f}"
+        lines.append(f"four GPUs H200x4 1P+3D: {n} tok/s (4 colocated: {m} tok/s)")
+    return lines
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@
 #   offline  the offline engine on one GPU, random workload only (the reference figure)
 #   mixed    aggregated: colocated workers (MIXED_N, default 2: one per GPU) behind the router
 #   nccl/ipc 1 prefill (GPU 0) + 1 decode (GPU 1), KV over that transport, every request disaggregated
-#   auto     1 prefill + 1 decode, the router decides per request (--disagg auto)
+#   auto     1 prefill + 1 decode, the router decides per request (--disagg auto); AUTO_SHAPE overrides
+#            the worker counts (e.g. "--prefill 1 --decode 3")
+#   1p3d     1 prefill + 3 decode, 2p2d: 2 prefill + 2 decode, KV over KV (default auto), every request
+#            disaggregated (four GPUs: see benchmarks/gpu_four.sh)
+# BACKEND=ray places the workers through Ray's GPU resources (default local processes).
 # Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving.py; REPEAT=N runs
 # each N times on the same cluster (short runs vary by 10-20%: judge small differences on several).
 # Logs and JSON go to ${OUT:-/tmp/pdserve-cluster}/$TAG; the table comes last.
@@ -28,7 +32,9 @@ setup_flags() {
     mixed) echo "--prefill 0 --decode 0 --mixed ${MIXED_N:-2} --disagg never" ;;
     nccl) echo "--prefill 1 --decode 1 --kv-transport nccl --disagg always" ;;
     ipc) echo "--prefill 1 --decode 1 --kv-transport ipc --disagg always" ;;
-    auto) echo "--prefill 1 --decode 1 --kv-transport auto --disagg auto" ;;
+    auto) echo "${AUTO_SHAPE:---prefill 1 --decode 1} --kv-transport auto --disagg auto" ;;
+    1p3d) echo "--prefill 1 --decode 3 --kv-transport ${KV:-auto} --disagg always" ;;
+    2p2d) echo "--prefill 2 --decode 2 --kv-transport ${KV:-auto} --disagg always" ;;
   esac
 }
 
@@ -61,7 +67,7 @@ run_setup() {
   local setup=$1 dir="$LOG/$1"
   mkdir -p "$dir"
   # shellcheck disable=SC2046
-  python3 -m deploy.launch --model "$MODEL" --backend local --port 0 --max-num-seqs 256 \
+  python3 -m deploy.launch --model "$MODEL" --backend "${BACKEND:-local}" --port 0 --max-num-seqs 256 \
       --max-model-len 8192 $(setup_flags "$setup" | sed "${NO_DISAGG:+s/--disagg [a-z]*//}") ${LAUNCH_EXTRA:-} --log-dir "$dir/logs" \
       > "$dir/launch.txt" 2>&1 &
   local launch=$!
