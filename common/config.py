@@ -10,7 +10,7 @@ Role = Literal["mixed", "prefill", "decode"]
 ROLES: tuple[Role, ...] = get_args(Role)
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash_attn")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Backend registry with lazy imports, so CPU-only machines never import Triton or flash-attn."""
+"""Backend registry with lazy imports, so CPU-only machines never import Triton."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from common.attention.base import AttentionBackend
 _BACKENDS: dict[str, str] = {
     "torch": "common.attention.torch_backend:TorchAttentionBackend",
     "triton": "common.attention.triton_backend:TritonAttentionBackend",
-    "flash_attn": "common.attention.flash_attn_backend:FlashAttnBackend",
 }
 
 
@@ -19,21 +18,17 @@ def available_backends(device_type: str) -> list[str]:
     if device_type != "cuda":
         return ["torch"]
     names = []
-    if importlib.util.find_spec("flash_attn") is not None:
-        names.append("flash_attn")
     if importlib.util.find_spec("triton") is not None:
         names.append("triton")
     names.append("torch")
     return names
 
 
-def resolve_backend_name(requested: str, device_type: str, block_size: int) -> str:
+def resolve_backend_name(requested: str, device_type: str) -> str:
     """Turn "auto" into a concrete backend; reject an explicit choice the device cannot run."""
     usable = available_backends(device_type)
     if requested == "auto":
         for name in usable:
-            if name == "flash_attn" and block_size % 256:
-                continue
             if name == "triton" and not _module_exists("common.attention.triton_backend"):
                 continue
             return name
@@ -42,10 +37,6 @@ def resolve_backend_name(requested: str, device_type: str, block_size: int) -> s
         raise ValueError(f"attention_backend must be one of {sorted(_BACKENDS)} or 'auto', got {requested!r}")
     if requested not in usable:
         raise ValueError(f"attention_backend {requested!r} is not usable on device {device_type!r}")
-    if requested == "flash_attn" and block_size % 256:
-        raise ValueError(
-            f"attention_backend 'flash_attn' needs kvcache_block_size % 256 == 0, got {block_size}"
-        )
     return requested
 
 

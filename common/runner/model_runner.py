@@ -68,7 +68,7 @@ class ModelRunner:
         self.device = platform.torch_device
         self.dtype = platform.resolve_dtype(config.dtype, model_config.torch_dtype)
         self.block_size = config.kvcache_block_size
-        self.backend_name = resolve_backend_name(config.attention_backend, platform.type, self.block_size)
+        self.backend_name = resolve_backend_name(config.attention_backend, platform.type)
         self.sampler = Sampler()
         self.grammar = GrammarMasker(config.model, model_config.eos_token_ids)
         self.model: torch.nn.Module | None = None
