@@ -22,9 +22,9 @@ import httpx
 import pytest
 
 from common.curve import PUBLIC_ENV, SECRET_ENV, CurveKeys
-from common.hashing import probe_hash
-from common.messages import WorkerRegister, encode
+from common.messages import encode
 from common.sampling_params import SamplingParams
+from tests.helpers.registration import placeholder_register
 from tests.helpers.rogues import run_rogue
 from tests.integration.launcher import LaunchedCluster, launch
 from tests.integration.process_cluster import metric
@@ -126,21 +126,7 @@ def test_the_secret_is_on_no_command_line_and_in_no_log(cluster) -> None:
 
 def test_a_rogue_without_the_keys_cannot_register(cluster) -> None:
     keys, inbox = _cluster_keys(cluster)
-    reg = WorkerRegister(
-        "rogue-0",
-        "prefill",
-        "127.0.0.1",
-        1,
-        "tcp://127.0.0.1:9",
-        None,
-        {},
-        16,
-        probe_hash(16),
-        64,
-        2048,
-        512,
-        "m",
-    )
+    reg = placeholder_register("rogue-0", "prefill")
     for rogue in ("none", "wrong"):
         assert run_rogue("push", inbox, encode(reg), keys, rogue, seconds=1.5) == 0
     time.sleep(0.5)

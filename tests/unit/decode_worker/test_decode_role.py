@@ -15,19 +15,13 @@ from common.sequence import SequenceStatus
 from decode_worker.admission import sequence_from_request, transferable
 from decode_worker.role import DecodeRole
 from prefill_worker.role import PrefillRole
-from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS, offline_reference
+from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS
 from tests.unit.prefill_worker.harness import Pair, make_service, prefill_request, run_until
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model_dirs) -> list[list[int]]:
-    return offline_reference(tiny_model_dirs["llama"])
 
 
 @pytest.fixture
 def pair(tiny_model_dirs):
-    model = tiny_model_dirs["llama"]
-    p = Pair(make_service(PrefillRole(), model), make_service(DecodeRole(), model, kv_fetch_timeout_s=1.0))
+    p = Pair.of(tiny_model_dirs["llama"], kv_fetch_timeout_s=1.0)
     yield p
     p.close()
 

@@ -26,13 +26,8 @@ from common.messages import (
 )
 from decode_worker.role import DecodeRole, MixedRole
 from prefill_worker.role import PrefillRole
-from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS, offline_reference
+from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS
 from tests.unit.prefill_worker.harness import Pair, make_service, prefill_request, run_until
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model_dirs) -> list[list[int]]:
-    return offline_reference(tiny_model_dirs["llama"])
 
 
 @pytest.fixture(params=[DecodeRole, MixedRole], ids=["decode", "mixed"])

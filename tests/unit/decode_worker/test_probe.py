@@ -8,15 +8,12 @@ import pytest
 import torch
 
 from common.messages import KVProbe, KVProbeRequest, KVProbeResult
-from decode_worker.role import DecodeRole
-from prefill_worker.role import PrefillRole
-from tests.unit.prefill_worker.harness import Pair, make_service, run_until
+from tests.unit.prefill_worker.harness import Pair, run_until
 
 
 @pytest.fixture
 def pair(tiny_model_dirs):
-    model = tiny_model_dirs["llama"]
-    p = Pair(make_service(PrefillRole(), model), make_service(DecodeRole(), model, kv_fetch_timeout_s=2.0))
+    p = Pair.of(tiny_model_dirs["llama"], kv_fetch_timeout_s=2.0)
     yield p
     p.close()
 

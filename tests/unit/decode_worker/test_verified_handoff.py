@@ -10,24 +10,16 @@ from dataclasses import replace
 import pytest
 
 from common.messages import DecodeRequest
-from decode_worker.role import DecodeRole
-from prefill_worker.role import PrefillRole
 from tests.helpers.kv_proxy import KVProxy, flip_a_byte, redirect_fetch
-from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS, offline_reference
-from tests.unit.prefill_worker.harness import Pair, make_service, prefill_request, run_until
+from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS
+from tests.unit.prefill_worker.harness import Pair, prefill_request, run_until
 
 LONG = 3  # PROMPTS[3]: 70 tokens, 5 blocks of 16, the last one partly filled
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dirs) -> list[list[int]]:
-    return offline_reference(tiny_model_dirs["llama"])
-
-
 @pytest.fixture
 def pair(tiny_model_dirs):
-    model = tiny_model_dirs["llama"]
-    p = Pair(make_service(PrefillRole(), model), make_service(DecodeRole(), model, kv_fetch_timeout_s=20.0))
+    p = Pair.of(tiny_model_dirs["llama"], kv_fetch_timeout_s=20.0)
     yield p
     p.close()
 

@@ -13,6 +13,7 @@ from kv_procs import CacheSpec
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.faults import KV_FAULTS_ENV, FaultyReceiverSet, KVFaults, receiver_set
 from kvtransfer.peers import KVReceiverSet, KVSenderSet
+from tests.helpers.polling import poll_until
 
 pytestmark = pytest.mark.timeout(60)
 DELAY_S = 0.6
@@ -55,16 +56,6 @@ def test_the_choice_is_per_request_and_reproducible() -> None:
     assert abs(picks.count("delay") / len(ids) - 0.3) < 0.04
     assert picks != [KVFaults(drop=0.2, delay=0.3, seed=6).choose(r) for r in ids]
     assert {KVFaults().choose(r) for r in ids} == {None}
-
-
-def poll_until(fn, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError("timed out")
 
 
 def pair(faults: KVFaults, lease_s: float = 5.0):

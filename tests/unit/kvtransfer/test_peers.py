@@ -11,6 +11,7 @@ from kv_procs import CacheSpec
 
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.peers import KVReceiverSet, KVSenderSet, transport_for_peer, transports_for
+from tests.helpers.polling import poll_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,16 +42,6 @@ def test_transport_for_peer_compares_hosts(peer, expected) -> None:
 def test_bad_requested_transport_is_refused() -> None:
     with pytest.raises(ValueError, match="transport"):
         transports_for("udp", "cpu")
-
-
-def poll_until(fn, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.01)
-    raise AssertionError("timed out")
 
 
 @pytest.fixture

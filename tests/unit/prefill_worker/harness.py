@@ -17,6 +17,8 @@ from common.worker.config import WorkerConfig
 from common.worker.engine_factory import build_engine
 from common.worker.role import LoadReport, WorkerContext, WorkerRole
 from common.worker.service import WorkerService
+from decode_worker.role import DecodeRole
+from prefill_worker.role import PrefillRole
 
 
 class FakeChannels:
@@ -85,6 +87,14 @@ class Pair:
 
     def __init__(self, prefill: WorkerService, decode: WorkerService) -> None:
         self.prefill, self.decode = prefill, decode
+
+    @classmethod
+    def of(cls, model: str, kv_fetch_timeout_s: float) -> Pair:
+        """A fresh prefill role and decode role on `model`."""
+        return cls(
+            make_service(PrefillRole(), model),
+            make_service(DecodeRole(), model, kv_fetch_timeout_s=kv_fetch_timeout_s),
+        )
 
     def forward(self) -> None:
         peers = self.prefill.channels.peers

@@ -9,34 +9,19 @@ import asyncio
 import pytest
 
 from common.curve import CurveKeys
-from common.hashing import probe_hash
-from common.messages import TokenOutput, WorkerRegister, encode
+from common.messages import TokenOutput, encode
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
 from router.prefix_index import PrefixIndex
 from router.worker_registry import WorkerRegistry
+from tests.helpers.registration import placeholder_register
 from tests.helpers.rogues import run_rogue_async
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _register(worker_id: str) -> bytes:
-    reg = WorkerRegister(
-        worker_id,
-        "decode",
-        "127.0.0.1",
-        1,
-        "tcp://127.0.0.1:9",
-        None,
-        {},
-        16,
-        probe_hash(16),
-        64,
-        2048,
-        512,
-        "m",
-    )
-    return encode(reg)
+    return encode(placeholder_register(worker_id, "decode"))
 
 
 async def _with_router(body) -> None:
