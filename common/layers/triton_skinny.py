@@ -259,11 +259,9 @@ def skinny_linear(
     if blocks > _MAX_COLUMN_BLOCKS:
         raise ValueError(f"skinny_linear: {n} output columns are more than this kernel's counters cover")
     per_split = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
-    part = torch.empty(
-        blocks * split * 2 * tile_rows * cfg.block_n if split > 1 else 1,
-        dtype=torch.float32,
-        device=x.device,
-    )
+    # Scratch for the split programs' partial sums; one part needs none (the kernel never reads it).
+    part_size = blocks * split * 2 * tile_rows * cfg.block_n
+    part = torch.empty(part_size, dtype=torch.float32, device=x.device) if split > 1 else out
     if rows:
         _skinny_kernel[(blocks, split)](
             x,

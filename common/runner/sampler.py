@@ -61,6 +61,7 @@ class Sampler:
 
     def __init__(self, fused: bool | None = None) -> None:
         self.fused = fused
+        self._opted_in = os.environ.get("PDSERVE_FUSED_SAMPLING") == "1"  # read once, not per step
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         plain = batch.plain_rows
@@ -73,7 +74,7 @@ class Sampler:
     def _use_kernel(self, logits: torch.Tensor) -> bool:
         if self.fused is not None:
             return self.fused
-        return os.environ.get("PDSERVE_FUSED_SAMPLING") == "1" and use_fused(logits)
+        return self._opted_in and use_fused(logits)
 
     def _fused(self, logits: torch.Tensor, batch: SamplingBatch, plain: list[bool]) -> torch.Tensor:
         from common.runner import sampling_kernel
