@@ -1,9 +1,11 @@
-"""CUDA IPC plumbing for the ipc transport: export a cache as a msgpack-able handle, map a peer's, and
-tell whether the exporting process still exists."""
+"""CUDA IPC plumbing for the ipc transport: export a cache as a msgpack-able handle, map a peer's, keep
+the mappings (and drop those of peers that died), and tell whether the exporting process still exists."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,3 +73,55 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@dataclass
+class _Mapping:
+    pid: int
+    cache: torch.Tensor
+
+
+class MappedCaches:
+    """The peers' caches mapped into this process, by IPC handle (the one owner of those mappings).
+
+    Invariant: a mapping lives only while its exporting process does. The driver frees an exported
+    allocation only once every importer has closed it, so a mapping kept after its peer died pins the
+    dead peer's whole cache on its GPU, and a worker restarted there finds no memory for its own
+    cache. `forget_dead` closes those mappings (dropping the last reference closes the handle); it
+    must skip peers whose copies may still be running on the device (`busy`)."""
+
+    def __init__(
+        self,
+        opener: Callable[[dict[str, Any], torch.device], torch.Tensor] | None = None,
+        alive: Callable[[int], bool] = process_alive,
+    ) -> None:
+        self._open = opener or open_cache
+        self._alive = alive
+        self._maps: dict[bytes, _Mapping] = {}
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def get(self, handle: dict[str, Any], pid: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+        """The peer's mapped cache, and whether it was mapped just now (the caller checks its layout)."""
+        found = self._maps.get(handle["handle"])
+        if found is not None:
+            return found.cache, False
+        cache = self._open(handle, device)
+        self._maps[handle["handle"]] = _Mapping(pid, cache)
+        return cache, True
+
+    def forget(self, handle: dict[str, Any]) -> None:
+        self._maps.pop(handle["handle"], None)
+
+    def forget_dead(self, busy: Iterable[int] = ()) -> list[int]:
+        """Close the mappings of peers that no longer exist, except those in `busy`; their pids."""
+        keep = set(busy)
+        dead = [k for k, m in self._maps.items() if m.pid not in keep and not self._alive(m.pid)]
+        pids = [self._maps.pop(k).pid for k in dead]
+        if pids and torch.cuda.is_available():
+            torch.cuda.ipc_collect()  # also releases what torch's own IPC bookkeeping still holds
+        return pids
+
+    def clear(self) -> None:
+        self._maps.clear()

@@ -34,6 +34,7 @@ side is aborted too, so a copy racing with block reuse there is never used.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ import torch
 from .base import Endpoint, TransferResult, TransferStatus
 from .block_copy import checksum_blocks, copy_blocks
 from .config import KVTransferConfig
-from .cuda_ipc import HANDLE_KEYS, export_cache, open_cache, process_alive
+from .cuda_ipc import HANDLE_KEYS, MappedCaches, export_cache, process_alive
 from .device import host_buffer, wait_event
 from .jobs import Job
 from .layout import CacheLayout, parse_block_ids
@@ -53,9 +54,13 @@ from .sender import ZmqSender
 from .verify import VerificationFailed, check_residuals, pack_sums, unpack_sums
 from .wire import DONE, FetchRequest, Header, ProtocolError, encode, encode_error
 
+log = logging.getLogger(__name__)
+
 # A copy must end this long before the sender's lease does: covers the time between our clock read and
 # the copy's last write, and the sender's I/O thread noticing the expiry late is on the safe side.
 LEASE_MARGIN_S = 1.0
+# How often the receiver looks for senders that died (their mappings pin their caches' memory).
+DEAD_SENDER_SWEEP_S = 1.0
 
 
 def _require_cuda(kv_cache: object) -> None:
@@ -116,7 +121,8 @@ class IpcReceiver(ZmqReceiver):
         super().__init__(kv_cache, config)
         self._queued: list[Job] = []  # engine thread only, like everything below
         self._copying: list[CopyBatch] = []
-        self._mapped: dict[bytes, torch.Tensor] = {}  # a sender's IPC handle -> its mapped cache
+        self._mapped = MappedCaches()
+        self._next_sweep = 0.0
 
     # ---- engine thread ----------------------------------------------------------------------------
 
@@ -147,7 +153,17 @@ class IpcReceiver(ZmqReceiver):
             else:
                 still.append(batch)
         self._copying = still
+        self._sweep_dead_senders()
         return self._book.drain()
+
+    def _sweep_dead_senders(self) -> None:
+        now = time.monotonic()
+        if now < self._next_sweep or not len(self._mapped):
+            return
+        self._next_sweep = now + DEAD_SENDER_SWEEP_S
+        gone = self._mapped.forget_dead(busy={b.pid for b in self._copying})
+        if gone:
+            log.info("closed the cache mappings of senders that exited: pids %s", gone)
 
     def _validate_endpoint(self, endpoint: Endpoint) -> str | None:
         handle = endpoint.get("handle")
@@ -300,19 +316,20 @@ class IpcReceiver(ZmqReceiver):
         self._book.finish(job, TransferStatus.FAILED, error)
 
     def _source(self, job: Job) -> torch.Tensor:
-        key = job.endpoint["handle"]["handle"]
-        src = self._mapped.get(key)
-        if src is None:
-            try:
-                src = open_cache(job.endpoint["handle"], self._kv.device)
-            except Exception as e:
-                raise ProtocolError(f"cannot open the sender's CUDA IPC handle: {e}") from None
-            if src.dim() != 6:
-                raise ProtocolError(f"the sender's shared cache has shape {list(src.shape)}")
-            error = self._layout.mismatch(CacheLayout.of(src))
+        ep = job.endpoint
+        try:
+            src, fresh = self._mapped.get(ep["handle"], ep["pid"], self._kv.device)
+        except Exception as e:
+            raise ProtocolError(f"cannot open the sender's CUDA IPC handle: {e}") from None
+        if fresh:
+            error = (
+                f"the sender's shared cache has shape {list(src.shape)}"
+                if src.dim() != 6
+                else self._layout.mismatch(CacheLayout.of(src))
+            )
             if error:
+                self._mapped.forget(ep["handle"])
                 raise ProtocolError(error)
-            self._mapped[key] = src
         return src
 
     # ---- I/O thread -------------------------------------------------------------------------------

@@ -176,6 +176,30 @@ def test_gpu_killed_sender_fails_within_timeout(receivers, transport):
         proc.stop()
 
 
+def test_ipc_receiver_closes_the_mapping_of_a_sender_that_died(receivers):
+    """While this process maps a dead sender's cache, the driver keeps that memory allocated on the GPU
+    (a worker restarted there then cannot get its own cache: seen in the GPU chaos run). The receiver
+    closes such mappings by itself within a sweep, with no fetch from that sender needed."""
+    big = GPU0[0].with_(num_blocks=65536)  # 384 MiB in bf16
+    proc = SenderProc("ipc", [big])
+    try:
+        receiver = receivers("ipc", GPU0[0].with_(num_blocks=8).make())
+        endpoint = proc.publish("map-it", [1, 2])
+        receiver.fetch("map-it", endpoint, [1, 2], [0, 1], timeout_s=60)
+        assert wait_results(receiver, ["map-it"], timeout=70)["map-it"].status is TransferStatus.DONE
+        proc.kill()
+        time.sleep(0.5)  # the driver has torn down the dead process's context by now
+        pinned_free = torch.cuda.mem_get_info()[0]
+        deadline, freed = time.monotonic() + 10, 0
+        while time.monotonic() < deadline and freed < 300 << 20:
+            receiver.poll()
+            freed = torch.cuda.mem_get_info()[0] - pinned_free
+            time.sleep(0.1)
+        assert freed >= 300 << 20, f"only {freed >> 20} MiB came back after the sender died"
+    finally:
+        proc.stop()
+
+
 @two_gpus
 @pytest.mark.parametrize("which", [0, 1], ids=["bf16", "fp32"])
 def test_nccl_two_gpus_bitwise(gpu_pool, receivers, which):
