@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from common.split_arrival import ArrivalCounters, arrive, depart
+
 # The kernel takes up to 16 rows (tl.dot pads to 16); the engine sends it SKINNY_MAX_ROWS (fused.py).
 _MAX_ROWS = 16
 
@@ -72,16 +74,8 @@ def split_for(n: int, k: int, launch: SkinnyLaunch) -> int:
     return split
 
 
-_counters: dict[torch.device, torch.Tensor] = {}
-_MAX_COLUMN_BLOCKS = 1 << 16
-
-
-def _tickets(device: torch.device) -> torch.Tensor:
-    """Arrival counters of split programs, one per column block; zero between launches (the last
-    arriving program resets its own), so one buffer serves every launch in stream order."""
-    if device not in _counters:
-        _counters[device] = torch.zeros(_MAX_COLUMN_BLOCKS, dtype=torch.int32, device=device)
-    return _counters[device]
+# Arrival counters of the split programs, one per column block (common/split_arrival.py).
+_COUNTERS = ArrivalCounters("skinny_linear", 1 << 16)
 
 
 @triton.jit
@@ -188,9 +182,7 @@ def _skinny_kernel(
         part = part_ptr + (pid * SPLIT_K + split) * (2 * BM * BN)
         tl.store(part + tile, acc)
         tl.store(part + BM * BN + tile, acc_up)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel")
-        last = ticket == SPLIT_K - 1
+        last = arrive(ticket_ptr + pid, SPLIT_K)
         if last:
             acc = tl.zeros([BM, BN], dtype=tl.float32)
             acc_up = tl.zeros([BM, BN], dtype=tl.float32)
@@ -198,7 +190,7 @@ def _skinny_kernel(
                 other = part_ptr + (pid * SPLIT_K + s) * (2 * BM * BN)
                 acc += tl.load(other + tile, cache_modifier=".cg")
                 acc_up += tl.load(other + BM * BN + tile, cache_modifier=".cg")
-            tl.store(ticket_ptr + pid, 0)
+            depart(ticket_ptr + pid)
     if last:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -256,8 +248,6 @@ def skinny_linear(
     split = split_for(n, k, cfg)
     tile_rows = triton.next_power_of_2(rows) if rows <= _FMA_MAX_ROWS.value else _MAX_ROWS
     blocks = triton.cdiv(n, cfg.block_n)
-    if blocks > _MAX_COLUMN_BLOCKS:
-        raise ValueError(f"skinny_linear: {n} output columns are more than this kernel's counters cover")
     per_split = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
     # Scratch for the split programs' partial sums; one part needs none (the kernel never reads it).
     part_size = blocks * split * 2 * tile_rows * cfg.block_n
@@ -272,7 +262,7 @@ def skinny_linear(
             bias if bias is not None else x,
             out,
             part,
-            _tickets(x.device),
+            _COUNTERS.get(x.device, blocks),
             rows,
             n,
             x.stride(0),
