@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.pdl import pdl_enabled, pdl_wait
 from common.split_arrival import ArrivalCounters, arrive, depart
 
 _LOG2E = 1.4426950408889634
@@ -70,7 +71,11 @@ def _decode_kernel(
     MERGE: tl.constexpr,  # num_splits > 1: compiled with the partial stores and the merge
     BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # launched as a programmatic dependent (common/pdl.py)
 ):
+    # Everything this kernel reads (q, the KV cache just stored, lengths) may come from the previous
+    # kernels, and the counters are shared: nothing before the wait.
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -239,6 +244,7 @@ def paged_decode_attention(
     if batch == 0:
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
+    pdl = pdl_enabled(q.device)
     if num_splits == 1:  # the one split writes the output itself: no scratch, no counters
         part = lse = counters = out
     else:
@@ -265,6 +271,8 @@ def paged_decode_attention(
         block_tables.stride(0),
         *out.stride()[:2],
         MERGE=num_splits > 1,
+        PDL=pdl,
+        launch_pdl=pdl,
         BLOCK_S=triton.next_power_of_2(num_splits),
         **_constants(q, k_cache, num_heads // num_kv_heads, head_dim),
     )
