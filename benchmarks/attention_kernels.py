@@ -277,7 +277,7 @@ def prefill_table() -> None:
 
 
 def tune_decode() -> None:
-    print("\nDecode tuning (block 16, heuristic splits): TB/s per stage-1 launch configuration")
+    print("\nDecode tuning (block 16, heuristic splits): TB/s per decode-kernel launch configuration")
     workloads = [(64, 1024), (64, 4096), (256, 1024), (256, 4096)]
     print(
         f"{'tile_bytes':>10} {'warps':>5} {'stages':>6} "

@@ -28,6 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
+from common.layers.skinny_tiles import FMA_MAX_ROWS, accumulate, load_input, weights
+from common.pdl import pdl_enabled, pdl_wait
+from common.split_arrival import ArrivalCounters, arrive, depart
+
 # The kernel takes up to 16 rows (tl.dot pads to 16); the engine sends it SKINNY_MAX_ROWS (fused.py).
 _MAX_ROWS = 16
 
@@ -44,8 +48,6 @@ class SkinnyLaunch:
     split_k: int = 0
 
 
-# Rows handled with multiply-adds instead of tensor-core tiles (which pad to 16 rows).
-_FMA_MAX_ROWS: tl.constexpr = tl.constexpr(4)
 # Programs to aim for: about four per SM of an H200 keeps enough weight loads in flight.
 _TARGET_PROGRAMS = 528
 _MAX_SPLIT = 16
@@ -56,7 +58,7 @@ def launch_for(n: int, k: int, rows: int) -> SkinnyLaunch:
     the multiply-add path keeps about 8k products per iteration in registers."""
     if rows == 1:  # the H200 sweep's best for all four Qwen3-0.6B projections
         return SkinnyLaunch(block_n=8, block_k=1024)
-    if rows <= _FMA_MAX_ROWS.value:
+    if rows <= FMA_MAX_ROWS.value:
         return SkinnyLaunch(block_n=16, block_k=512 // triton.next_power_of_2(rows))
     return SkinnyLaunch(block_n=32, block_k=256)
 
@@ -72,53 +74,8 @@ def split_for(n: int, k: int, launch: SkinnyLaunch) -> int:
     return split
 
 
-_counters: dict[torch.device, torch.Tensor] = {}
-_MAX_COLUMN_BLOCKS = 1 << 16
-
-
-def _tickets(device: torch.device) -> torch.Tensor:
-    """Arrival counters of split programs, one per column block; zero between launches (the last
-    arriving program resets its own), so one buffer serves every launch in stream order."""
-    if device not in _counters:
-        _counters[device] = torch.zeros(_MAX_COLUMN_BLOCKS, dtype=torch.int32, device=device)
-    return _counters[device]
-
-
-@triton.jit
-def _load_input(
-    x_ptr,
-    res_ptr,
-    nw_ptr,
-    rows,
-    ks,
-    row_ok,
-    k_ok,
-    inv,
-    stride_x,
-    stride_r,
-    dt,
-    HAS_RES: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-):
-    """Rows of the projection's input over columns `ks`: (x [+ residual]) [normed, scaled]."""
-    mask = row_ok[:, None] & k_ok[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=mask, other=0.0)
-    if HAS_RES:
-        r = tl.load(res_ptr + rows[:, None] * stride_r + ks[None, :], mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
-    if HAS_NORM:
-        w = tl.load(nw_ptr + ks, mask=k_ok, other=0.0)
-        x = (x.to(tl.float32) * inv[:, None]).to(dt) * w[None, :]
-    return x
-
-
-@triton.jit
-def _product(x, w, acc, BM: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + x @ w.T for x [BM, BK], w [BN, BK]. Up to 4 rows as fp32 multiply-adds straight from the
-    loaded registers (a streaming read, like a GEMV); more rows on the tensor cores (16-row tiles)."""
-    if BM <= _FMA_MAX_ROWS:
-        return acc + tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+# Arrival counters of the split programs, one per column block (common/split_arrival.py).
+_COUNTERS = ArrivalCounters("skinny_linear", 1 << 16)
 
 
 @triton.jit
@@ -151,6 +108,7 @@ def _skinny_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,  # launched as a programmatic dependent (common/pdl.py)
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -159,38 +117,53 @@ def _skinny_kernel(
     cols = pid * BN + tl.arange(0, BN)
     col_ok = cols < N
     dt = out_ptr.dtype.element_ty
+    first = split * K_PER_SPLIT + tl.arange(0, BK)
+    if PDL:  # weights are no kernel's output: fetch the first tile while the previous kernel ends
+        w_first, wu_first = weights(w_ptr, cols, col_ok, first, first < K, N, stride_w, SILU_MUL)
+    pdl_wait(PDL)
     inv = tl.zeros([BM], dtype=tl.float32)
     if HAS_NORM:  # each program sums the few input rows itself (from L2): no kernel before this one
         for k0 in range(0, K, BK):
             ks = k0 + tl.arange(0, BK)
-            x = _load_input(
+            x = load_input(
                 x_ptr, res_ptr, nw_ptr, rows, ks, row_ok, ks < K, inv, stride_x, stride_r, dt, HAS_RES, False
             ).to(tl.float32)
             inv += tl.sum(x * x, axis=1)
         inv = tl.rsqrt(inv / K + eps)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     acc_up = tl.zeros([BM, BN], dtype=tl.float32)
-    for kk in range(0, K_PER_SPLIT, BK):
+    if PDL:
+        x = load_input(
+            x_ptr,
+            res_ptr,
+            nw_ptr,
+            rows,
+            first,
+            row_ok,
+            first < K,
+            inv,
+            stride_x,
+            stride_r,
+            dt,
+            HAS_RES,
+            HAS_NORM,
+        )
+        acc, acc_up = accumulate(x, w_first, wu_first, acc, acc_up, BM, PRECISION, SILU_MUL)
+    for kk in range(BK if PDL else 0, K_PER_SPLIT, BK):
         ks = split * K_PER_SPLIT + kk + tl.arange(0, BK)
         k_ok = ks < K
-        x = _load_input(
+        x = load_input(
             x_ptr, res_ptr, nw_ptr, rows, ks, row_ok, k_ok, inv, stride_x, stride_r, dt, HAS_RES, HAS_NORM
         )
-        w_mask = col_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
-        acc = _product(x, w, acc, BM, PRECISION)
-        if SILU_MUL:
-            wu = tl.load(w_ptr + (cols + N)[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0)
-            acc_up = _product(x, wu, acc_up, BM, PRECISION)
+        w, wu = weights(w_ptr, cols, col_ok, ks, k_ok, N, stride_w, SILU_MUL)
+        acc, acc_up = accumulate(x, w, wu, acc, acc_up, BM, PRECISION, SILU_MUL)
     tile = rows[:, None] * BN + tl.arange(0, BN)[None, :]
     last = True
     if SPLIT_K > 1:  # partials to scratch; the last program to arrive at this column block adds them
         part = part_ptr + (pid * SPLIT_K + split) * (2 * BM * BN)
         tl.store(part + tile, acc)
         tl.store(part + BM * BN + tile, acc_up)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel")
-        last = ticket == SPLIT_K - 1
+        last = arrive(ticket_ptr + pid, SPLIT_K)
         if last:
             acc = tl.zeros([BM, BN], dtype=tl.float32)
             acc_up = tl.zeros([BM, BN], dtype=tl.float32)
@@ -198,7 +171,7 @@ def _skinny_kernel(
                 other = part_ptr + (pid * SPLIT_K + s) * (2 * BM * BN)
                 acc += tl.load(other + tile, cache_modifier=".cg")
                 acc_up += tl.load(other + BM * BN + tile, cache_modifier=".cg")
-            tl.store(ticket_ptr + pid, 0)
+            depart(ticket_ptr + pid)
     if last:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -214,7 +187,7 @@ def _skinny_kernel(
         if (pid == 0) & (split == 0):  # the next residual stream, written once
             for k0 in range(0, K, BK):
                 ks = k0 + tl.arange(0, BK)
-                x = _load_input(
+                x = load_input(
                     x_ptr, res_ptr, nw_ptr, rows, ks, row_ok, ks < K, inv, stride_x, stride_r, dt, True, False
                 )
                 mask = row_ok[:, None] & (ks < K)[None, :]
@@ -254,14 +227,13 @@ def skinny_linear(
         residual = residual.contiguous()
     cfg = launch or launch_for(n, k, rows)
     split = split_for(n, k, cfg)
-    tile_rows = triton.next_power_of_2(rows) if rows <= _FMA_MAX_ROWS.value else _MAX_ROWS
+    tile_rows = triton.next_power_of_2(rows) if rows <= FMA_MAX_ROWS.value else _MAX_ROWS
     blocks = triton.cdiv(n, cfg.block_n)
-    if blocks > _MAX_COLUMN_BLOCKS:
-        raise ValueError(f"skinny_linear: {n} output columns are more than this kernel's counters cover")
     per_split = triton.cdiv(triton.cdiv(k, split), cfg.block_k) * cfg.block_k
     # Scratch for the split programs' partial sums; one part needs none (the kernel never reads it).
     part_size = blocks * split * 2 * tile_rows * cfg.block_n
     part = torch.empty(part_size, dtype=torch.float32, device=x.device) if split > 1 else out
+    pdl = pdl_enabled(x.device)
     if rows:
         _skinny_kernel[(blocks, split)](
             x,
@@ -272,7 +244,7 @@ def skinny_linear(
             bias if bias is not None else x,
             out,
             part,
-            _tickets(x.device),
+            _COUNTERS.get(x.device, blocks),
             rows,
             n,
             x.stride(0),
@@ -292,7 +264,9 @@ def skinny_linear(
             BN=cfg.block_n,
             BK=cfg.block_k,
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            PDL=pdl,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
+            launch_pdl=pdl,
         )
     return out if residual is None else (out, res_out)

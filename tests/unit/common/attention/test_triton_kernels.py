@@ -10,19 +10,16 @@ output buffers are NaN, so a kernel that reads or leaves anything it should not 
 
 from __future__ import annotations
 
-import math
-import zlib
-
 import pytest
 import torch
 
 from tests.helpers import triton_interpret
+from tests.helpers.paged_kv import PagedContext, generator
 
 triton_interpret.setup_or_skip()  # before the kernel modules are imported below
 INTERPRET = triton_interpret.ENABLED
 triton = pytest.importorskip("triton")
 
-from common.attention.base import AttentionMetadata  # noqa: E402
 from common.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from common.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from common.attention.triton_kernels.decode_attention import (  # noqa: E402
@@ -47,73 +44,6 @@ REFERENCE = TorchAttentionBackend()
 
 
 # ----------------------------------------------------------------------------------------- helpers
-
-
-class PagedContext:
-    """A poisoned paged KV cache holding `seq_lens` tokens per sequence in shuffled blocks."""
-
-    def __init__(self, seq_lens, block_size, num_kv_heads, head_dim, dtype, gen, spare_blocks=2):
-        blocks_per_seq = [math.ceil(s / block_size) for s in seq_lens]
-        num_blocks = sum(blocks_per_seq) + spare_blocks + 1
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
-        self.v_cache = torch.randn(shape, generator=gen).to(DEVICE, dtype)
-        ids = torch.randperm(num_blocks, generator=gen)
-        poison_block = int(ids[-1])
-        width = max(blocks_per_seq) + 1
-        self.block_tables = torch.full((len(seq_lens), width), poison_block, dtype=torch.int32)
-        used = 0
-        for i, n in enumerate(blocks_per_seq):
-            self.block_tables[i, :n] = ids[used : used + n]
-            used += n
-        self.block_size = block_size
-        self.seq_lens = list(seq_lens)
-        self._poison(poison_block)
-        self.block_tables = self.block_tables.to(DEVICE)
-
-    def _poison(self, poison_block: int) -> None:
-        for cache in (self.k_cache, self.v_cache):
-            cache[poison_block] = float("nan")
-            for i, seq_len in enumerate(self.seq_lens):
-                if seq_len % self.block_size:
-                    last = int(self.block_tables[i, seq_len // self.block_size])
-                    cache[last, seq_len % self.block_size :] = float("nan")
-
-    def clean_caches(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The caches with the poison zeroed, for the reference: correct attention never reads those
-        slots, but a reference that gathers whole blocks and masks afterwards would turn NaN * 0 into NaN."""
-        return self.k_cache.nan_to_num(0.0), self.v_cache.nan_to_num(0.0)
-
-    def meta(self, q_lens, is_decode: bool, seq_lens=None) -> AttentionMetadata:
-        """Metadata for a step with `q_lens` new tokens per sequence (contexts default to `self.seq_lens`)."""
-        seq_lens = list(seq_lens or self.seq_lens)
-        starts = [0]
-        for q_len in q_lens:
-            starts.append(starts[-1] + q_len)
-        return AttentionMetadata(
-            is_decode=is_decode,
-            slot_mapping=self._slots(q_lens, seq_lens),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-            block_tables=self.block_tables,
-            max_query_len=max(q_lens),
-            max_seq_len=max(seq_lens),
-            query_start_loc_host=starts,
-            seq_lens_host=seq_lens,
-        )
-
-    def _slots(self, q_lens, seq_lens) -> torch.Tensor:
-        """Flat slots of each sequence's last q_len positions (this step's new tokens)."""
-        table = self.block_tables.cpu()
-        out = []
-        for i, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens, strict=True)):
-            for pos in range(seq_len - q_len, seq_len):
-                out.append(int(table[i, pos // self.block_size]) * self.block_size + pos % self.block_size)
-        return torch.tensor(out, dtype=torch.int64, device=DEVICE)
-
-
-def _generator(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 
 
 def _random(shape, dtype, gen) -> torch.Tensor:
@@ -141,7 +71,7 @@ def _random_lengths(n: int, high: int, gen: torch.Generator) -> list[int]:
 @pytest.mark.parametrize("num_kv_heads", [1, 2, 8])
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 def test_store_kv_matches_reference(block_size, num_kv_heads, dtype):
-    gen = _generator("store", block_size, num_kv_heads)
+    gen = generator("store", block_size, num_kv_heads)
     num_blocks, num_tokens, head_dim = 6, 37, HEAD_DIM
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache, v_cache = _random(shape, dtype, gen), _random(shape, dtype, gen)
@@ -159,7 +89,7 @@ def test_store_kv_matches_reference(block_size, num_kv_heads, dtype):
 
 
 def test_store_kv_into_view_of_engine_cache():
-    gen = _generator("store-view")
+    gen = generator("store-view")
     kv = _random((2, 3, 4, 16, NUM_KV_HEADS, HEAD_DIM), DTYPES[0], gen)  # [2, layers, blocks, bs, h, d]
     k = _random((5, NUM_KV_HEADS, HEAD_DIM), DTYPES[0], gen)
     v = _random((5, NUM_KV_HEADS, HEAD_DIM), DTYPES[0], gen)
@@ -182,9 +112,11 @@ PREFILL_CASES = {
 
 
 def _run_prefill(case, block_size, group, dtype, head_dim=HEAD_DIM):
-    gen = _generator("prefill", case, block_size, group, head_dim)
+    gen = generator("prefill", case, block_size, group, head_dim)
     q_lens = [q for q, _ in PREFILL_CASES[case]]
-    ctx = PagedContext([c for _, c in PREFILL_CASES[case]], block_size, NUM_KV_HEADS, head_dim, dtype, gen)
+    ctx = PagedContext(
+        [c for _, c in PREFILL_CASES[case]], block_size, NUM_KV_HEADS, head_dim, dtype, gen, DEVICE
+    )
     meta = ctx.meta(q_lens, is_decode=False)
     q = _random((sum(q_lens), group * NUM_KV_HEADS, head_dim), dtype, gen)
     scale = head_dim**-0.5
@@ -221,11 +153,11 @@ def test_prefill_head_dims(head_dim):
 
 
 def test_prefill_many_sequences():
-    gen = _generator("prefill-many")
+    gen = generator("prefill-many")
     n = 40 if INTERPRET else 300
     q_lens = _random_lengths(n, 20, gen)
     ctx_lens = [q + extra for q, extra in zip(q_lens, _random_lengths(n, 60, gen), strict=True)]
-    ctx = PagedContext(ctx_lens, 16, NUM_KV_HEADS, HEAD_DIM, DTYPES[0], gen)
+    ctx = PagedContext(ctx_lens, 16, NUM_KV_HEADS, HEAD_DIM, DTYPES[0], gen, DEVICE)
     meta = ctx.meta(q_lens, is_decode=False)
     q = _random((sum(q_lens), 4 * NUM_KV_HEADS, HEAD_DIM), DTYPES[0], gen)
     out = TritonAttentionBackend().prefill(q, ctx.k_cache, ctx.v_cache, meta, 0.1)
@@ -236,12 +168,12 @@ def test_prefill_many_sequences():
 
 
 def _run_decode(batch, block_size, group, dtype, num_splits, max_context=MAX_CONTEXT, head_dim=HEAD_DIM):
-    gen = _generator("decode", batch, block_size, group, num_splits, head_dim)
+    gen = generator("decode", batch, block_size, group, num_splits, head_dim)
     seq_lens = _random_lengths(batch, max_context, gen)
     seq_lens[0] = 1  # a single-token context
     if batch > 2:
         seq_lens[1], seq_lens[2] = block_size, block_size + 1  # exactly on, and just past, a boundary
-    ctx = PagedContext(seq_lens, block_size, NUM_KV_HEADS, head_dim, dtype, gen)
+    ctx = PagedContext(seq_lens, block_size, NUM_KV_HEADS, head_dim, dtype, gen, DEVICE)
     meta = ctx.meta([1] * batch, is_decode=True)
     q = _random((batch, group * NUM_KV_HEADS, head_dim), dtype, gen)
     scale = head_dim**-0.5
@@ -282,8 +214,8 @@ def test_decode_many_splits_long_context():
 
 def test_decode_zero_length_padding_sequence_is_finite():
     # CUDA-graph batches are padded with empty sequences; their rows must not turn into NaN.
-    gen = _generator("decode-pad")
-    ctx = PagedContext([20, 1], 16, NUM_KV_HEADS, HEAD_DIM, DTYPES[0], gen)
+    gen = generator("decode-pad")
+    ctx = PagedContext([20, 1], 16, NUM_KV_HEADS, HEAD_DIM, DTYPES[0], gen, DEVICE)
     seq_lens = torch.tensor([20, 0], dtype=torch.int32, device=DEVICE)
     q = _random((2, 2 * NUM_KV_HEADS, HEAD_DIM), DTYPES[0], gen)
     ref = REFERENCE.decode(q, *ctx.clean_caches(), ctx.meta([1, 1], is_decode=True), 0.2)
@@ -311,10 +243,10 @@ def test_choose_num_splits_fills_the_gpu_with_powers_of_two():
 @pytest.mark.parametrize("block_size", [16, 256])
 def test_backend_forward_chunked_prefill_then_decode(block_size):
     """store_kv + prefill in two chunks, then decode steps, against the reference doing the same."""
-    gen = _generator("forward", block_size)
+    gen = generator("forward", block_size)
     dtype, num_heads = DTYPES[0], 4 * NUM_KV_HEADS
     prompts = [70, 5, 260]
-    ctx = PagedContext([n + 3 for n in prompts], block_size, NUM_KV_HEADS, HEAD_DIM, dtype, gen)
+    ctx = PagedContext([n + 3 for n in prompts], block_size, NUM_KV_HEADS, HEAD_DIM, dtype, gen, DEVICE)
     caches = {"ref": ctx.clean_caches(), "triton": (ctx.k_cache, ctx.v_cache)}
     backends = {"ref": REFERENCE, "triton": TritonAttentionBackend()}
     first = [n // 2 for n in prompts]
@@ -336,9 +268,9 @@ def test_backend_forward_chunked_prefill_then_decode(block_size):
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_decode_is_graph_capturable_and_sync_free():
     """Capture decode once, then replay with longer contexts and new queries: the result must follow."""
-    gen = _generator("graph")
+    gen = generator("graph")
     batch, block_size, dtype = 64, 16, torch.bfloat16
-    ctx = PagedContext([1500] * batch, block_size, NUM_KV_HEADS, HEAD_DIM, dtype, gen)
+    ctx = PagedContext([1500] * batch, block_size, NUM_KV_HEADS, HEAD_DIM, dtype, gen, DEVICE)
     meta = ctx.meta([1] * batch, is_decode=True)
     meta.max_seq_len = 2048  # the runner's fixed bound at capture
     backend = TritonAttentionBackend()
