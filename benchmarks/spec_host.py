@@ -164,25 +164,22 @@ def _wrap_step(phases: Phases, patches: list) -> None:
 
 
 class GraphFill:
-    """The decode graphs' host-side input fill for a batch, into numpy views like the pinned buffer's."""
+    """The decode graphs' host-side step preparation (`prepare_rows`) into numpy views like the
+    pinned buffer's, for the batches the CPU runs eagerly."""
 
     def __init__(self, max_rows: int = 512, width: int = 256, block_size: int = 16) -> None:
-        buf = np.zeros(max_rows * (5 + width), dtype=np.int32)
-        m = max_rows
-        self.views = cuda_graph._Views(
-            *(buf[i * m : (i + 1) * m] for i in range(5)), buf[5 * m :].reshape(m, width)
-        )
+        m, fields = max_rows, cuda_graph._ROW_FIELDS
+        buf = np.zeros(m * (fields + width), dtype=np.int32)
+        rows = (buf[i * m : (i + 1) * m] for i in range(fields))
+        self.views = cuda_graph._Views(*rows, buf[fields * m :].reshape(m, width))
         self.sizes, self.block_size = cuda_graph.capture_sizes(max_rows), block_size
 
     def time(self, seqs) -> float:
         t0 = time.perf_counter()
         q_lens = cuda_graph.query_lens(seqs, self.sizes[-1])
         if q_lens is not None:
-            n = sum(q_lens)
-            bs = next(s for s in self.sizes if s >= n)
-            cuda_graph.fill_rows(self.views, seqs, q_lens, bs, None, self.block_size)
-            cuda_graph.sampled_rows(seqs, q_lens)
-            [i for i, s in enumerate(seqs) for _ in range(1 + s.num_draft_tokens)]
+            bs = next(s for s in self.sizes if s >= sum(q_lens))
+            cuda_graph.prepare_rows(self.views, seqs, q_lens, bs, None, self.block_size)
         return time.perf_counter() - t0
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from common.runner.inputs import prepare_sampling
+from common.runner.inputs import prepare_sampling, sampling_rows
 from common.runner.sampler import Sampler
+from common.runner.step_handle import HostTokens, StepHandle
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 
@@ -50,3 +51,37 @@ def test_logprobs_only_for_the_rows_that_ask():
     assert out.logprobs is not None and out.logprobs[0] is None
     assert out.logprobs[1].logprob == float(want[0])
     assert out.logprobs[1].top == ((0, float(want[0])), (2, float(want[2])))
+
+
+def test_per_sequence_inputs_equal_the_row_by_row_ones():
+    """A verification's rows repeat their sequence's parameters: building them once per sequence
+    gives exactly the batch that one entry per row gives."""
+    seqs = _seqs(
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.7, seed=3),
+        SamplingParams(temperature=0.9, top_k=5, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.2, min_tokens=9),
+    )
+    counts = [3, 1, 4, 2]
+    by_row = [s for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
+    once = prepare_sampling(seqs, 32, torch.device("cpu"), eos_token_ids=(2,), counts=counts)
+    rows = prepare_sampling(by_row, 32, torch.device("cpu"), eos_token_ids=(2,))
+    for name in ("temperatures", "top_k", "top_p", "min_p"):
+        assert torch.equal(getattr(once, name), getattr(rows, name)), name
+    assert once.generators == rows.generators and once.generators[3] is not None  # the seeded row
+    assert (once.banned, once.plain_rows) == (rows.banned, rows.plain_rows)
+    assert (once.all_greedy, once.any_greedy) == (rows.all_greedy, rows.any_greedy)
+
+
+def test_sequences_that_sample_nothing_are_dropped():
+    seqs = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0.5), SamplingParams())
+    assert sampling_rows(seqs, [2, 0, 1]) == ([seqs[0], seqs[2]], [2, 1])
+    assert sampling_rows(seqs, [1, 1, 1]) == (seqs, [1, 1, 1])
+
+
+def test_step_handle_groups_each_sequences_rows():
+    handle = StepHandle([0, 3, 1], HostTokens(torch.tensor([5, 6, 7, 8]), None), ["a", "b", "c", "d"])
+    out = handle.result()
+    assert out.sampled == [[], [5, 6, 7], [8]]
+    assert out.logprobs == [None, "c", "d"]  # the last sampled row's
+    assert StepHandle([1, 1], HostTokens(torch.tensor([4, 9]), None), None).result().sampled == [[4], [9]]
