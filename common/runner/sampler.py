@@ -56,8 +56,9 @@ class SamplerOutput:
 
 
 class Sampler:
-    """`fused`: take plain rows through the Triton kernel; None (default) = on CUDA when Triton is
-    usable (common.layers.fused.use_fused), so the CPU never imports Triton."""
+    """`fused`: take plain rows through the Triton kernel; None (default) = only when opted in with
+    PDSERVE_FUSED_SAMPLING=1 and on CUDA with Triton usable (common.layers.fused.use_fused), so the
+    CPU never imports Triton."""
 
     def __init__(self, fused: bool | None = None) -> None:
         self.fused = fused
@@ -65,7 +66,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         plain = batch.plain_rows
-        if plain and any(plain) and (use_fused(logits) if self.fused is None else self.fused):
+        if plain and any(plain) and self._use_kernel(logits):
             tokens = self._fused(logits, batch, plain)
         else:
             tokens = self._torch(logits, batch)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from common.runner.inputs import prepare_sampling, sampling_rows
@@ -40,6 +42,25 @@ def test_the_cpu_keeps_the_torch_path_for_plain_rows():
     batch = prepare_sampling(seqs, 8, torch.device("cpu"))
     logits = torch.tensor([[0.0, 3.0, 3.0, 1.0] * 2, [float("-inf")] * 8])
     assert Sampler()(logits, batch).token_ids.tolist() == [1, 0]
+
+
+def test_the_kernel_runs_only_when_opted_in(monkeypatch):
+    """Where Triton is usable, the fused kernel still waits for PDSERVE_FUSED_SAMPLING=1 (it costs
+    more host time than it saves at small batches)."""
+    from common.runner import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "use_fused", lambda logits: True)
+    taken = []
+    monkeypatch.setattr(Sampler, "_fused", lambda self, logits, batch, plain: taken.append(1))
+    seqs = _seqs(SamplingParams(temperature=0))
+    batch = prepare_sampling(seqs, 4, torch.device("cpu"))
+    logits = torch.tensor([[0.0, 2.0, 1.0, 0.5]])
+    monkeypatch.delenv("PDSERVE_FUSED_SAMPLING", raising=False)
+    assert Sampler()(logits, batch).token_ids.tolist() == [1] and not taken
+    monkeypatch.setenv("PDSERVE_FUSED_SAMPLING", "1")
+    with contextlib.suppress(AttributeError):  # the stub returns no tokens
+        Sampler()(logits, batch)
+    assert taken
 
 
 def test_logprobs_only_for_the_rows_that_ask():
