@@ -89,6 +89,9 @@ class Sampler:
         return tokens
 
     def _torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        unchanged = batch.allowed is None and batch.repetition is None and batch.output_counts is None
+        if batch.all_greedy and unchanged and not batch.banned:
+            return logits.argmax(dim=-1)  # widening to fp32 is exact and keeps the order: no copy
         logits = _apply_penalties(logits.float(), batch)
         if batch.allowed is not None:
             logits = logits.masked_fill(~batch.allowed, float("-inf"))

@@ -106,3 +106,14 @@ def test_step_handle_groups_each_sequences_rows():
     assert out.sampled == [[], [5, 6, 7], [8]]
     assert out.logprobs == [None, "c", "d"]  # the last sampled row's
     assert StepHandle([1, 1], HostTokens(torch.tensor([4, 9]), None), None).result().sampled == [[4], [9]]
+
+
+def test_greedy_rows_need_no_widened_copy():
+    """All-greedy rows without penalties or masks take the argmax of the model's own dtype: the same
+    tokens as the fp32 argmax, ties to the first index."""
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(6, 50, generator=gen) * 4).to(torch.bfloat16)
+    logits[2, 7] = logits[2, 30] = logits[2].max() + 1  # an exact tie
+    batch = prepare_sampling(_seqs(*[SamplingParams(temperature=0)] * 6), 50, torch.device("cpu"))
+    tokens = Sampler()(logits, batch).token_ids
+    assert tokens.tolist() == logits.float().argmax(dim=-1).tolist() and tokens[2] == 7
