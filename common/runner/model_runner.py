@@ -259,9 +259,12 @@ class ModelRunner:
         batch = prepare_sampling(sampling, vocab, self.device, self.model_config.eos_token_ids, rows)
         batch.allowed = self.grammar.mask(sampling, vocab, self.device, rows)
         out = self.sampler(logits, batch)
-        self._prev_tokens = out.token_ids
-        if self.graphs is not None:
-            self.graphs.set_prev_tokens(out.token_ids)
+        if 0 not in counts and len(out.token_ids) == len(seqs):
+            # One token per sequence: a decode step the next may run ahead of (a verification is
+            # synchronous, so its tokens never feed the device-side input of a step).
+            self._prev_tokens = out.token_ids
+            if self.graphs is not None:
+                self.graphs.set_prev_tokens(out.token_ids)
         return out, counts
 
     def _stage_to_host(self, tokens: torch.Tensor) -> HostTokens:
