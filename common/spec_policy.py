@@ -50,13 +50,14 @@ class StepCosts:
 
     def padded(self, rows: int) -> int:
         """The measured size a step of `rows` rows runs at."""
-        return self.sizes[self._slot(rows)]
+        return self.sizes[self.slot(rows)]
 
     def cost(self, rows: int) -> float:
         """Seconds for a step of `rows` rows (padded up to the next measured size)."""
-        return self.seconds[self._slot(rows)]
+        return self.seconds[self.slot(rows)]
 
-    def _slot(self, rows: int) -> int:
+    def slot(self, rows: int) -> int:
+        """Index of the measured size a step of `rows` rows runs at."""
         i = bisect.bisect_left(self.sizes, rows)
         if i == len(self.sizes):
             raise ValueError(f"rows ({rows}) exceed the largest measured size ({self.sizes[-1]})")
@@ -122,6 +123,17 @@ class StepClock:
     def plain_cost(self, rows: int) -> float:
         return self.plain.get(self.costs.padded(rows), self.costs.cost(rows))
 
+    def verify_costs(self, first: int, stop: int) -> list[float]:
+        """`verify_cost(rows)` for rows in range(first, stop), in one walk over the sizes."""
+        sizes, seconds, learned = self.costs.sizes, self.costs.seconds, self.verify
+        i, out = self.costs.slot(first), []
+        for rows in range(first, stop):
+            if sizes[i] < rows:  # rows grow by one, sizes strictly: at most one size further
+                i += 1
+            cost = learned.get(sizes[i])
+            out.append(seconds[i] + self.host_per_row * rows if cost is None else cost)
+        return out
+
     def verify_cost(self, rows: int) -> float:
         estimate = self.costs.cost(rows) + self.host_per_row * rows
         return self.verify.get(self.costs.padded(rows), estimate)
@@ -168,10 +180,9 @@ def choose_drafts(
     Drafts join one at a time by their gain (`draft_gains`; a sequence's drafts therefore join in
     order, and each count is a prefix of its proposal) while the rows fit the largest captured step;
     the prefix with the most expected tokens per second wins if it beats the plain step."""
-    gains = [(g, i) for i, (seq, drafts) in enumerate(wanted) for g in draft_gains(seq, drafts)]
-    if len(wanted) > 1:
-        gains.sort(key=lambda pair: pair[0], reverse=True)  # stable: a proposal keeps its order
-    best = _best_prefix(clock, num_rows, [g for g, _ in gains])
+    # Ties keep `wanted`'s order, and within a proposal gains fall: its drafts join in order.
+    gains = sorted((-g, i) for i, (seq, drafts) in enumerate(wanted) for g in draft_gains(seq, drafts))
+    best = _best_prefix(clock, num_rows, [-g for g, _ in gains])
     counts = [0] * len(wanted)
     for _, i in gains[:best]:
         counts[i] += 1
@@ -187,13 +198,16 @@ def any_pays(clock: StepClock, num_rows: int, wanted: list[tuple[Sequence, int]]
 def _best_prefix(clock: StepClock, num_rows: int, gains: list[float], first: bool = False) -> int:
     """How many of `gains` (descending) to verify beside `num_rows` plain rows for the most expected
     tokens per second, 0 when no prefix beats the plain step; `first`: any prefix that beats it."""
+    gains = gains[: max(0, clock.max_rows - num_rows)]
+    if not gains:
+        return 0
+    costs = clock.verify_costs(num_rows + 1, num_rows + 1 + len(gains))
     best_rate, best_len = num_rows / clock.plain_cost(num_rows), 0
     tokens = float(num_rows)
-    for n, gain in enumerate(gains[: max(0, clock.max_rows - num_rows)], start=1):
+    for n, (gain, cost) in enumerate(zip(gains, costs, strict=True), start=1):
         tokens += gain
-        rate = tokens / clock.verify_cost(num_rows + n)
-        if rate > best_rate:
-            best_rate, best_len = rate, n
+        if tokens > best_rate * cost:
+            best_rate, best_len = tokens / cost, n
             if first:
                 break
     return best_len

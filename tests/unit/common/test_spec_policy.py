@@ -169,6 +169,7 @@ def test_the_cached_bound_answers_as_the_scan_over_sizes_does():
         n = rng.randint(1, 64)
         scan = any(s / clock.verify_cost(s) > n / clock.plain_cost(n) for s in sizes if s > n)
         assert clock.can_pay(n) == scan
+        assert clock.verify_costs(n, 65) == [clock.verify_cost(r) for r in range(n, 65)]
 
 
 def test_a_rejected_proposal_waits_about_one_over_acceptance_decode_steps():
