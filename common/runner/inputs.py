@@ -143,31 +143,49 @@ def prepare_sampling(
     """Sampling inputs for the rows that sample this step: `counts[i]` (>= 1) consecutive rows of
     `seqs[i]` (default: one each; `sampling_rows` drops the sequences that do not sample). A
     verification samples all its positions with the sequence's parameters, so each value is worked
-    out once per sequence and repeated for its rows."""
+    out once per sequence and repeated for its rows; once in all when every sequence shares one
+    parameter object that needs nothing per sequence (an offline batch, one request's rows)."""
     counts = [1] * len(seqs) if counts is None else counts
+    first = seqs[0].sampling_params
+    if all(s.sampling_params is first for s in seqs) and not _per_sequence(first):
+        return _parameter_columns([first], [sum(counts)], device)
     params = [s.sampling_params for s in seqs]
-    rows = sum(counts)
-    seeded = any(p.seed is not None for p in params)
-    batch = SamplingBatch(
+    batch = _parameter_columns(params, counts, device)
+    if any(p.seed is not None for p in params):
+        batch.generators = per_row([_generator(s, device) for s in seqs], counts)
+    _add_penalties(batch, params, seqs, counts, vocab_size, device)
+    banned = [_banned(s, eos_token_ids) for s in seqs]
+    if any(banned):
+        batch.banned = per_row(banned, counts)
+        plain = [_plain(p) and not ids for p, ids in zip(params, banned, strict=True)]
+        batch.plain_rows = per_row(plain, counts)
+    return batch
+
+
+def _per_sequence(p: SamplingParams) -> bool:
+    """Sampling inputs that depend on the sequence, not only on its parameters: a seeded draw's
+    generator, penalties' token counts, min_tokens' ban."""
+    penalised = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+    return (p.seed is not None and not p.greedy) or bool(penalised) or p.min_tokens > 0
+
+
+def _parameter_columns(
+    params: list[SamplingParams], counts: list[int], device: torch.device
+) -> SamplingBatch:
+    """What `params[i]` alone decides, for its `counts[i]` rows."""
+    plain = [_plain(p) for p in params]
+    logprobs = [p.logprobs for p in params]
+    return SamplingBatch(
         temperatures=_column([p.temperature for p in params], counts, torch.float32, device),
         top_k=_optional_column([max(p.top_k, 0) for p in params], counts, 0, torch.int64, device),
         top_p=_optional_column([p.top_p for p in params], counts, 1.0, torch.float32, device),
         min_p=_optional_column([p.min_p for p in params], counts, 0.0, torch.float32, device),
         all_greedy=all(p.greedy for p in params),
         any_greedy=any(p.greedy for p in params),
-        generators=per_row([_generator(s, device) for s in seqs], counts) if seeded else [],
-        num_logprobs=(
-            per_row([p.logprobs for p in params], counts)
-            if any(p.logprobs is not None for p in params)
-            else None
-        ),
+        generators=[],
+        num_logprobs=per_row(logprobs, counts) if any(n is not None for n in logprobs) else None,
+        plain_rows=[plain[0]] * sum(counts) if all(q == plain[0] for q in plain) else per_row(plain, counts),
     )
-    _add_penalties(batch, params, seqs, counts, vocab_size, device)
-    banned = [_banned(s, eos_token_ids) for s in seqs]
-    batch.banned = per_row(banned, counts) if any(banned) else None
-    plain = [_plain(p) and not ids for p, ids in zip(params, banned, strict=True)]
-    batch.plain_rows = [True] * rows if all(plain) else per_row(plain, counts)
-    return batch
 
 
 def sampling_rows(seqs: list[Sequence], counts: list[int]) -> tuple[list[Sequence], list[int]]:

@@ -94,6 +94,33 @@ def test_per_sequence_inputs_equal_the_row_by_row_ones():
     assert (once.all_greedy, once.any_greedy) == (rows.all_greedy, rows.any_greedy)
 
 
+def _same_batch(a, b) -> None:
+    for name in ("temperatures", "top_k", "top_p", "min_p"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None and y is None) or torch.equal(x, y), name
+    assert [g is not None for g in a.generators] == [g is not None for g in b.generators]
+    assert (a.banned, a.plain_rows, a.num_logprobs) == (b.banned, b.plain_rows, b.num_logprobs)
+    assert (a.all_greedy, a.any_greedy) == (b.all_greedy, b.any_greedy)
+
+
+def test_one_shared_parameter_object_gives_the_per_sequence_batch():
+    """Sequences sharing one SamplingParams take a once-for-all path; it must build what separate,
+    equal parameter objects build (and fall back where a value depends on the sequence)."""
+    cases = [
+        dict(temperature=0),
+        dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05),
+        dict(temperature=0.8, seed=5),  # per-sequence generators
+        dict(temperature=0.6, min_tokens=3),  # a ban until 3 tokens
+        dict(temperature=0, logprobs=1),
+    ]
+    for kw in cases:
+        shared = SamplingParams(**kw)
+        counts = [2, 1, 3]
+        one = prepare_sampling(_seqs(shared, shared, shared), 32, torch.device("cpu"), (2,), counts)
+        each = _seqs(*[SamplingParams(**kw) for _ in counts])
+        _same_batch(one, prepare_sampling(each, 32, torch.device("cpu"), (2,), counts))
+
+
 def test_sequences_that_sample_nothing_are_dropped():
     seqs = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0.5), SamplingParams())
     assert sampling_rows(seqs, [2, 0, 1]) == ([seqs[0], seqs[2]], [2, 1])
