@@ -33,8 +33,13 @@ def first_stop(
     by the run's end or not at all, and a run without stop or EOS ids needs no token-by-token look."""
     params = seq.sampling_params
     if not length_exhausted(seq, length + len(tokens), max_model_len):
-        eos = () if params.ignore_eos else eos_token_ids
-        if not any(t in params.stop_token_ids or t in eos for t in tokens):
+        stops, eos = params.stop_token_ids, () if params.ignore_eos else eos_token_ids
+        if not (stops or eos):
+            return None
+        for t in tokens:
+            if t in stops or t in eos:
+                break
+        else:
             return None
     for i, token in enumerate(tokens):
         reason = stop_reason(seq, token, length + i + 1, eos_token_ids, max_model_len)
