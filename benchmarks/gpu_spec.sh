@@ -14,6 +14,9 @@ python3 -m pytest -q -p no:cacheprovider -m gpu ${SPEC_TESTS:-tests/unit/common/
 KS="${SPEC_KS:-4 8}"
 python3 benchmarks/speculative.py --dtype bfloat16 --ks $KS --batches ${SPEC_BATCHES:-1 8 64} \
     --max-tokens 160 --draft-layers "${SPEC_DRAFT_LAYERS:-16}" --verbose 2>&1 | grep -v Loading | tee "$LOG/bf16.txt"
+# The answers alone (each ends at its end-of-turn): the speed a user of the copy requests sees.
+python3 benchmarks/speculative.py --dtype bfloat16 --ks $KS --batches 1 8 --max-tokens 160 \
+    --workloads copy copy-long --stop-at-eos 2>&1 | grep -v Loading | tee "$LOG/bf16_eos.txt"
 python3 benchmarks/speculative.py --dtype float32 --ks $KS --batches 1 8 --max-tokens 160 2>&1 \
     | grep -v Loading | tee "$LOG/fp32.txt"
 if [ -n "${SPEC_PROFILE:-}" ]; then  # where the host's time goes in speculating steps

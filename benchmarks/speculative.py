@@ -5,17 +5,22 @@ outputs stay identical to plain decoding.
     python benchmarks/speculative.py --ks 4 8 --batches 1 8 64 --max-tokens 160 --dtype bfloat16 \\
         --draft-layers 8                                               # the H200 run
 
-Workloads (greedy, `ignore_eos`): copy-heavy, edit-and-copy requests whose answer repeats most of the
-prompt (rename a variable in a short function and return the code; fix the typos in a paragraph and
-return it), and free writing (open questions). ms/token = decode wall time after every sequence has
-its first token / tokens generated after it (batch 1 runs each prompt alone, in turn). `same` =
-share of sequences whose output equals the k = 0 output token for token (in float32 it must be
-1.00; in bf16 a verification step's rows run in a differently sized batch than plain decode, so
-near-ties can flip).
+Workloads (`--workloads`, default all; greedy, `ignore_eos` unless `--stop-at-eos`; the prompt sets
+are in `benchmarks/speculative_prompts.py`): `copy`, edit-and-copy requests whose answer repeats most
+of the prompt (rename a variable in a short function and return the code; fix the typos in a
+paragraph and return it), `copy-long`, the same requests on texts long enough that the answer copies
+for all of a 160-token run, and `free`, free writing (open questions). ms/token = decode wall time
+after every sequence has its first token / tokens generated after it, per sequence (batch 1 runs each
+prompt alone, in turn). `--stop-at-eos` ends each answer at its end-of-turn and counts the tokens it
+really produced: the answer-only speed. `same` = share of sequences whose output equals the k = 0
+output token for token (in float32 it must be 1.00; in bf16 a verification step's rows run in a
+differently sized batch than plain decode, so near-ties can flip).
 
 `--draft-layers N` also runs the draft-model proposer, with a draft made here from the target: its
 first N decoder layers, its embeddings, final norm and head (same tokenizer by construction). The
-last line is the summary: `speculative <device> copy-heavy b1: N.NNx` (best k, n-gram proposer).
+last lines are the summary, one per copy workload run (best k, n-gram proposer, batch 1):
+`speculative <device> copy-heavy b1: N.NNx` (`copy`) and `speculative <device> copy-long b1: N.NNx`,
+with ` stop-at-eos` appended under that flag.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.speculative_prompts import WORKLOADS  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
 from common.chat import build_chat_prompt  # noqa: E402
 from common.default_model import resolve_model  # noqa: E402
@@ -37,66 +43,8 @@ from common.draft_proposer import build_draft_proposer  # noqa: E402
 from common.llm_engine import StepTimings  # noqa: E402
 from common.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
 
-FUNCTIONS = [
-    "def summarize(orders):\n    t = 0\n    count = 0\n    largest = None\n    for order in orders:\n"
-    "        if order.cancelled:\n            continue\n        t = t + order.amount\n        count += 1\n"
-    "        if largest is None or order.amount > largest.amount:\n            largest = order\n"
-    "    average = t / count if count else 0\n    return {'total': t, 'count': count, 'average': average,"
-    " 'largest': largest}\n",
-    "def parse_config(lines):\n    cfg = {}\n    section = 'default'\n    for raw in lines:\n"
-    "        line = raw.strip()\n        if not line or line.startswith('#'):\n            continue\n"
-    "        if line.startswith('[') and line.endswith(']'):\n            section = line[1:-1]\n"
-    "            cfg.setdefault(section, {})\n            continue\n"
-    "        key, _, value = line.partition('=')\n"
-    "        cfg.setdefault(section, {})[key.strip()] = value.strip()\n    return cfg\n",
-    "def find_duplicates(paths):\n    seen = {}\n    dups = []\n    for path in paths:\n"
-    "        with open(path, 'rb') as handle:\n"
-    "            digest = hashlib.sha256(handle.read()).hexdigest()\n"
-    "        if digest in seen:\n            dups.append((seen[digest], path))\n        else:\n"
-    "            seen[digest] = path\n    dups.sort()\n    return dups\n",
-    "def moving_average(values, window):\n    out = []\n    acc = 0.0\n    for i, v in enumerate(values):\n"
-    "        acc += v\n        if i >= window:\n            acc -= values[i - window]\n"
-    "        if i + 1 >= window:\n            out.append(acc / window)\n    return out\n",
-]
-RENAMES = [
-    ("t", "running_total"),
-    ("cfg", "settings"),
-    ("seen", "first_path_by_digest"),
-    ("acc", "window_sum"),
-]
-TYPOS = [
-    "Teh river rose slowly thrugh the night, and by morning the low feilds near the mill were under "
-    "water. Farmers moved there animals to the hill, were the old chapel stood, and waited for the rain "
-    "to stop. By noon the sky had cleard, the water began to fall, and children came out to watch the "
-    "boats drift past the flooded road. In the evening the miller opend his doors and offered bread to "
-    "evryone who had helped.",
-    "Our libary opens at nine o'clock on weekdays and at ten on saturdays. Visitors can borow up to five "
-    "books at a tiem, and overdue books are charged a smal fee each day. The reading room on the secund "
-    "floor is quiet, and laptops are alowed at the long tables by the windows. Please ask the staff if "
-    "you need help finding a book or using the computers.",
-    "The recipe is simple: mix the flour and the sugar in a large bowl, add two eggs and a cup of milk, "
-    "and stir untill the batter is smooth. Pour it into a buttered tin and bake the cake for fourty "
-    "minutes, or untill it is golden brown on top. Let it cool for ten minuts before you cut it, and "
-    "serve it with fresh frut and cream.",
-    "Please remeber to turn off the lights when you leave the office, and make shure the windows are "
-    "closed before the weekend begins. The cleaning team will arive on saturday morning, so leave your "
-    "desk tidy and put any papers in the drawers. If you are the last person to leave, set the alarm "
-    "and lock the front door behind you.",
-]
-COPY = [
-    f"Rename the variable `{old}` to `{new}` in this function and return the whole function:\n\n{code}"
-    for code, (old, new) in zip(FUNCTIONS, RENAMES, strict=True)
-] + [f"Fix the typos in this paragraph and return the corrected paragraph:\n\n{text}" for text in TYPOS]
-FREE = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Describe your ideal weekend in a few sentences.",
-    "Explain how a bicycle works to a ten-year-old.",
-    "Write a poem about autumn leaves.",
-    "What makes a good friend? Answer in a paragraph.",
-    "Describe a busy market in a city you imagine.",
-    "Give advice to someone starting to learn the piano.",
-    "Write a letter to your future self.",
-]
+# The summary line's name of each copy workload (`copy` keeps the name its past figures have).
+SUMMARY_NAMES = {"copy": "copy-heavy", "copy-long": "copy-long"}
 
 
 def prompt_rounds(llm: LLM, texts: list[str], batch: int) -> list[list[list[int]]]:
@@ -108,14 +56,15 @@ def prompt_rounds(llm: LLM, texts: list[str], batch: int) -> list[list[list[int]
 
 
 def run(
-    llm: LLM, rounds: list[list[list[int]]], proposer: Proposer | None, max_tokens: int
+    llm: LLM, rounds: list[list[list[int]]], proposer: Proposer | None, max_tokens: int, stop_at_eos: bool
 ) -> tuple[float, list[list[int]], SpecStats]:
-    """(seconds per output token after the first, outputs, speculation stats) over all rounds."""
+    """(seconds per output token after the first, per sequence, outputs, speculation stats) over all
+    rounds. With `stop_at_eos` answers end at their end-of-turn, and only the tokens produced count."""
     engine = llm.engine
     engine.set_proposer(proposer)
     engine.scheduler.spec_stats = SpecStats()
     engine.timings = StepTimings()
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=not stop_at_eos)
     elapsed, outputs = 0.0, []
     for prompts in rounds:
         seqs = [engine.add_request(p, params) for p in prompts]
@@ -126,7 +75,9 @@ def run(
             engine.step()
         elapsed += time.perf_counter() - t0
         outputs += [s.completion_token_ids for s in seqs]
-    return elapsed / len(rounds) / (max_tokens - 1), outputs, engine.scheduler.spec_stats
+    # A round's time is every one of its sequences' time: per sequence, it produced the mean count.
+    after_first = sum(max(0, len(o) - 1) for o in outputs) / len(rounds[0])
+    return elapsed / max(after_first, 1), outputs, engine.scheduler.spec_stats
 
 
 def truncated_copy(src: str, dst: Path, num_layers: int) -> str:
@@ -177,6 +128,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--draft-layers", type=int, default=None, help="also run a draft model: first N layers")
     p.add_argument("--verbose", action="store_true", help="print the policy's learned step times per run")
+    p.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    p.add_argument("--stop-at-eos", action="store_true", help="end answers at their end-of-turn")
     args = p.parse_args()
     model = resolve_model(args.model)
     # Configured for speculation so the decode graphs have room for verification rows; the baseline
@@ -196,27 +149,29 @@ def main() -> None:
         draft_dir = truncated_copy(model, Path(tmp), args.draft_layers) if args.draft_layers else None
         best = sweep(llm, args, proposers(llm, args.ks, draft_dir))
     device = "H200" if llm.engine.runner.platform.is_cuda else "CPU"
-    print(f"speculative {device} copy-heavy b1: {best:.2f}x")
+    suffix = " stop-at-eos" if args.stop_at_eos else ""
+    for name, speedup in best.items():
+        print(f"speculative {device} {SUMMARY_NAMES[name]} b1: {speedup:.2f}x{suffix}")
 
 
-def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> float:
-    """Print one row per (workload, batch, proposer, k); returns the best copy-heavy batch-1 n-gram
-    speed-up."""
+def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> dict[str, float]:
+    """Print one row per (workload, batch, proposer, k); returns each copy workload's best batch-1
+    n-gram speed-up."""
     print(
         f"{'workload':<9}{'batch':>6}{'proposer':>9}{'k':>3}{'ms/token':>10}{'speedup':>9}"
         f"{'accept':>8}{'tok/step':>9}{'same':>6}"
     )
-    best = 0.0
-    for name, texts in (("copy", COPY), ("free", FREE)):
+    best: dict[str, float] = {}
+    for name in args.workloads:
         for batch in args.batches:
-            prompts = prompt_rounds(llm, texts, batch)
-            run(llm, prompts[:1], None, 4)  # warm-up
-            base, ref, _ = run(llm, prompts, None, args.max_tokens)
+            prompts = prompt_rounds(llm, WORKLOADS[name], batch)
+            run(llm, prompts[:1], None, 4, args.stop_at_eos)  # warm-up
+            base, ref, _ = run(llm, prompts, None, args.max_tokens, args.stop_at_eos)
             for kind, k, proposer in runs:
                 tpot, outs, stats = (
                     (base, ref, SpecStats())
                     if proposer is None
-                    else run(llm, prompts, proposer, args.max_tokens)
+                    else run(llm, prompts, proposer, args.max_tokens, args.stop_at_eos)
                 )
                 same = sum(a == b for a, b in zip(outs, ref, strict=True)) / len(ref)
                 print(
@@ -233,8 +188,8 @@ def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> float
                         f"    clock ms plain {plain} verify {verify} host/row "
                         f"{clock.host_per_row * 1e6:.1f} us; verify steps {stats.verify_steps} of {steps}"
                     )
-                if name == "copy" and batch == 1 and kind == "ngram":
-                    best = max(best, base / tpot)
+                if name in SUMMARY_NAMES and batch == 1 and kind == "ngram":
+                    best[name] = max(best.get(name, 0.0), base / tpot)
     return best
 
 

@@ -24,7 +24,7 @@ from common.block_manager import BlockManager
 from common.runner.output import RunnerOutput
 from common.sequence import FinishReason, Sequence, SequenceStatus
 from common.speculative import SpecStats, accept_drafts
-from common.stopping import stop_reason
+from common.stopping import first_stop
 
 
 @dataclass(frozen=True)
@@ -217,18 +217,16 @@ class Scheduler:
 
     def _check_stops(self, seq: Sequence, new_tokens: list[int], defer_free: bool) -> list[SeqUpdate]:
         """One update per new token; the first stop ends `seq` there (later tokens are dropped)."""
-        cfg, updates = self.config, []
+        cfg = self.config
         length = len(seq) - seq.num_pending_tokens - len(new_tokens)  # before the first new token
-        for token in new_tokens:
-            length += 1
-            reason = stop_reason(seq, token, length, cfg.eos_token_ids, cfg.max_model_len)
-            if reason is not None:
-                seq.truncate(length)
-                self.finish(seq, reason, defer_free)
-                updates.append(SeqUpdate(seq, token, finished=True))
-                return updates
-            updates.append(SeqUpdate(seq, token, finished=False))
-        if updates and self.config.role == "prefill":
+        stop = first_stop(seq, new_tokens, length, cfg.eos_token_ids, cfg.max_model_len)
+        kept = new_tokens if stop is None else new_tokens[: stop[0] + 1]
+        updates = [SeqUpdate(seq, token, finished=False) for token in kept]
+        if stop is not None:
+            seq.truncate(length + len(kept))
+            self.finish(seq, stop[1], defer_free)
+            updates[-1] = SeqUpdate(seq, kept[-1], finished=True)
+        elif updates and cfg.role == "prefill":
             self.running.remove(seq)
             seq.status = SequenceStatus.HANDED_OFF
             self.handed_off[seq.seq_id] = seq

@@ -75,7 +75,9 @@ class Sequence:
         self.num_preemptions = 0
         self.num_pending_tokens = 0  # trailing placeholders whose values are still on the device
         self.num_draft_tokens = 0  # trailing speculative proposals being verified this step
-        self.spec_skip_steps = 0  # speculative decoding: decode steps left before proposing again
+        # Speculative decoding: the completion length before which the sequence does not propose
+        # (written only by `speculative.wait`).
+        self.spec_resume_at = 0
         # Decayed counts of accepted and rejected drafts (written only by `spec_policy.record_acceptance`).
         self.spec_accepted = 0.0
         self.spec_rejected = 0.0

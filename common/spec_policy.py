@@ -50,13 +50,14 @@ class StepCosts:
 
     def padded(self, rows: int) -> int:
         """The measured size a step of `rows` rows runs at."""
-        return self.sizes[self._slot(rows)]
+        return self.sizes[self.slot(rows)]
 
     def cost(self, rows: int) -> float:
         """Seconds for a step of `rows` rows (padded up to the next measured size)."""
-        return self.seconds[self._slot(rows)]
+        return self.seconds[self.slot(rows)]
 
-    def _slot(self, rows: int) -> int:
+    def slot(self, rows: int) -> int:
+        """Index of the measured size a step of `rows` rows runs at."""
         i = bisect.bisect_left(self.sizes, rows)
         if i == len(self.sizes):
             raise ValueError(f"rows ({rows}) exceed the largest measured size ({self.sizes[-1]})")
@@ -78,6 +79,9 @@ class StepClock:
         self.plain: dict[int, float] = {}
         self.verify: dict[int, float] = {}
         self.host_per_row = _PRIOR_HOST_SECONDS_PER_ROW
+        self._verifications = 0  # verification steps observed (what `_best_rates` was computed at)
+        self._rates_key: tuple[int, float] | None = None
+        self._best_rates: list[float] = []
 
     @property
     def max_rows(self) -> int:
@@ -95,15 +99,40 @@ class StepClock:
         if verify:
             extra = max(0.0, seconds - self.costs.cost(rows)) / rows
             self.host_per_row = (1 - _STEP_EMA) * self.host_per_row + _STEP_EMA * extra
+            self._verifications += 1
 
     def can_pay(self, num_rows: int) -> bool:
         """Could any verification beside a plain step of `num_rows` rows pay, even with every draft
-        accepted (a step of s rows then yields s tokens)? A cheap bound checked before proposing."""
-        plain_rate = num_rows / self.plain_cost(num_rows)
-        return any(s / self.verify_cost(s) > plain_rate for s in self.costs.sizes if s > num_rows)
+        accepted (a step of s rows then yields s tokens)? A bound checked every step before anything
+        else: O(1) while no verification is observed (the large batches where none pays)."""
+        i = bisect.bisect_right(self.costs.sizes, num_rows)
+        rates = self._rates()
+        return i < len(rates) and rates[i] > num_rows / self.plain_cost(num_rows)
+
+    def _rates(self) -> list[float]:
+        """[i]: the best tokens per second of a fully accepted verification of sizes[i] rows or more.
+        Depends only on verification costs, so it is recomputed after a verification is observed."""
+        key = (self._verifications, self.host_per_row)
+        if key != self._rates_key:
+            rates = [s / self.verify_cost(s) for s in self.costs.sizes]
+            for i in range(len(rates) - 2, -1, -1):
+                rates[i] = max(rates[i], rates[i + 1])
+            self._rates_key, self._best_rates = key, rates
+        return self._best_rates
 
     def plain_cost(self, rows: int) -> float:
         return self.plain.get(self.costs.padded(rows), self.costs.cost(rows))
+
+    def verify_costs(self, first: int, stop: int) -> list[float]:
+        """`verify_cost(rows)` for rows in range(first, stop), in one walk over the sizes."""
+        sizes, seconds, learned = self.costs.sizes, self.costs.seconds, self.verify
+        i, out = self.costs.slot(first), []
+        for rows in range(first, stop):
+            if sizes[i] < rows:  # rows grow by one, sizes strictly: at most one size further
+                i += 1
+            cost = learned.get(sizes[i])
+            out.append(seconds[i] + self.host_per_row * rows if cost is None else cost)
+        return out
 
     def verify_cost(self, rows: int) -> float:
         estimate = self.costs.cost(rows) + self.host_per_row * rows
@@ -132,27 +161,53 @@ def draft_length(seq: Sequence, max_tokens: int) -> int:
     return max(1, min(max_tokens, int(expected_run + 1.5)))
 
 
-def expected_tokens(seq: Sequence, drafts: int) -> float:
-    """Expected tokens a verification of `drafts` drafts yields: accepted drafts + the sampled one."""
-    a = acceptance_rate(seq)
-    return 1.0 + sum(a**j for j in range(1, drafts + 1))
+def draft_gains(seq: Sequence, drafts: int) -> list[float]:
+    """Expected tokens each of a proposal's drafts adds: the j-th counts only if the j - 1 before it
+    were accepted too (a^j for j = 1..drafts), so the gains fall along the proposal."""
+    a, gain, gains = acceptance_rate(seq), 1.0, []
+    for _ in range(drafts):
+        gain *= a
+        gains.append(gain)
+    return gains
 
 
 def choose_drafts(
     clock: StepClock, num_rows: int, wanted: list[tuple[Sequence, int]]
 ) -> list[tuple[Sequence, int]]:
-    """The (sequence, draft count) pairs of `wanted` worth verifying in a step of `num_rows` plain rows:
-    sequences join most-likely-accepted first while their rows fit the largest captured step, and the
-    prefix with the most expected tokens per second wins if it beats the plain step (else none)."""
-    ranked = sorted(wanted, key=lambda pair: acceptance_rate(pair[0]), reverse=True)
+    """The (sequence, draft count) pairs worth verifying in a step of `num_rows` plain rows, each count
+    at most the wanted one (in `wanted`'s order; [] when none pays).
+
+    Drafts join one at a time by their gain (`draft_gains`; a sequence's drafts therefore join in
+    order, and each count is a prefix of its proposal) while the rows fit the largest captured step;
+    the prefix with the most expected tokens per second wins if it beats the plain step."""
+    # Ties keep `wanted`'s order, and within a proposal gains fall: its drafts join in order.
+    gains = sorted((-g, i) for i, (seq, drafts) in enumerate(wanted) for g in draft_gains(seq, drafts))
+    best = _best_prefix(clock, num_rows, [-g for g, _ in gains])
+    counts = [0] * len(wanted)
+    for _, i in gains[:best]:
+        counts[i] += 1
+    return [(seq, c) for (seq, _), c in zip(wanted, counts, strict=True) if c]
+
+
+def any_pays(clock: StepClock, num_rows: int, wanted: list[tuple[Sequence, int]]) -> bool:
+    """Would `choose_drafts` choose anything? (Stops at the first draft prefix that pays.)"""
+    gains = sorted((g for seq, drafts in wanted for g in draft_gains(seq, drafts)), reverse=True)
+    return _best_prefix(clock, num_rows, gains, first=True) > 0
+
+
+def _best_prefix(clock: StepClock, num_rows: int, gains: list[float], first: bool = False) -> int:
+    """How many of `gains` (descending) to verify beside `num_rows` plain rows for the most expected
+    tokens per second, 0 when no prefix beats the plain step; `first`: any prefix that beats it."""
+    gains = gains[: max(0, clock.max_rows - num_rows)]
+    if not gains:
+        return 0
+    costs = clock.verify_costs(num_rows + 1, num_rows + 1 + len(gains))
     best_rate, best_len = num_rows / clock.plain_cost(num_rows), 0
-    rows, tokens = num_rows, float(num_rows)
-    for i, (seq, drafts) in enumerate(ranked):
-        rows += drafts
-        if rows > clock.max_rows:
-            break
-        tokens += expected_tokens(seq, drafts) - 1.0
-        rate = tokens / clock.verify_cost(rows)
-        if rate > best_rate:
-            best_rate, best_len = rate, i + 1
-    return ranked[:best_len]
+    tokens = float(num_rows)
+    for n, (gain, cost) in enumerate(zip(gains, costs, strict=True), start=1):
+        tokens += gain
+        if tokens > best_rate * cost:
+            best_rate, best_len = tokens / cost, n
+            if first:
+                break
+    return best_len

@@ -25,6 +25,7 @@ from common.sequence import Sequence
 from common.spec_policy import (
     StepClock,
     acceptance_rate,
+    any_pays,
     choose_drafts,
     draft_length,
     record_acceptance,
@@ -102,6 +103,18 @@ def can_speculate(seq: Sequence) -> bool:
     return can_speculate_later(seq) and seq.num_pending_tokens == 0
 
 
+def is_waiting(seq: Sequence) -> bool:
+    """The sequence waits before proposing again (after a rejection, or finding nothing to propose).
+    A wait is kept as the completion length at which it ends: every decode step adds a token, so it
+    counts itself down, and no step has to visit the sequences that wait."""
+    return seq.num_completion_tokens < seq.spec_resume_at
+
+
+def wait(seq: Sequence, steps: int) -> None:
+    """Skip the next `steps` steps that would let the sequence propose (counted from its tokens now)."""
+    seq.spec_resume_at = seq.num_completion_tokens + steps
+
+
 # Steps a sequence waits after finding no n-gram match when the engine runs ahead: each skipped step
 # may run ahead, where a proposal needs a synced one.
 SKIP_AFTER_NO_MATCH = 4
@@ -158,59 +171,54 @@ class Proposer:
             return
         drafts = self.draft_batch([s for s, _ in wanted], [r for _, r in wanted])
         spare = budget - len(running)
-        chosen = []
-        for (seq, _), d in zip(wanted, drafts, strict=True):
+        chosen, shortened = [], False
+        for (seq, room), d in zip(wanted, drafts, strict=True):
             if not d:  # nothing to propose (free text): maybe let a few steps run ahead first
-                seq.spec_skip_steps = self.skip_after_no_match
+                wait(seq, self.skip_after_no_match + 1)  # this step's token, then the skipped ones
             d = d[: max(spare, 0)]
+            shortened |= len(d) < room
             if d:
                 chosen.append((seq, d))
                 spare -= len(d)
-        if self.clock is not None:  # the proposals are known now: weigh them for real
-            keep = {
-                id(s) for s, _ in choose_drafts(self.clock, len(running), [(s, len(d)) for s, d in chosen])
-            }
-            chosen = [(s, d) for s, d in chosen if id(s) in keep]
+        if self.clock is not None and shortened:  # fewer drafts than weighed: weigh them again
+            counts = choose_drafts(self.clock, len(running), [(s, len(d)) for s, d in chosen])
+            keep = {id(s): c for s, c in counts}
+            chosen = [(s, d[: keep[id(s)]]) for s, d in chosen if id(s) in keep]
         for seq, d in chosen:
             seq.add_drafts(d)
 
     def may_speculate(self, running: list[Sequence]) -> bool:
         """Could this step's batch speculate? False lets the engine run the step ahead (run-ahead
         leaves the last token on the device, where no proposal can read it)."""
-        if self._over_fixed_cap(running):
+        if not self._could_pay(running):
             return False
-        candidates = [s for s in running if s.spec_skip_steps == 0 and can_speculate_later(s)]
+        candidates = [s for s in running if not is_waiting(s) and can_speculate_later(s)]
         if not candidates:
             return False
         if self.clock is None:
             return True
-        if not self.clock.can_pay(len(running)):
-            return False
-        return bool(choose_drafts(self.clock, len(running), [(s, self._length(s)) for s in candidates]))
+        return any_pays(self.clock, len(running), [(s, self._length(s)) for s in candidates])
 
     def _wanted(self, running: list[Sequence]) -> list[tuple[Sequence, int]]:
         """(sequence, draft room) of the decoding sequences that propose this step. The step
-        verifies when some sequence is due (not waiting after a rejection); then every sequence may
-        propose, since the step is synchronous anyway, and measured costs pick the ones that pay."""
-        if self._over_fixed_cap(running):
+        verifies when some sequence is due (not waiting); then every sequence may propose, since the
+        step is synchronous anyway, and measured costs pick the drafts that pay (`choose_drafts`)."""
+        if not self._could_pay(running):
             return []
         decoding = [s for s in running if s.num_uncomputed_tokens == 1 and s.num_completion_tokens > 0]
-        due = False
-        for seq in decoding:  # every step counts down the waits, whether or not it verifies
-            if seq.spec_skip_steps > 0:
-                seq.spec_skip_steps -= 1
-            elif can_speculate(seq):
-                due = True
-        if not due or (self.clock is not None and not self.clock.can_pay(len(running))):
+        if not any(not is_waiting(s) and can_speculate(s) for s in decoding):
             return []
         wanted = [(seq, room) for seq in decoding if (room := self.room(seq)) > 0]
         if self.clock is not None and wanted:
             return choose_drafts(self.clock, len(running), wanted)
         return wanted
 
-    def _over_fixed_cap(self, running: list[Sequence]) -> bool:
-        """Without measured costs (the CPU), the fixed `max_batch` rule decides."""
-        return self.clock is None and len(running) > self.config.max_batch
+    def _could_pay(self, running: list[Sequence]) -> bool:
+        """The batch-size bound, checked before any sequence is looked at: the measured costs' bound
+        (`StepClock.can_pay`) or, without them (the CPU), the fixed `max_batch` rule."""
+        if self.clock is None:
+            return len(running) <= self.config.max_batch
+        return self.clock.can_pay(len(running))
 
     def _length(self, seq: Sequence) -> int:
         return draft_length(seq, self.config.num_tokens)
@@ -271,7 +279,7 @@ def _back_off(seq: Sequence, accepted: int) -> None:
     repeats itself, and each skipped step may run ahead; copying text keeps being accepted."""
     if accepted:
         return
-    seq.spec_skip_steps = min(_MAX_SKIP_STEPS, int(1.0 / acceptance_rate(seq)) - 1)
+    wait(seq, min(_MAX_SKIP_STEPS, int(1.0 / acceptance_rate(seq)) - 1))
 
 
 def accepted_length(drafts: list[int], samples: list[int]) -> int:

@@ -11,8 +11,9 @@ whose KV the same step stored first) and a draft model's catch-up step. Such a r
 what a decode step at that position computes, with the same fused kernels.
 
 All of a step's integer inputs live in one packed int32 device buffer with a pinned host mirror, so
-preparing a step is one host->device copy. Each graph reads fixed views of that buffer and writes
-logits into its own static output.
+preparing a step is one host->device copy, of the buffer's prefix that the step's size reads (the
+block tables come last, one row per graph row). Each graph reads fixed views of that buffer and
+writes logits into its own static output.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from common.attention.base import AttentionBackend, AttentionMetadata
 from common.attention.context import ForwardContext, set_forward_context
+from common.runner.inputs import sample_count
 from common.sequence import Sequence
 from common.spec_policy import StepCosts
 
@@ -46,8 +48,11 @@ class _Views:
     slots: torch.Tensor
     seq_lens: torch.Tensor
     src_rows: torch.Tensor  # >= 0: take this row's input token from `prev_tokens` (run-ahead steps)
+    picked: torch.Tensor  # the logits rows that sample, when not every row does (not read by graphs)
     block_tables: torch.Tensor
 
+
+_ROW_FIELDS = 6  # the _Views fields before block_tables
 
 # Longest run of query tokens one sequence may send through the graphs (k + 1 for speculation, a draft
 # mirror's catch-up); longer runs are prefill chunks, which the varlen prefill kernel does better.
@@ -79,6 +84,20 @@ def sampled_rows(seqs: list[Sequence], q_lens: list[int]) -> list[int] | None:
     return rows
 
 
+def prepare_rows(
+    v: _Views, seqs: list[Sequence], q_lens: list[int], bs: int, src_rows: list[int] | None, block: int
+) -> tuple[list[int], int | None]:
+    """The host side of a graph step: `fill_rows`, and which logits rows sample. Returns each
+    sequence's sampled-row count and how many rows `v.picked` lists (None: every row, in order)."""
+    fill_rows(v, seqs, q_lens, bs, src_rows, block)
+    counts = [sample_count(s) for s in seqs]
+    rows = sampled_rows(seqs, q_lens)
+    if rows is None:
+        return counts, None
+    v.picked[: len(rows)] = rows
+    return counts, len(rows)
+
+
 def fill_rows(
     v: _Views, seqs: list[Sequence], q_lens: list[int], bs: int, src_rows: list[int] | None, block: int
 ) -> None:
@@ -87,29 +106,27 @@ def fill_rows(
     captured size `bs` are padding. `src_rows[i]` (run-ahead) applies to sequence i's last row."""
     ids: list[int] = []
     pos: list[int] = []
-    last_rows: list[int] = []
-    for s, q in zip(seqs, q_lens, strict=True):
-        start = len(s) - q
-        ids.extend(s.token_ids[start:])
-        pos.extend(range(start, len(s)))
-        last_rows.append(len(pos) - 1)
-    n = len(pos)
-    p = np.asarray(pos, dtype=np.int32)
-    v.input_ids[:n] = np.maximum(np.asarray(ids, dtype=np.int64), 0)  # placeholders come from src_rows
-    v.positions[:n] = p
-    v.seq_lens[:n] = p + 1
-    v.src_rows[:n] = -1
-    if src_rows is not None:
-        v.src_rows[last_rows] = src_rows
+    blocks: list[int] = []
     r = 0
     for s, q in zip(seqs, q_lens, strict=True):
-        v.block_tables[r : r + q, : len(s.block_table)] = s.block_table
+        length, table = len(s), s.block_table
+        ids += s.token_ids[length - q :]
+        pos += range(length - q, length)
+        blocks += [table[i // block] for i in range(length - q, length)]
+        v.block_tables[r : r + q, : len(table)] = table
         r += q
-    blocks = v.block_tables[np.arange(n), p // block]
-    v.slots[:n] = blocks * block + p % block
+    n = r
+    p = np.asarray(pos, dtype=np.int32)
+    v.input_ids[:n] = ids
+    np.maximum(v.input_ids[:n], 0, out=v.input_ids[:n])  # placeholders come from src_rows
+    v.positions[:n] = p
+    v.seq_lens[:n] = p + 1
+    v.slots[:n] = np.asarray(blocks, dtype=np.int32) * block + p % block
     v.slots[n:bs] = -1
     v.seq_lens[n:bs] = 1
-    v.src_rows[n:bs] = -1
+    v.src_rows[:bs] = -1
+    if src_rows is not None:
+        v.src_rows[np.cumsum(q_lens) - 1] = src_rows
 
 
 class DecodeGraphs:
@@ -127,10 +144,11 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_rows)
         self.max_bs, self.width = self.sizes[-1], max_blocks_per_seq
         self.max_seq_len, self.block_size = max_seq_len, block_size
-        n = self.max_bs * (5 + self.width)
+        n = self.max_bs * (_ROW_FIELDS + self.width)
         # Two pinned host buffers used in turn: with run-ahead steps, the copy of step k-1 may still be
         # queued while the host fills step k's inputs.
         self.hosts = [torch.zeros(n, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.host_views = [self._views(h.numpy()) for h in self.hosts]
         self.copied = [torch.cuda.Event() for _ in range(2)]
         self.turn = 0
         self.packed = torch.zeros(n, dtype=torch.int32, device=device)
@@ -142,8 +160,8 @@ class DecodeGraphs:
 
     def _views(self, buf) -> _Views:
         m = self.max_bs
-        rows = [buf[i * m : (i + 1) * m] for i in range(5)]
-        return _Views(*rows, buf[5 * m :].reshape(m, self.width))
+        rows = [buf[i * m : (i + 1) * m] for i in range(_ROW_FIELDS)]
+        return _Views(*rows, buf[_ROW_FIELDS * m :].reshape(m, self.width))
 
     def _meta(self, bs: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -169,7 +187,7 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every size, largest first, sharing one memory pool."""
-        views = self._views(self.hosts[0].numpy())
+        views = self.host_views[0]
         views.seq_lens[:] = 1
         views.slots[:] = -1
         views.src_rows[:] = -1
@@ -193,7 +211,7 @@ class DecodeGraphs:
     def run(
         self, seqs: list[Sequence], q_lens: list[int], src_rows: list[int] | None = None
     ) -> tuple[torch.Tensor, list[int]]:
-        """Logits of the sampled rows of one decode-shaped step, and each sampled row's sequence.
+        """Logits of the sampled rows of one decode-shaped step, and each sequence's count of them.
 
         `src_rows[i] >= 0` means sequence i's input token is still on the device: row `src_rows[i]` of
         the previous step's sampled tokens (see `set_prev_tokens`).
@@ -202,20 +220,16 @@ class DecodeGraphs:
         bs = next(s for s in self.sizes if s >= n)
         host = self.hosts[self.turn]
         self.copied[self.turn].synchronize()  # the copy that last read this buffer has finished
-        fill_rows(self._views(host.numpy()), seqs, q_lens, bs, src_rows, self.block_size)
-        self.packed.copy_(host, non_blocking=True)
+        views = self.host_views[self.turn]
+        counts, picked = prepare_rows(views, seqs, q_lens, bs, src_rows, self.block_size)
+        used = self.max_bs * _ROW_FIELDS + bs * self.width  # the step's graph reads no further
+        self.packed[:used].copy_(host[:used], non_blocking=True)
         self.copied[self.turn].record()
         self.turn ^= 1
         self.graphs[bs].replay()
-        if n == len(seqs):  # plain decode: one row, sampled, per sequence
-            return self.logits[bs][:n], list(range(n))
-        rows = sampled_rows(seqs, q_lens)
-        if rows is None:
-            index = [i for i, q in enumerate(q_lens) for _ in range(q)]
-            return self.logits[bs][:n], index
-        index = [i for i, s in enumerate(seqs) for _ in range(1 + s.num_draft_tokens)]
-        picked = torch.tensor(rows, dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
-        return self.logits[bs][picked], index
+        if picked is None:  # every row samples (plain decode, verification)
+            return self.logits[bs][:n], counts
+        return self.logits[bs].index_select(0, self.dev.picked[:picked]), counts
 
     @torch.inference_mode()
     def measure_costs(self, context_len: int, repeats: int = 5) -> StepCosts:
@@ -223,7 +237,7 @@ class DecodeGraphs:
         (padding rows: nothing is written; every block-table entry is block 0, valid memory)."""
         host = self.hosts[self.turn]
         self.copied[self.turn].synchronize()
-        v = self._views(host.numpy())
+        v = self.host_views[self.turn]
         length = max(1, min(context_len, self.max_seq_len))
         v.seq_lens[:] = length
         v.positions[:] = length - 1

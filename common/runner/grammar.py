@@ -20,6 +20,7 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
+from common.runner.inputs import per_row
 from common.sequence import Sequence
 from common.tokenizer import load_tokenizer
 
@@ -71,11 +72,16 @@ class GrammarMasker:
         self.eos_token_ids = eos_token_ids
         self._tokenizer: llguidance.LLTokenizer | None = None
 
-    def mask(self, seqs: list[Sequence], vocab_size: int, device: torch.device) -> torch.Tensor | None:
-        """[rows, vocab] bool (True = allowed) for rows in `seqs` order, or None when no row has a grammar."""
-        rows = [i for i, seq in enumerate(seqs) if seq.sampling_params.grammar is not None]
-        if not rows:
+    def mask(
+        self, seqs: list[Sequence], vocab_size: int, device: torch.device, counts: list[int] | None = None
+    ) -> torch.Tensor | None:
+        """[rows, vocab] bool (True = allowed) for rows in `seqs` order (`counts[i]` rows of `seqs[i]`,
+        default one each), or None when no row has a grammar."""
+        if all(seq.sampling_params.grammar is None for seq in seqs):
             return None
+        if counts is not None:  # grammar requests never verify drafts, but others in the batch may
+            seqs = per_row(seqs, counts)
+        rows = [i for i, seq in enumerate(seqs) if seq.sampling_params.grammar is not None]
         bits = torch.full((len(seqs), (vocab_size + 31) // 32), -1, dtype=torch.int32)
         for i in rows:
             state = self.state_of(seqs[i], vocab_size)

@@ -18,7 +18,7 @@ class StepInputs:
     positions: torch.Tensor  # [num_tokens]
     meta: AttentionMetadata
     sample_rows: torch.Tensor  # rows of the hidden states whose logits are needed
-    sample_seq_index: list[int]  # index into the batch of each sampled row
+    sample_counts: list[int]  # per sequence: how many of those rows are its (`sample_count`)
 
 
 @dataclass
@@ -36,7 +36,7 @@ class StepPlan:
     seq_lens: list[int]
     block_tables: list[list[int]]
     sample_rows: list[int]
-    sample_seq_index: list[int]
+    sample_counts: list[int]
     max_seq_len: int
     seq_ids: list[int] = field(default_factory=list)
 
@@ -60,7 +60,7 @@ class StepPlan:
             positions=_to(self.positions, torch.int64, device, pin),
             meta=meta,
             sample_rows=_to(self.sample_rows, torch.int64, device, pin),
-            sample_seq_index=self.sample_seq_index,
+            sample_counts=self.sample_counts,
         )
 
 
@@ -78,18 +78,16 @@ def plan_step(seqs: list[Sequence], block_size: int, is_decode: bool, decode_len
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
-    starts, seq_lens, sample_rows, sample_seq = [0], [], [], []
-    for i, seq in enumerate(seqs):
+    starts, seq_lens, sample_rows, counts = [0], [], [], []
+    for seq in seqs:
         start, end = seq.num_cached_tokens, seq.num_cached_tokens + seq.num_scheduled_tokens
         input_ids.extend(seq.token_ids[start:end])
         positions.extend(range(start, end))
         slots.extend(_slots(seq.block_table, block_size, start, end))
         starts.append(starts[-1] + end - start)
         seq_lens.append(end)
-        if end == len(seq):  # a verified draft of d tokens samples its last d + 1 positions
-            first = starts[-1] - 1 - seq.num_draft_tokens
-            sample_rows.extend(range(first, starts[-1]))
-            sample_seq.extend([i] * (seq.num_draft_tokens + 1))
+        counts.append(sample_count(seq))
+        sample_rows.extend(range(starts[-1] - counts[-1], starts[-1]))
     width = max(len(s.block_table) for s in seqs)
     tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
     max_seq_len = max(decode_len_bound, max(seq_lens)) if is_decode else max(seq_lens)
@@ -102,10 +100,18 @@ def plan_step(seqs: list[Sequence], block_size: int, is_decode: bool, decode_len
         seq_lens,
         tables,
         sample_rows,
-        sample_seq,
+        counts,
         max_seq_len,
         seq_ids=[s.seq_id for s in seqs],
     )
+
+
+def sample_count(seq: Sequence) -> int:
+    """Rows of this step's logits that `seq` samples: its last token's and each draft's (1 + d) when
+    the step computes up to its end, none for a prompt chunk that stops short of it."""
+    if seq.num_cached_tokens + seq.num_scheduled_tokens < len(seq):
+        return 0
+    return 1 + seq.num_draft_tokens
 
 
 def _slots(block_table: list[int], block_size: int, start: int, end: int) -> list[int]:
@@ -128,26 +134,73 @@ def _to(values: list, dtype: torch.dtype, device: torch.device, pin: bool) -> to
 
 
 def prepare_sampling(
-    seqs: list[Sequence], vocab_size: int, device: torch.device, eos_token_ids: tuple[int, ...] = ()
+    seqs: list[Sequence],
+    vocab_size: int,
+    device: torch.device,
+    eos_token_ids: tuple[int, ...] = (),
+    counts: list[int] | None = None,
 ) -> SamplingBatch:
-    """Sampling inputs for the sequences that sample this step (in row order)."""
+    """Sampling inputs for the rows that sample this step: `counts[i]` (>= 1) consecutive rows of
+    `seqs[i]` (default: one each; `sampling_rows` drops the sequences that do not sample). A
+    verification samples all its positions with the sequence's parameters, so each value is worked
+    out once per sequence and repeated for its rows; once in all when every sequence shares one
+    parameter object that needs nothing per sequence (an offline batch, one request's rows)."""
+    counts = [1] * len(seqs) if counts is None else counts
+    first = seqs[0].sampling_params
+    if all(s.sampling_params is first for s in seqs) and not _per_sequence(first):
+        return _parameter_columns([first], [sum(counts)], device)
     params = [s.sampling_params for s in seqs]
-    temps = [p.temperature for p in params]
-    batch = SamplingBatch(
-        temperatures=_column(temps, torch.float32, device),
-        top_k=_optional_column([max(p.top_k, 0) for p in params], 0, torch.int64, device),
-        top_p=_optional_column([p.top_p for p in params], 1.0, torch.float32, device),
-        min_p=_optional_column([p.min_p for p in params], 0.0, torch.float32, device),
+    batch = _parameter_columns(params, counts, device)
+    if any(p.seed is not None for p in params):
+        batch.generators = per_row([_generator(s, device) for s in seqs], counts)
+    _add_penalties(batch, params, seqs, counts, vocab_size, device)
+    banned = [_banned(s, eos_token_ids) for s in seqs]
+    if any(banned):
+        batch.banned = per_row(banned, counts)
+        plain = [_plain(p) and not ids for p, ids in zip(params, banned, strict=True)]
+        batch.plain_rows = per_row(plain, counts)
+    return batch
+
+
+def _per_sequence(p: SamplingParams) -> bool:
+    """Sampling inputs that depend on the sequence, not only on its parameters: a seeded draw's
+    generator, penalties' token counts, min_tokens' ban."""
+    penalised = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+    return (p.seed is not None and not p.greedy) or bool(penalised) or p.min_tokens > 0
+
+
+def _parameter_columns(
+    params: list[SamplingParams], counts: list[int], device: torch.device
+) -> SamplingBatch:
+    """What `params[i]` alone decides, for its `counts[i]` rows."""
+    plain = [_plain(p) for p in params]
+    logprobs = [p.logprobs for p in params]
+    return SamplingBatch(
+        temperatures=_column([p.temperature for p in params], counts, torch.float32, device),
+        top_k=_optional_column([max(p.top_k, 0) for p in params], counts, 0, torch.int64, device),
+        top_p=_optional_column([p.top_p for p in params], counts, 1.0, torch.float32, device),
+        min_p=_optional_column([p.min_p for p in params], counts, 0.0, torch.float32, device),
         all_greedy=all(p.greedy for p in params),
         any_greedy=any(p.greedy for p in params),
-        generators=[_generator(s, device) for s in seqs] if any(p.seed is not None for p in params) else [],
-        num_logprobs=[p.logprobs for p in params] if any(p.logprobs is not None for p in params) else None,
+        generators=[],
+        num_logprobs=per_row(logprobs, counts) if any(n is not None for n in logprobs) else None,
+        plain_rows=[plain[0]] * sum(counts) if all(q == plain[0] for q in plain) else per_row(plain, counts),
     )
-    _add_penalties(batch, seqs, vocab_size, device)
-    banned = [_banned(s, eos_token_ids) for s in seqs]
-    batch.banned = banned if any(banned) else None
-    batch.plain_rows = [_plain(p) and not ids for p, ids in zip(params, banned, strict=True)]
-    return batch
+
+
+def sampling_rows(seqs: list[Sequence], counts: list[int]) -> tuple[list[Sequence], list[int]]:
+    """The sequences that sample this step (a nonzero count), with their counts."""
+    if 0 not in counts:
+        return seqs, counts
+    pairs = [(s, c) for s, c in zip(seqs, counts, strict=True) if c]
+    return [s for s, _ in pairs], [c for _, c in pairs]
+
+
+def per_row(values: list, counts: list[int]) -> list:
+    """Each sequence's value repeated for each of its rows."""
+    if len(values) == sum(counts) and 0 not in counts:  # one row each: nothing to repeat
+        return values
+    return [v for v, c in zip(values, counts, strict=True) for _ in range(c)]
 
 
 def _plain(p: SamplingParams) -> bool:
@@ -158,19 +211,22 @@ def _plain(p: SamplingParams) -> bool:
     return no_filter and no_penalty
 
 
-def _column(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A per-row parameter; the common all-equal case is a device fill, with no host copy."""
+def _column(values: list, counts: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A per-row parameter from per-sequence values; the common all-equal case is a device fill,
+    with no host copy."""
     first = values[0]
     if all(v == first for v in values):
-        return torch.full((len(values),), first, dtype=dtype, device=device)
-    return _to(values, dtype, device, device.type == "cuda")
+        return torch.full((sum(counts),), first, dtype=dtype, device=device)
+    return _to(per_row(values, counts), dtype, device, device.type == "cuda")
 
 
-def _optional_column(values: list, neutral, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+def _optional_column(
+    values: list, counts: list[int], neutral, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
     """None when no row uses the filter (the sampler then skips it)."""
     if all(v == neutral for v in values):
         return None
-    return _column(values, dtype, device)
+    return _column(values, counts, dtype, device)
 
 
 def _generator(seq: Sequence, device: torch.device) -> torch.Generator | None:
@@ -184,9 +240,21 @@ def _generator(seq: Sequence, device: torch.device) -> torch.Generator | None:
     return seq.generator
 
 
-def _add_penalties(batch: SamplingBatch, seqs: list[Sequence], vocab_size: int, device: torch.device) -> None:
-    params = [s.sampling_params for s in seqs]
-    if any(p.repetition_penalty != 1.0 for p in params):
+def _add_penalties(
+    batch: SamplingBatch,
+    params: list[SamplingParams],
+    seqs: list[Sequence],
+    counts: list[int],
+    vocab_size: int,
+    device: torch.device,
+) -> None:
+    repetition = any(p.repetition_penalty != 1.0 for p in params)
+    if not repetition and not any(p.presence_penalty or p.frequency_penalty for p in params):
+        return
+    # Penalised requests are never speculated (their state would miss the drafts): one row each, and
+    # rare enough that rows are built one by one.
+    seqs, params = per_row(seqs, counts), per_row(params, counts)
+    if repetition:
         batch.repetition = torch.tensor([p.repetition_penalty for p in params], device=device)
         batch.seen_mask = torch.zeros(len(seqs), vocab_size, dtype=torch.bool, device=device)
         for row, seq in enumerate(seqs):

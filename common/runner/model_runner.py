@@ -18,7 +18,7 @@ from common.models import build_model
 from common.parallel import use_group
 from common.runner.cuda_graph import DecodeGraphs
 from common.runner.grammar import GrammarMasker
-from common.runner.inputs import StepInputs, plan_step, prepare_sampling, prepare_step
+from common.runner.inputs import StepInputs, plan_step, prepare_sampling, prepare_step, sampling_rows
 from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
 from common.runner.step_handle import HostTokens, StepHandle
@@ -233,37 +233,39 @@ class ModelRunner:
         """
         sampled = self._forward_and_sample(seqs, is_decode, src_rows)
         if sampled is None:
-            return StepHandle(len(seqs), [], None, None)
-        out, sample_index = sampled
-        return StepHandle(len(seqs), sample_index, self._stage_to_host(out.token_ids), out.logprobs)
+            return StepHandle([0] * len(seqs), None, None)
+        out, counts = sampled
+        return StepHandle(counts, self._stage_to_host(out.token_ids), out.logprobs)
 
     @torch.inference_mode()
     def launch_on_device(self, seqs: list[Sequence], src_rows: list[int] | None = None) -> torch.Tensor:
         """Like `launch` for steps where each sequence samples one token, but the tokens stay on the
         device (a draft model chains several such steps and reads them back once)."""
         sampled = self._forward_and_sample(seqs, False, src_rows)
-        if sampled is None or len(sampled[1]) != len(seqs):
+        if sampled is None or any(c != 1 for c in sampled[1]):
             raise ValueError("launch_on_device: every sequence must sample exactly one token")
         return sampled[0].token_ids
 
     def _forward_and_sample(self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None):
         q_lens = self.graphs.query_lens(seqs) if self.graphs is not None else None
         if q_lens is not None:  # decode, speculative verification, a draft's catch-up: graph rows
-            logits, sample_index = self.graphs.run(seqs, q_lens, src_rows)
+            logits, counts = self.graphs.run(seqs, q_lens, src_rows)
         else:
-            logits, sample_index = self._run_eager(seqs, is_decode, src_rows)
-        if not sample_index:
+            logits, counts = self._run_eager(seqs, is_decode, src_rows)
+        if logits is None:
             return None
-        sampling_seqs = [seqs[i] for i in sample_index]
-        batch = prepare_sampling(
-            sampling_seqs, logits.shape[-1], self.device, self.model_config.eos_token_ids
-        )
-        batch.allowed = self.grammar.mask(sampling_seqs, logits.shape[-1], self.device)
+        vocab = logits.shape[-1]
+        sampling, rows = sampling_rows(seqs, counts)
+        batch = prepare_sampling(sampling, vocab, self.device, self.model_config.eos_token_ids, rows)
+        batch.allowed = self.grammar.mask(sampling, vocab, self.device, rows)
         out = self.sampler(logits, batch)
-        self._prev_tokens = out.token_ids
-        if self.graphs is not None:
-            self.graphs.set_prev_tokens(out.token_ids)
-        return out, sample_index
+        if 0 not in counts and len(out.token_ids) == len(seqs):
+            # One token per sequence: a decode step the next may run ahead of (a verification is
+            # synchronous, so its tokens never feed the device-side input of a step).
+            self._prev_tokens = out.token_ids
+            if self.graphs is not None:
+                self.graphs.set_prev_tokens(out.token_ids)
+        return out, counts
 
     def _stage_to_host(self, tokens: torch.Tensor) -> HostTokens:
         if not self.platform.is_cuda:
@@ -283,6 +285,7 @@ class ModelRunner:
     def _run_eager(
         self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None
     ) -> tuple[torch.Tensor | None, list[int]]:
+        """Logits of the sampled rows (None when no sequence samples) and each sequence's row count."""
         if self.tp is None:
             inputs = prepare_step(seqs, self.block_size, self.device, is_decode, self.max_model_len)
         else:  # the plan is plain host lists: cheap to pickle, and each rank builds its own tensors
@@ -304,9 +307,9 @@ class ModelRunner:
         try:
             with use_group(self._group):
                 hidden = self.model(input_ids, inputs.positions)
-                if not inputs.sample_seq_index:
-                    return None, []
-                return self.model.compute_logits(hidden[inputs.sample_rows]), inputs.sample_seq_index
+                if not any(inputs.sample_counts):
+                    return None, inputs.sample_counts
+                return self.model.compute_logits(hidden[inputs.sample_rows]), inputs.sample_counts
         finally:
             set_forward_context(None)
 

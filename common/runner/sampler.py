@@ -56,8 +56,9 @@ class SamplerOutput:
 
 
 class Sampler:
-    """`fused`: take plain rows through the Triton kernel; None (default) = on CUDA when Triton is
-    usable (common.layers.fused.use_fused), so the CPU never imports Triton."""
+    """`fused`: take plain rows through the Triton kernel; None (default) = only when opted in with
+    PDSERVE_FUSED_SAMPLING=1 and on CUDA with Triton usable (common.layers.fused.use_fused), so the
+    CPU never imports Triton."""
 
     def __init__(self, fused: bool | None = None) -> None:
         self.fused = fused
@@ -65,7 +66,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         plain = batch.plain_rows
-        if plain and any(plain) and (use_fused(logits) if self.fused is None else self.fused):
+        if plain and any(plain) and self._use_kernel(logits):
             tokens = self._fused(logits, batch, plain)
         else:
             tokens = self._torch(logits, batch)
@@ -88,6 +89,9 @@ class Sampler:
         return tokens
 
     def _torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        unchanged = batch.allowed is None and batch.repetition is None and batch.output_counts is None
+        if batch.all_greedy and unchanged and not batch.banned:
+            return logits.argmax(dim=-1)  # widening to fp32 is exact and keeps the order: no copy
         logits = _apply_penalties(logits.float(), batch)
         if batch.allowed is not None:
             logits = logits.masked_fill(~batch.allowed, float("-inf"))

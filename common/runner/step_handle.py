@@ -16,20 +16,34 @@ class HostTokens:
 
 
 class StepHandle:
-    """A launched step; `result()` waits for its sampled tokens (the step's one host sync)."""
+    """A launched step; `result()` waits for its sampled tokens (the step's one host sync).
 
-    def __init__(self, num_seqs: int, sample_index: list[int], host: HostTokens | None, logprobs) -> None:
-        self.num_seqs, self.sample_index, self.host, self.logprobs = num_seqs, sample_index, host, logprobs
+    `counts[i]`: how many consecutive sampled rows are sequence i's (0, 1, or 1 + its drafts)."""
+
+    def __init__(self, counts: list[int], host: HostTokens | None, logprobs) -> None:
+        self.counts, self.host, self.logprobs = counts, host, logprobs
 
     def result(self) -> RunnerOutput:
-        sampled: list[list[int]] = [[] for _ in range(self.num_seqs)]
-        logprobs: list[dict | None] = [None] * self.num_seqs
         if self.host is None:
-            return RunnerOutput(sampled, logprobs)
+            return RunnerOutput([[] for _ in self.counts], [None] * len(self.counts))
         if self.host.ready is not None:
             self.host.ready.synchronize()
-        for row, (i, tok) in enumerate(zip(self.sample_index, self.host.tokens.tolist(), strict=True)):
-            sampled[i].append(tok)
-            if self.logprobs is not None:
-                logprobs[i] = self.logprobs[row]
-        return RunnerOutput(sampled, logprobs)
+        tokens = self.host.tokens.tolist()
+        if len(tokens) == len(self.counts):  # one row per sequence (plain decode): no regrouping
+            sampled = [[t] for t in tokens]
+        else:
+            sampled, end = [], 0
+            for c in self.counts:
+                sampled.append(tokens[end : end + c])
+                end += c
+        return RunnerOutput(sampled, self._last_logprobs())
+
+    def _last_logprobs(self) -> list[dict | None]:
+        """Each sequence's last sampled row's logprobs (None where it asked for none)."""
+        if self.logprobs is None:
+            return [None] * len(self.counts)
+        out, end = [], 0
+        for c in self.counts:
+            end += c
+            out.append(self.logprobs[end - 1] if c else None)
+        return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.runner.cuda_graph import _Views, fill_rows, query_lens, sampled_rows
+from common.runner.cuda_graph import _ROW_FIELDS, _Views, fill_rows, prepare_rows, query_lens, sampled_rows
 from common.runner.inputs import plan_step
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
@@ -24,9 +24,9 @@ def _seq(n_tokens: int, cached: int, drafts: list[int], first_block: int) -> Seq
 
 
 def _views(rows: int, width: int) -> _Views:
-    buf = np.zeros(rows * (5 + width), dtype=np.int32)
-    parts = [buf[i * rows : (i + 1) * rows] for i in range(5)]
-    return _Views(*parts, buf[5 * rows :].reshape(rows, width))
+    buf = np.zeros(rows * (_ROW_FIELDS + width), dtype=np.int32)
+    parts = [buf[i * rows : (i + 1) * rows] for i in range(_ROW_FIELDS)]
+    return _Views(*parts, buf[_ROW_FIELDS * rows :].reshape(rows, width))
 
 
 def test_rows_match_the_varlen_plan():
@@ -47,6 +47,9 @@ def test_rows_match_the_varlen_plan():
     assert v.block_tables[1, :3].tolist() == seqs[1].block_table  # every row has its sequence's table
     # Sampled rows: the decode row, all 4 verification rows, the catch-up's last row (the plan's rule).
     assert sampled_rows(seqs, lens) == plan.sample_rows == [0, 1, 2, 3, 4, 6]
+    counts, picked = prepare_rows(v, seqs, lens, 8, None, BLOCK)
+    assert counts == plan.sample_counts == [1, 4, 1]
+    assert v.picked[:picked].tolist() == plan.sample_rows  # what the step's logits are gathered by
 
 
 def test_only_short_runs_that_end_at_the_last_token_are_graph_rows():

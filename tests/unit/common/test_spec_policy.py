@@ -10,12 +10,13 @@ from common.spec_policy import (
     StepClock,
     StepCosts,
     acceptance_rate,
+    any_pays,
     choose_drafts,
+    draft_gains,
     draft_length,
-    expected_tokens,
     record_acceptance,
 )
-from common.speculative import NgramProposer, SpeculativeConfig
+from common.speculative import NgramProposer, SpecStats, SpeculativeConfig, accept_drafts, is_waiting
 
 
 def _seq() -> Sequence:
@@ -38,8 +39,10 @@ def test_expected_tokens_grow_with_acceptance():
     for _ in range(5):
         record_acceptance(good, 4, 4)
         record_acceptance(bad, 4, 0)
-    assert expected_tokens(good, 4) > 3.5 and expected_tokens(bad, 4) < 1.3
-    assert expected_tokens(good, 0) == 1.0
+    assert sum(draft_gains(good, 4)) > 2.5 and sum(draft_gains(bad, 4)) < 0.3
+    assert draft_gains(good, 0) == []
+    gains = draft_gains(good, 4)
+    assert gains == sorted(gains, reverse=True)  # a later draft counts only if the earlier ones do
 
 
 def test_launch_bound_steps_speculate_compute_bound_steps_do_not():
@@ -51,7 +54,9 @@ def test_launch_bound_steps_speculate_compute_bound_steps_do_not():
     assert choose_drafts(flat, 1, [(seq, 4)]) == [(seq, 4)]
     linear = StepClock(StepCosts((1, 8, 16, 64, 80), (1.0, 8.0, 16.0, 64.0, 80.0)))
     assert choose_drafts(linear, 64, [(seq, 4)]) == []
-    assert choose_drafts(flat, 62, [(seq, 4)]) == []  # more rows than any captured graph
+    # 62 plain rows run in the 64-row graph: two drafts fit in its padding, the others do not
+    assert choose_drafts(flat, 62, [(seq, 4)]) == [(seq, 2)]
+    assert choose_drafts(flat, 64, [(seq, 4)]) == []  # no captured graph has more rows
     with pytest.raises(ValueError):
         StepCosts((8, 1), (1.0, 1.0))
 
@@ -63,6 +68,10 @@ def test_the_likeliest_sequences_speculate_when_not_all_fit():
         record_acceptance(bad, 4, 0)
     clock = StepClock(StepCosts((1, 2, 4, 8, 16), (1.0, 1.0, 1.0, 1.1, 3.0)))
     clock.host_per_row = 0.0
+    # 2 + 8 rows would take the 16-row graph: the likely drafts first, the unlikely ones only in the
+    # 8-row graph's rows left over.
+    assert choose_drafts(clock, 2, [(bad, 4), (good, 4)]) == [(bad, 2), (good, 4)]
+    clock.host_per_row = 0.1  # each row costs the host something: the unlikely drafts do not pay
     assert choose_drafts(clock, 2, [(bad, 4), (good, 4)]) == [(good, 4)]
 
 
@@ -109,3 +118,71 @@ def test_one_off_slow_steps_are_not_learned():
     assert clock.plain_cost(1) == 1.0
     clock.observe(verify=False, rows=1, seconds=2.0)
     assert clock.plain_cost(1) == 2.0
+
+
+def _verify_rate(clock: StepClock, num_rows: int, chosen: list[tuple[Sequence, int]]) -> float:
+    rows = num_rows + sum(c for _, c in chosen)
+    return (num_rows + sum(sum(draft_gains(s, c)) for s, c in chosen)) / clock.verify_cost(rows)
+
+
+def test_chosen_drafts_beat_every_other_choice_of_prefixes():
+    """Against brute force over every prefix length of every proposal, on random costs and records."""
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    for _ in range(60):
+        seqs = [_seq() for _ in range(3)]
+        for seq in seqs:
+            for _ in range(rng.randint(0, 4)):
+                proposed = rng.randint(1, 4)
+                record_acceptance(seq, proposed, rng.randint(0, proposed))
+        sizes = (1, 2, 4, 8, 16)
+        clock = StepClock(StepCosts(sizes, tuple(sorted(rng.uniform(1.0, 2.0) for _ in sizes))))
+        clock.host_per_row = rng.choice([0.0, 0.01, 0.05])
+        wanted = [(s, rng.randint(1, 4)) for s in seqs]
+        num_rows = rng.randint(1, 6)
+        chosen = choose_drafts(clock, num_rows, wanted)
+        plain = num_rows / clock.plain_cost(num_rows)
+        best = plain
+        for counts in itertools.product(*(range(d + 1) for _, d in wanted)):
+            if num_rows + sum(counts) <= clock.max_rows:
+                pick = [(s, c) for (s, _), c in zip(wanted, counts, strict=True) if c]
+                best = max(best, _verify_rate(clock, num_rows, pick))
+        got = _verify_rate(clock, num_rows, chosen) if chosen else plain
+        assert got >= best - 1e-9
+        assert any_pays(clock, num_rows, wanted) == bool(chosen)
+        assert all(c <= d for (s, c) in chosen for (t, d) in wanted if s is t)
+
+
+def test_the_cached_bound_answers_as_the_scan_over_sizes_does():
+    """`can_pay` keeps its per-size rates between verifications; observed steps of either kind must
+    leave it answering as the direct scan does."""
+    import random
+
+    rng = random.Random(1)
+    sizes = (1, 2, 4, 8, 16, 32, 48, 64)
+    clock = StepClock(StepCosts(sizes, tuple(1.0 + s / 64 for s in sizes)))
+    for _ in range(300):
+        rows = rng.randint(1, 64)
+        clock.observe(verify=rng.random() < 0.3, rows=rows, seconds=rng.uniform(0.8, 3.0))
+        n = rng.randint(1, 64)
+        scan = any(s / clock.verify_cost(s) > n / clock.plain_cost(n) for s in sizes if s > n)
+        assert clock.can_pay(n) == scan
+        assert clock.verify_costs(n, 65) == [clock.verify_cost(r) for r in range(n, 65)]
+
+
+def test_a_rejected_proposal_waits_about_one_over_acceptance_decode_steps():
+    seq = Sequence([1, 2, 3, 4], SamplingParams(temperature=0), 16, num_prompt_tokens=3)
+    for _ in range(4):
+        record_acceptance(seq, 4, 0)
+    seq.set_cached_prefix(3)
+    seq.add_drafts([7, 7])
+    seq.schedule(3)
+    accept_drafts(seq, [8, 9, 9], SpecStats())  # the first draft is rejected: nothing accepted
+    expected = min(16, int(1.0 / acceptance_rate(seq)) - 1)  # the rule, with this rejection counted
+    steps = 0
+    while is_waiting(seq):  # each decode step adds a token
+        seq.append_token(5)
+        steps += 1
+    assert steps == expected > 1

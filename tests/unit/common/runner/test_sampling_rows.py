@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from common.runner.inputs import prepare_sampling
+from common.runner.inputs import prepare_sampling, sampling_rows
 from common.runner.sampler import Sampler
+from common.runner.step_handle import HostTokens, StepHandle
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 
@@ -41,6 +44,25 @@ def test_the_cpu_keeps_the_torch_path_for_plain_rows():
     assert Sampler()(logits, batch).token_ids.tolist() == [1, 0]
 
 
+def test_the_kernel_runs_only_when_opted_in(monkeypatch):
+    """Where Triton is usable, the fused kernel still waits for PDSERVE_FUSED_SAMPLING=1 (it costs
+    more host time than it saves at small batches)."""
+    from common.runner import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "use_fused", lambda logits: True)
+    taken = []
+    monkeypatch.setattr(Sampler, "_fused", lambda self, logits, batch, plain: taken.append(1))
+    seqs = _seqs(SamplingParams(temperature=0))
+    batch = prepare_sampling(seqs, 4, torch.device("cpu"))
+    logits = torch.tensor([[0.0, 2.0, 1.0, 0.5]])
+    monkeypatch.delenv("PDSERVE_FUSED_SAMPLING", raising=False)
+    assert Sampler()(logits, batch).token_ids.tolist() == [1] and not taken
+    monkeypatch.setenv("PDSERVE_FUSED_SAMPLING", "1")
+    with contextlib.suppress(AttributeError):  # the stub returns no tokens
+        Sampler()(logits, batch)
+    assert taken
+
+
 def test_logprobs_only_for_the_rows_that_ask():
     seqs = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=2))
     batch = prepare_sampling(seqs, 6, torch.device("cpu"))
@@ -50,3 +72,75 @@ def test_logprobs_only_for_the_rows_that_ask():
     assert out.logprobs is not None and out.logprobs[0] is None
     assert out.logprobs[1].logprob == float(want[0])
     assert out.logprobs[1].top == ((0, float(want[0])), (2, float(want[2])))
+
+
+def test_per_sequence_inputs_equal_the_row_by_row_ones():
+    """A verification's rows repeat their sequence's parameters: building them once per sequence
+    gives exactly the batch that one entry per row gives."""
+    seqs = _seqs(
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.7, seed=3),
+        SamplingParams(temperature=0.9, top_k=5, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=0.2, min_tokens=9),
+    )
+    counts = [3, 1, 4, 2]
+    by_row = [s for s, c in zip(seqs, counts, strict=True) for _ in range(c)]
+    once = prepare_sampling(seqs, 32, torch.device("cpu"), eos_token_ids=(2,), counts=counts)
+    rows = prepare_sampling(by_row, 32, torch.device("cpu"), eos_token_ids=(2,))
+    for name in ("temperatures", "top_k", "top_p", "min_p"):
+        assert torch.equal(getattr(once, name), getattr(rows, name)), name
+    assert once.generators == rows.generators and once.generators[3] is not None  # the seeded row
+    assert (once.banned, once.plain_rows) == (rows.banned, rows.plain_rows)
+    assert (once.all_greedy, once.any_greedy) == (rows.all_greedy, rows.any_greedy)
+
+
+def _same_batch(a, b) -> None:
+    for name in ("temperatures", "top_k", "top_p", "min_p"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None and y is None) or torch.equal(x, y), name
+    assert [g is not None for g in a.generators] == [g is not None for g in b.generators]
+    assert (a.banned, a.plain_rows, a.num_logprobs) == (b.banned, b.plain_rows, b.num_logprobs)
+    assert (a.all_greedy, a.any_greedy) == (b.all_greedy, b.any_greedy)
+
+
+def test_one_shared_parameter_object_gives_the_per_sequence_batch():
+    """Sequences sharing one SamplingParams take a once-for-all path; it must build what separate,
+    equal parameter objects build (and fall back where a value depends on the sequence)."""
+    cases = [
+        dict(temperature=0),
+        dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05),
+        dict(temperature=0.8, seed=5),  # per-sequence generators
+        dict(temperature=0.6, min_tokens=3),  # a ban until 3 tokens
+        dict(temperature=0, logprobs=1),
+    ]
+    for kw in cases:
+        shared = SamplingParams(**kw)
+        counts = [2, 1, 3]
+        one = prepare_sampling(_seqs(shared, shared, shared), 32, torch.device("cpu"), (2,), counts)
+        each = _seqs(*[SamplingParams(**kw) for _ in counts])
+        _same_batch(one, prepare_sampling(each, 32, torch.device("cpu"), (2,), counts))
+
+
+def test_sequences_that_sample_nothing_are_dropped():
+    seqs = _seqs(SamplingParams(temperature=0), SamplingParams(temperature=0.5), SamplingParams())
+    assert sampling_rows(seqs, [2, 0, 1]) == ([seqs[0], seqs[2]], [2, 1])
+    assert sampling_rows(seqs, [1, 1, 1]) == (seqs, [1, 1, 1])
+
+
+def test_step_handle_groups_each_sequences_rows():
+    handle = StepHandle([0, 3, 1], HostTokens(torch.tensor([5, 6, 7, 8]), None), ["a", "b", "c", "d"])
+    out = handle.result()
+    assert out.sampled == [[], [5, 6, 7], [8]]
+    assert out.logprobs == [None, "c", "d"]  # the last sampled row's
+    assert StepHandle([1, 1], HostTokens(torch.tensor([4, 9]), None), None).result().sampled == [[4], [9]]
+
+
+def test_greedy_rows_need_no_widened_copy():
+    """All-greedy rows without penalties or masks take the argmax of the model's own dtype: the same
+    tokens as the fp32 argmax, ties to the first index."""
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(6, 50, generator=gen) * 4).to(torch.bfloat16)
+    logits[2, 7] = logits[2, 30] = logits[2].max() + 1  # an exact tie
+    batch = prepare_sampling(_seqs(*[SamplingParams(temperature=0)] * 6), 50, torch.device("cpu"))
+    tokens = Sampler()(logits, batch).token_ids
+    assert tokens.tolist() == logits.float().argmax(dim=-1).tolist() and tokens[2] == 7
