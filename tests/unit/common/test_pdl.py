@@ -27,16 +27,27 @@ def flag(monkeypatch):
     pdl._flag.cache_clear()
 
 
-def test_off_by_default(flag):
+def test_auto_by_default_off_where_unsupported(flag):
     flag(None)
+    assert pdl.pdl_enabled(torch.device("cpu")) is False
+    flag("auto")
     assert pdl.pdl_enabled(torch.device("cpu")) is False
     flag("0")
     assert pdl.pdl_enabled(torch.device("cpu")) is False
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_auto_follows_the_gpu(flag):
+    flag(None)
+    assert pdl.pdl_enabled(torch.device("cuda:0")) == (torch.cuda.get_device_capability()[0] >= 9)
+    flag("0")
+    assert pdl.pdl_enabled(torch.device("cuda:0")) is False
+
+
 def test_bad_value_and_unsupported_device_are_named(flag):
     flag("yes")
-    with pytest.raises(ValueError, match="PDSERVE_PDL must be 0 or 1"):
+    with pytest.raises(ValueError, match="PDSERVE_PDL must be one of"):
         pdl.pdl_enabled(torch.device("cpu"))
     flag("1")
     with pytest.raises(ValueError, match="compute capability 9.0"):
