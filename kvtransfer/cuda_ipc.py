@@ -3,13 +3,14 @@ the mappings (and drop those of peers that died), and tell whether the exporting
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+from common.process import process_alive
 
 from .layout import dtype_from_name
 
@@ -62,17 +63,6 @@ def open_cache(handle: dict[str, Any], device: torch.device) -> torch.Tensor:
         h["event_handle"],
         h["event_sync"],
     )
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process of this host with `pid` exists (it may belong to another user)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass

@@ -41,10 +41,12 @@ from dataclasses import dataclass
 
 import torch
 
+from common.process import process_alive
+
 from .base import Endpoint, TransferResult, TransferStatus
 from .block_copy import checksum_blocks, copy_blocks
 from .config import KVTransferConfig
-from .cuda_ipc import HANDLE_KEYS, MappedCaches, export_cache, process_alive
+from .cuda_ipc import HANDLE_KEYS, MappedCaches, export_cache
 from .device import host_buffer, wait_event
 from .jobs import Job
 from .layout import CacheLayout, parse_block_ids

@@ -113,18 +113,3 @@ def _pump(proc: subprocess.Popen, lines: queue.Queue, output: list[str]) -> None
         output.append(line)
         lines.put(line)
     lines.put(None)
-
-
-def pid_alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie waiting for a reaper counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (not Linux): trust kill(0)
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from common.process import process_alive
 from common.sampling_params import SamplingParams
-from tests.integration.launcher import LaunchedCluster, launch, pid_alive
+from tests.integration.launcher import LaunchedCluster, launch
 
 pytestmark = pytest.mark.timeout(240)
 SMALL = ["--kv-transport", "tcp", "--num-kvcache-blocks", "64"]
@@ -31,7 +32,7 @@ def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
     alive = pids
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
-        alive = [p for p in alive if pid_alive(p)]
+        alive = [p for p in alive if process_alive(p)]
     return alive
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from common.process import process_alive
 from deploy.base import WorkerSpec
 from deploy.local_backend import REPO_ROOT, LocalBackend, child_env
 from deploy.plan import LaunchPlan, gpu_layout, worker_specs
@@ -34,12 +35,7 @@ def fake_python(tmp_path: Path, ignore_term: bool = False) -> str:
 
 
 def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    return not process_alive(pid)
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:
