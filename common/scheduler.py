@@ -220,11 +220,11 @@ class Scheduler:
         cfg = self.config
         length = len(seq) - seq.num_pending_tokens - len(new_tokens)  # before the first new token
         stop = first_stop(seq, new_tokens, length, cfg.eos_token_ids, cfg.max_model_len)
-        kept = new_tokens if stop is None else new_tokens[: stop[0] + 1]
+        kept = new_tokens if stop is None else new_tokens[: stop.index + 1]
         updates = [SeqUpdate(seq, token, finished=False) for token in kept]
         if stop is not None:
             seq.truncate(length + len(kept))
-            self.finish(seq, stop[1], defer_free)
+            self.finish(seq, stop.reason, defer_free)
             updates[-1] = SeqUpdate(seq, kept[-1], finished=True)
         elif updates and cfg.role == "prefill":
             self.running.remove(seq)

@@ -5,6 +5,7 @@ them (`common.detokenizer`)."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import NamedTuple
 
 from common.sequence import FinishReason, Sequence
 
@@ -25,26 +26,26 @@ def stop_reason(
     return None
 
 
+class Stop(NamedTuple):
+    index: int  # of the token in the run that finishes the sequence
+    reason: FinishReason
+
+
 def first_stop(
     seq: Sequence, tokens: list[int], length: int, eos_token_ids: Collection[int], max_model_len: int
-) -> tuple[int, FinishReason] | None:
-    """The first of `tokens`, appended after the first `length` tokens of `seq`, that finishes it
-    (its index and `stop_reason`), or None. Checks the run as a whole first: a length limit is reached
-    by the run's end or not at all, and a run without stop or EOS ids needs no token-by-token look."""
+) -> Stop | None:
+    """The first of `tokens`, appended after the first `length` tokens of `seq`, that finishes it, or
+    None. Checks the run as a whole first: a length limit is reached by the run's end or not at all,
+    and a run without stop or EOS ids needs no token-by-token look."""
     params = seq.sampling_params
     if not length_exhausted(seq, length + len(tokens), max_model_len):
         stops, eos = params.stop_token_ids, () if params.ignore_eos else eos_token_ids
-        if not (stops or eos):
-            return None
-        for t in tokens:
-            if t in stops or t in eos:
-                break
-        else:
+        if not any(t in stops or t in eos for t in tokens):
             return None
     for i, token in enumerate(tokens):
         reason = stop_reason(seq, token, length + i + 1, eos_token_ids, max_model_len)
         if reason is not None:
-            return i, reason
+            return Stop(i, reason)
     return None
 
 
