@@ -32,7 +32,10 @@ _MAX_TIMED_STEP_SECONDS = 0.1
 
 @dataclass
 class StepTimings:
-    """Wall-clock seconds spent in each part of `step()` (cheap; read by benchmarks)."""
+    """Wall-clock seconds spent in each part of `step()` (cheap; read by benchmarks).
+
+    `device_wait`: of those seconds, the host blocked on a step's tokens; the rest is host work.
+    `drains`: run-ahead steps resolved before the next launch, by `run_ahead.Drain` value."""
 
     schedule: float = 0.0
     prefill_forward: float = 0.0
@@ -40,6 +43,8 @@ class StepTimings:
     postprocess: float = 0.0
     prefill_steps: int = 0
     decode_steps: int = 0
+    device_wait: float = 0.0
+    drains: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,9 +181,12 @@ class LLMEngine:
         t0 = time.perf_counter()
         updates: list[SeqUpdate] = []
         drained = False
-        if self._in_flight is not None and not run_ahead.can_run_ahead(self._in_flight, self.scheduler):
-            updates += self._resolve(set())
-            drained = True
+        if self._in_flight is not None:
+            reason = run_ahead.drain_reason(self._in_flight, self.scheduler)
+            if reason is not None:
+                self.timings.drains[reason.value] = self.timings.drains.get(reason.value, 0) + 1
+                updates += self._resolve(set())
+                drained = True
         batch = self.scheduler.schedule()
         result = StepResult(num_preempted=len(batch.preempted))
         if not batch.seqs:
@@ -197,6 +205,7 @@ class LLMEngine:
             self._in_flight = run_ahead.start(batch.seqs, handle)
         else:
             updates += self.scheduler.update_from_output(batch.seqs, handle.result())
+            self.timings.device_wait += handle.wait_seconds
         result.updates = updates
         self._time_step(t0, batch, ran_ahead=self._in_flight is not None, drained=drained)
         self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
@@ -228,7 +237,9 @@ class LLMEngine:
         if self._in_flight is None:
             return []
         step, self._in_flight = self._in_flight, None
-        return run_ahead.resolve(step, self.scheduler, launched)
+        updates = run_ahead.resolve(step, self.scheduler, launched)
+        self.timings.device_wait += step.handle.wait_seconds
+        return updates
 
     def _account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
         tm = self.timings

@@ -8,10 +8,12 @@ post-processes step k while the device computes step k+1.
 Invariants:
 * At most one step is in flight; `resolve` waits for it and hands its tokens to
   `Scheduler.update_from_output`, which replaces each placeholder like any other sampled token.
-* Only pure decode steps run ahead, and only when the next batch is exactly the in-flight sequences
-  (no waiting requests, nothing that needs token values on the host first: logprobs, penalties, a
-  sequence that will stop by length at its in-flight token, or a batch the speculative proposer
-  wants to propose for: `Proposer.may_speculate`).
+* Only pure decode steps run ahead, and only when the next batch is the in-flight sequences (no
+  waiting requests, nothing that needs token values on the host first: logprobs, penalties, or a
+  batch the speculative proposer wants to propose for: `Proposer.may_speculate`). A sequence whose
+  in-flight token is its last by length (`max_tokens`, the model's context) is not scheduled again
+  (`Scheduler` skips it: `stopping.finishes_in_flight`): the next step runs ahead without it instead of
+  draining the pipeline, and `resolve` finishes it.
 * A sequence that turns out to have finished at step k was already launched in step k+1: its extra
   token is discarded, and the scheduler frees its blocks only after step k+1 has completed (the
   device is still writing its KV). Prefix-cache hashes are registered only once tokens are real.
@@ -20,11 +22,11 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from common.runner.step_handle import StepHandle
 from common.scheduler import Scheduler, SeqUpdate
 from common.sequence import Sequence, SequenceStatus
-from common.stopping import length_exhausted
 
 
 @dataclass
@@ -51,18 +53,28 @@ def start(seqs: list[Sequence], handle: StepHandle) -> InFlightStep:
     return InFlightStep(list(seqs), rows, handle)
 
 
-def can_run_ahead(step: InFlightStep | None, scheduler: Scheduler) -> bool:
-    if step is None or scheduler.waiting:
-        return False
+class Drain(StrEnum):
+    """Why an in-flight step must be resolved before the next one is launched (the device idles
+    while the host then schedules and prepares that step; counted in `StepTimings.drains`)."""
+
+    WAITING = "waiting"  # requests to admit: the next step is not pure decode
+    SPECULATE = "speculate"  # the proposer reads host-side tokens
+    NEW_SEQUENCE = "new_sequence"  # a running sequence was not in the in-flight step
+    HOST_TOKENS = "host_tokens"  # logprobs or penalties need the token values
+
+
+def drain_reason(step: InFlightStep, scheduler: Scheduler) -> Drain | None:
+    """None when the next step can be launched behind `step`; else why `step` must resolve first."""
+    if scheduler.waiting:
+        return Drain.WAITING
     if scheduler.proposer is not None and scheduler.proposer.may_speculate(scheduler.running):
-        return False  # proposals read the host-side tokens: resolve, then speculate
-    max_len = scheduler.config.max_model_len
+        return Drain.SPECULATE  # proposals read the host-side tokens: resolve, then speculate
     for seq in scheduler.running:
-        if seq.seq_id not in step.rows or seq.num_pending_tokens != 1 or needs_host_tokens(seq):
-            return False
-        if length_exhausted(seq, len(seq), max_len):
-            return False
-    return True
+        if seq.seq_id not in step.rows or seq.num_pending_tokens != 1:
+            return Drain.NEW_SEQUENCE
+        if needs_host_tokens(seq):
+            return Drain.HOST_TOKENS
+    return None
 
 
 def src_rows(step: InFlightStep, seqs: list[Sequence]) -> list[int]:

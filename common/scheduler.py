@@ -24,7 +24,7 @@ from common.block_manager import BlockManager
 from common.runner.output import RunnerOutput
 from common.sequence import FinishReason, Sequence, SequenceStatus
 from common.speculative import SpecStats, accept_drafts
-from common.stopping import first_stop
+from common.stopping import finishes_in_flight, first_stop
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            i += 1
+            if finishes_in_flight(seq, self.config.max_model_len):
+                continue  # its in-flight token is its last: the step's resolve finishes it
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.grow(seq, seq.num_cached_tokens + n):
                 victim = self.running[-1]
@@ -134,7 +137,6 @@ class Scheduler:
                     return budget
             self._put(batch, seq, n)
             budget -= n
-            i += 1
         return budget
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:

@@ -53,3 +53,9 @@ def length_exhausted(seq: Sequence, length: int, max_model_len: int) -> bool:
     """The first `length` tokens of `seq` use up its max_tokens or the model's context."""
     completion = length - seq.num_prompt_tokens
     return completion >= seq.sampling_params.max_tokens or length >= max_model_len
+
+
+def finishes_in_flight(seq: Sequence, max_model_len: int) -> bool:
+    """A run-ahead placeholder (a token still on the device) is `seq`'s last token by length, so the
+    sequence needs no further step: the step's resolve finishes it."""
+    return seq.num_pending_tokens > 0 and length_exhausted(seq, len(seq), max_model_len)

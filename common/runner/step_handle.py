@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -18,16 +19,21 @@ class HostTokens:
 class StepHandle:
     """A launched step; `result()` waits for its sampled tokens (the step's one host sync).
 
-    `counts[i]`: how many consecutive sampled rows are sequence i's (0, 1, or 1 + its drafts)."""
+    `counts[i]`: how many consecutive sampled rows are sequence i's (0, 1, or 1 + its drafts).
+    `wait_seconds`: how long `result()` blocked on the device (0 until it is called): the engine sums
+    it to tell host time from device time."""
 
     def __init__(self, counts: list[int], host: HostTokens | None, logprobs) -> None:
         self.counts, self.host, self.logprobs = counts, host, logprobs
+        self.wait_seconds = 0.0
 
     def result(self) -> RunnerOutput:
         if self.host is None:
             return RunnerOutput([[] for _ in self.counts], [None] * len(self.counts))
         if self.host.ready is not None:
+            began = time.perf_counter()
             self.host.ready.synchronize()
+            self.wait_seconds = time.perf_counter() - began
         tokens = self.host.tokens.tolist()
         if len(tokens) == len(self.counts):  # one row per sequence (plain decode): no regrouping
             sampled = [[t] for t in tokens]

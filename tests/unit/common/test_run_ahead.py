@@ -84,3 +84,37 @@ def test_abort_while_in_flight(tiny_model_dirs):
     assert a.finish_reason.value == "abort" and -1 not in a.token_ids
     assert len(b.completion_token_ids) == 40
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_length_finish_keeps_the_pipeline_full(tiny_model_dirs):
+    """Sequences that end by max_tokens or by the model's context at their in-flight token leave the
+    next run-ahead step instead of draining it: after admission no step resolves before the next
+    launch, and every output and block count equals the synchronous loop's."""
+    prompts = _prompts(6, 4)
+    prompts[5] = list(range(3, 3 + 120))  # ends by the context (max_model_len 128), not max_tokens
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (5, 9, 9, 14, 20, 40)]
+    runs, computed = [], []
+    for async_on in (False, True):
+        llm = LLM(
+            tiny_model_dirs["llama"], num_kvcache_blocks=128, max_model_len=128, async_scheduling=async_on
+        )
+        step, tokens = llm.engine.step, [0]
+
+        def counting_step(step=step, tokens=tokens):
+            result = step()
+            tokens[0] += result.num_decode_tokens + result.num_prefill_tokens
+            return result
+
+        llm.engine.step = counting_step
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs.append([(o["token_ids"], o["finish_reason"]) for o in outs])
+        computed.append(tokens[0])
+        bm = llm.engine.block_manager
+        assert bm.num_free_blocks == bm.num_blocks
+        drains = llm.engine.timings.drains
+        if async_on:
+            assert set(drains) <= {"waiting"}, drains  # only while prompts were being admitted
+    assert runs[0] == runs[1]
+    assert computed[0] == computed[1]  # no row computed a token past a sequence's end
+    assert [len(t) for t, _ in runs[0]] == [5, 9, 9, 14, 20, 8]
+    assert {r for _, r in runs[0]} == {"length"}
