@@ -44,6 +44,9 @@ class Sequence:
     `commit_scheduled`, `append_token(s)`, `truncate`, `rollback_cache`, the placeholder and draft
     verbs), which keep those invariants. `block_table` and `num_registered_blocks` are written only
     by the BlockManager, `status`, `finish_reason` and the admission counters only by the Scheduler.
+    A `block_table` list only grows in place (appends); any other change assigns a new list, so a
+    reader that remembers the list object and its length knows which entries are unchanged (the
+    CUDA-graph rows rewrite only new entries: `cuda_graph.TableRows`).
     """
 
     def __init__(

@@ -19,7 +19,7 @@ writes logits into its own static output.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -41,6 +41,33 @@ def capture_sizes(max_rows: int) -> list[int]:
     return sizes
 
 
+class TableRows:
+    """Which block table each row of a host `block_tables` view holds, so a step rewrites only what
+    changed: a row that holds the same list object as before gets only the entries appended since
+    (block tables grow in place and are otherwise replaced: `Sequence`). At batch 256 x 63 blocks
+    this turns a step's table fill from 0.4 ms of list-to-array copies into one check per row."""
+
+    def __init__(self, rows: int) -> None:
+        self.owner: list[list[int] | None] = [None] * rows
+        self.written = [0] * rows
+
+    def write(self, view: np.ndarray, row: int, table: list[int]) -> None:
+        n = len(table)
+        if self.owner[row] is not table:
+            view[row, :n] = table
+            self.owner[row] = table
+        elif self.written[row] < n:
+            done = self.written[row]
+            view[row, done:n] = table[done:]
+        else:
+            return
+        self.written[row] = n
+
+    def forget(self) -> None:
+        """The view was written by something else (every row is rewritten at its next use)."""
+        self.owner = [None] * len(self.owner)
+
+
 @dataclass
 class _Views:
     input_ids: torch.Tensor
@@ -50,6 +77,10 @@ class _Views:
     src_rows: torch.Tensor  # >= 0: take this row's input token from `prev_tokens` (run-ahead steps)
     picked: torch.Tensor  # the logits rows that sample, when not every row does (not read by graphs)
     block_tables: torch.Tensor
+    tables: TableRows = field(init=False)  # what the `block_tables` rows hold (host views)
+
+    def __post_init__(self) -> None:
+        self.tables = TableRows(len(self.block_tables))
 
 
 _ROW_FIELDS = 6  # the _Views fields before block_tables
@@ -104,19 +135,16 @@ def fill_rows(
     """Write one step's rows into the host views: sequence i owns `q_lens[i]` consecutive rows, its
     last tokens, each with its own position, slot and context length; rows past the end up to the
     captured size `bs` are padding. `src_rows[i]` (run-ahead) applies to sequence i's last row."""
-    ids: list[int] = []
-    pos: list[int] = []
-    blocks: list[int] = []
-    r = 0
-    for s, q in zip(seqs, q_lens, strict=True):
-        length, table = len(s), s.block_table
-        ids += s.token_ids[length - q :]
-        pos += range(length - q, length)
-        blocks += [table[i // block] for i in range(length - q, length)]
-        v.block_tables[r : r + q, : len(table)] = table
-        r += q
-    n = r
-    p = np.asarray(pos, dtype=np.int32)
+    if len(q_lens) == sum(q_lens):  # plain decode: one row per sequence, its last token
+        lengths = [len(s) for s in seqs]
+        ids = [s.token_ids[-1] for s in seqs]
+        blocks = [s.block_table[(n - 1) // block] for s, n in zip(seqs, lengths, strict=True)]
+        p = np.asarray(lengths, dtype=np.int32) - 1
+        for r, s in enumerate(seqs):
+            v.tables.write(v.block_tables, r, s.block_table)
+    else:
+        ids, blocks, p = _multi_rows(v, seqs, q_lens, block)
+    n = len(ids)
     v.input_ids[:n] = ids
     np.maximum(v.input_ids[:n], 0, out=v.input_ids[:n])  # placeholders come from src_rows
     v.positions[:n] = p
@@ -127,6 +155,25 @@ def fill_rows(
     v.src_rows[:bs] = -1
     if src_rows is not None:
         v.src_rows[np.cumsum(q_lens) - 1] = src_rows
+
+
+def _multi_rows(
+    v: _Views, seqs: list[Sequence], q_lens: list[int], block: int
+) -> tuple[list[int], list[int], np.ndarray]:
+    """Token ids, KV blocks and positions of steps where a sequence may own several rows."""
+    ids: list[int] = []
+    pos: list[int] = []
+    blocks: list[int] = []
+    r = 0
+    for s, q in zip(seqs, q_lens, strict=True):
+        length, table = len(s), s.block_table
+        ids += s.token_ids[length - q :]
+        pos += range(length - q, length)
+        blocks += [table[i // block] for i in range(length - q, length)]
+        for row in range(r, r + q):
+            v.tables.write(v.block_tables, row, table)
+        r += q
+    return ids, blocks, np.asarray(pos, dtype=np.int32)
 
 
 class DecodeGraphs:
@@ -244,6 +291,7 @@ class DecodeGraphs:
         v.slots[:] = -1
         v.src_rows[:] = -1
         v.block_tables[:] = 0
+        v.tables.forget()
         self.packed.copy_(host)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         seconds = []

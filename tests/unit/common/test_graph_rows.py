@@ -67,3 +67,27 @@ def test_run_ahead_source_applies_to_the_last_row():
     fill_rows(v, seqs, [1, 2], 4, [5, 6], BLOCK)
     assert v.src_rows[:4].tolist() == [5, -1, 6, -1]
     assert torch.tensor(v.input_ids[:3]).min() >= 0
+
+
+def test_table_rows_rewrite_exactly_what_changed():
+    """Across steps the host view's rows always hold each sequence's current table, whether a row keeps
+    its sequence (table grown in place), gets another one, or its sequence's table was replaced by a
+    new list of the same length (preempted and readmitted into other blocks)."""
+    a, b, c = _seq(9, 8, [], 0), _seq(5, 4, [], 10), _seq(13, 12, [], 20)
+    v = _views(8, 8)
+
+    def step(seqs):
+        fill_rows(v, seqs, [1] * len(seqs), 4, None, BLOCK)
+        for row, s in enumerate(seqs):
+            assert v.block_tables[row, : len(s.block_table)].tolist() == s.block_table
+
+    step([a, b, c])
+    a.block_table.append(7)  # grown in place
+    step([a, b, c])
+    step([c, a])  # rows change owners
+    b.block_table = [30, 31]  # same length as before, other blocks: a new list
+    step([b, a, c])
+    v.block_tables[:] = 0  # written by someone else (the graphs' cost measurement)
+    v.tables.forget()
+    step([b, a, c])
+    assert v.tables.written[:3] == [2, 4, 4]
