@@ -7,8 +7,8 @@ shorter than the GPU's step (on the H200 with Qwen3-0.6B shapes at 1,000 tokens 
 at 1 row, 2.2 ms at 64, 6.3 ms at 256; docs/benchmarks.md). This measures the host's part where the
 model's cost is irrelevant: a tiny random model decodes `batch` prompts of `--context` tokens with
 run-ahead forced on and T=0.6 (so the sampler takes its sampling path), and the engine's phases are
-timed by wrapping its functions. Excluded, because the GPU path does not run them: the eager input
-preparation and the forward pass; the sampler's own arithmetic (on the GPU it is device work, its
+timed by wrapping its functions. Excluded, because the GPU path does not run them: the eager step
+(`ModelRunner._run_eager`: input tensors, the forward pass); the sampler's own arithmetic (on the GPU it is device work, its
 host part the launch of about ten torch ops). Included aside: `graph fill`, the CUDA-graph path's
 host-side input preparation (`cuda_graph.prepare_rows` into numpy views like the pinned buffer's),
 timed on each step's batch. Each phase shows its least time over `--repeats` runs.
@@ -36,7 +36,7 @@ from common.runner.sampler import Sampler  # noqa: E402
 
 # Phases the GPU path runs on the host, then the ones excluded from the total (CPU-only or device work).
 HOST_PHASES = ("schedule", "update_from_output", "prepare_sampling", "run_ahead.start", "graph fill")
-EXCLUDED = ("prepare_step (eager)", "model forward", "sampler")
+EXCLUDED = ("eager step (CPU path)", "sampler")
 
 
 class Timer:
@@ -64,9 +64,8 @@ def instrument(timer: Timer, block_size: int) -> list:
     timer.wrap(scheduler.Scheduler, "schedule", "schedule", patches)
     timer.wrap(scheduler.Scheduler, "update_from_output", "update_from_output", patches)
     timer.wrap(model_runner, "prepare_sampling", "prepare_sampling", patches)
-    timer.wrap(model_runner, "prepare_step", "prepare_step (eager)", patches)
     timer.wrap(run_ahead, "start", "run_ahead.start", patches)
-    timer.wrap(ModelRunner, "_forward", "model forward", patches)
+    timer.wrap(ModelRunner, "_run_eager", "eager step (CPU path)", patches)
     timer.wrap(Sampler, "__call__", "sampler", patches)
     original_step, fill = LLMEngine.step, GraphFill(max_rows=512, width=256, block_size=block_size)
     patches.append((LLMEngine, "step", original_step))

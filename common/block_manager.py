@@ -110,6 +110,8 @@ class BlockManager:
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Extend the block table to hold `num_tokens` tokens; False (and no change) if out of blocks."""
+        if num_tokens <= len(seq.block_table) * self.block_size:
+            return True  # most decode steps: the last block has room
         need = self.blocks_needed(seq, num_tokens)
         if need > self.num_free_blocks:
             return False

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import count
+from typing import NamedTuple
 
 from common.block_manager import BlockManager
 from common.runner.output import RunnerOutput
@@ -55,8 +56,7 @@ class ScheduledBatch:
         return len(self.seqs)
 
 
-@dataclass(frozen=True)
-class SeqUpdate:
+class SeqUpdate(NamedTuple):  # a tuple: one is made per sequence per step, and tuples build fastest
     """What happened to one sequence in a step."""
 
     seq: Sequence
@@ -126,7 +126,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             i += 1
-            if finishes_in_flight(seq, self.config.max_model_len):
+            if seq.num_pending_tokens and finishes_in_flight(seq, self.config.max_model_len):
                 continue  # its in-flight token is its last: the step's resolve finishes it
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.grow(seq, seq.num_cached_tokens + n):
@@ -222,6 +222,8 @@ class Scheduler:
         cfg = self.config
         length = len(seq) - seq.num_pending_tokens - len(new_tokens)  # before the first new token
         stop = first_stop(seq, new_tokens, length, cfg.eos_token_ids, cfg.max_model_len)
+        if stop is None and len(new_tokens) == 1 and cfg.role != "prefill":
+            return [SeqUpdate(seq, new_tokens[0], False)]  # the common case, without the general walk
         kept = new_tokens if stop is None else new_tokens[: stop.index + 1]
         updates = [SeqUpdate(seq, token, finished=False) for token in kept]
         if stop is not None:

@@ -40,7 +40,10 @@ def first_stop(
     params = seq.sampling_params
     if not length_exhausted(seq, length + len(tokens), max_model_len):
         stops, eos = params.stop_token_ids, () if params.ignore_eos else eos_token_ids
-        if not any(t in stops or t in eos for t in tokens):
+        if len(tokens) == 1:  # a plain decode step's one token: no generator
+            if tokens[0] not in stops and tokens[0] not in eos:
+                return None
+        elif not any(t in stops or t in eos for t in tokens):
             return None
     for i, token in enumerate(tokens):
         reason = stop_reason(seq, token, length + i + 1, eos_token_ids, max_model_len)
