@@ -29,6 +29,11 @@ from common import LLM, SamplingParams  # noqa: E402
 from common.llm_engine import StepTimings  # noqa: E402
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _busy_us(prof) -> float:
     spans = sorted(
         (e.time_range.start, e.time_range.end)
@@ -46,14 +51,15 @@ def _busy_us(prof) -> float:
 def _decode_phase(llm: LLM, batch: int, args, profiled: bool) -> dict:
     rng = random.Random(batch)
     engine = llm.engine
+    vocab = min(10000, engine.runner.model_config.vocab_size)
     for _ in range(batch):
         n = rng.randint(args.steps // 2, args.steps)
         params = SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n)
-        engine.add_request([rng.randrange(10000) for _ in range(args.context)], params)
+        engine.add_request([rng.randrange(vocab) for _ in range(args.context)], params)
     seqs = list(engine.scheduler.waiting)
     while any(s.num_completion_tokens == 0 for s in seqs):  # prefill (and admission) first
         engine.step()
-    torch.cuda.synchronize()
+    _sync()
     engine.timings = StepTimings()
     prof = profile(activities=[ProfilerActivity.CUDA]) if profiled else None
     if prof is not None:
@@ -61,7 +67,7 @@ def _decode_phase(llm: LLM, batch: int, args, profiled: bool) -> dict:
     t0 = time.perf_counter()
     while engine.has_unfinished:
         engine.step()
-    torch.cuda.synchronize()
+    _sync()
     wall = time.perf_counter() - t0
     if prof is not None:
         prof.__exit__(None, None, None)
@@ -78,10 +84,13 @@ def _decode_phase(llm: LLM, batch: int, args, profiled: bool) -> dict:
 
 
 def measure(llm: LLM, batch: int, args) -> dict:
+    """The plain run's figures, with GPU busy time from a profiled run of the same steps (CUDA only)."""
     plain = _decode_phase(llm, batch, args, profiled=False)
-    profiled = _decode_phase(llm, batch, args, profiled=True)
-    plain["busy_ms"] = profiled["busy_ms"]
-    plain["idle"] = 1 - profiled["busy_ms"] / profiled["wall_ms"]
+    plain["idle"] = None
+    if torch.cuda.is_available():
+        profiled = _decode_phase(llm, batch, args, profiled=True)
+        plain["busy_ms"] = profiled["busy_ms"]
+        plain["idle"] = 1 - profiled["busy_ms"] / profiled["wall_ms"]
     return {"batch": batch, **plain}
 
 
@@ -93,16 +102,19 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--json-out", default=None)
+    p.add_argument("--engine-kwargs", default="{}", help="JSON of extra LLM(...) arguments")
     args = p.parse_args()
-    llm = LLM(args.model, max_num_seqs=max(args.batches), max_model_len=args.context + args.steps + 8)
+    kwargs = {"max_num_seqs": max(args.batches), "max_model_len": args.context + args.steps + 8}
+    llm = LLM(args.model, **{**kwargs, **json.loads(args.engine_kwargs)})
     warm = [[1, 2, 3]] * 4
     llm.generate(warm, [SamplingParams(max_tokens=8)] * 4, use_tqdm=False)
     rows = [measure(llm, b, args) for b in args.batches]
     print("batch  wall ms/step  host ms/step  GPU busy ms/step  GPU idle  drains")
     for r in rows:
+        busy = "-" if r["busy_ms"] is None else f"{r['busy_ms']:.3f}"
+        idle = "-" if r["idle"] is None else f"{100 * r['idle']:.1f}%"
         print(
-            f"{r['batch']:5d}  {r['wall_ms']:12.3f}  {r['host_ms']:12.3f}  {r['busy_ms']:16.3f}"
-            f"  {100 * r['idle']:7.1f}%  {r['drains']}"
+            f"{r['batch']:5d}  {r['wall_ms']:12.3f}  {r['host_ms']:12.3f}  {busy:>16}  {idle:>8}  {r['drains']}"
         )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1))

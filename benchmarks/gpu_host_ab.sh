@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Host time hidden behind the GPU (issue 17, item 4), as ratios from one device call: the offline standard
+# workload and the decode-phase overlap at batch 1/64/256, a base commit's tree against this one's,
+# alternated, with the fused sampler (PDSERVE_FUSED_SAMPLING=1) as a third arm; then this tree's offline
+# profile (GPU busy vs wall, kernels by family).
+#   bash benchmarks/gpu_host_ab.sh TOKENIZER_DIR BASE_COMMIT     (logs go to ${OUT:-/tmp/pdserve-gpu})
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+LOG="${OUT:-/tmp/pdserve-gpu}"
+mkdir -p "$LOG"
+export PYTHONUNBUFFERED=1
+M=/tmp/qwen3-0.6b
+NEW=$PWD
+BASE=/tmp/pdserve-base
+[ -d $M ] || python3 -m common.random_model --preset qwen3-0.6b --out $M --tokenizer-from "${1:?tokenizer dir}" >/dev/null
+rm -rf $BASE && mkdir -p $BASE && git archive "${2:?base commit}" | tar -x -C $BASE
+cp benchmarks/host_overlap.py benchmarks/offline_profile.py $BASE/benchmarks/  # the same measuring code
+git log --oneline -1
+arm() {  # arm NAME: run in the base tree or this one, with or without the fused sampler
+  case $1 in base) echo "$BASE X=1" ;; new) echo "$NEW X=1" ;; newf) echo "$NEW PDSERVE_FUSED_SAMPLING=1" ;; esac
+}
+for cfg in base new newf base new newf; do
+  read -r D E <<<"$(arm $cfg)"
+  echo "== offline $cfg"
+  (cd $D && env $E python3 benchmarks/offline.py --model $M --quiet --engine-kwargs '{"max_num_seqs": 256}' \
+      --json-out "$LOG/off_$cfg.json" 2>&1 | tail -2)
+done 2>&1 | tee "$LOG/offline_ab.txt"
+for cfg in base new newf; do
+  read -r D E <<<"$(arm $cfg)"
+  echo "== host overlap $cfg"
+  (cd $D && env $E python3 benchmarks/host_overlap.py --model $M --json-out "$LOG/overlap_$cfg.json" 2>&1 | tail -4)
+done 2>&1 | tee "$LOG/overlap.txt"
+PDSERVE_FUSED_SAMPLING=1 python3 benchmarks/offline_profile.py --model $M --top 12 --json-out "$LOG/offprof.json" \
+    2>&1 | grep -v "Loading\|arn" | tee "$LOG/offprof.txt"
