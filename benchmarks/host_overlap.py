@@ -114,7 +114,8 @@ def main() -> None:
         busy = "-" if r["busy_ms"] is None else f"{r['busy_ms']:.3f}"
         idle = "-" if r["idle"] is None else f"{100 * r['idle']:.1f}%"
         print(
-            f"{r['batch']:5d}  {r['wall_ms']:12.3f}  {r['host_ms']:12.3f}  {busy:>16}  {idle:>8}  {r['drains']}"
+            f"{r['batch']:5d}  {r['wall_ms']:12.3f}  {r['host_ms']:12.3f}  {busy:>16}  {idle:>8}"
+            f"  {r['drains']}"
         )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=1))
