@@ -8,9 +8,11 @@ post-processes step k while the device computes step k+1.
 Invariants:
 * At most one step is in flight; `resolve` waits for it and hands its tokens to
   `Scheduler.update_from_output`, which replaces each placeholder like any other sampled token.
-* Only pure decode steps run ahead, and only when the next batch is the in-flight sequences (no
-  waiting requests, nothing that needs token values on the host first: logprobs, penalties, or a
-  batch the speculative proposer wants to propose for: `Proposer.may_speculate`). A sequence whose
+* Only pure decode steps run ahead, and only when the next batch is the in-flight sequences plus
+  sequences whose next input token is already on the host (`joins_as_decode`: a decode worker's
+  requests whose KV just arrived join without a drain; their rows read the host token, `src_rows`
+  -1), with no waiting requests and nothing that needs token values on the host first: logprobs,
+  penalties, or a batch the speculative proposer wants to propose for (`Proposer.may_speculate`). A sequence whose
   in-flight token is its last by length (`max_tokens`, the model's context) is not scheduled again
   (`Scheduler` skips it: `stopping.finishes_in_flight`): the next step runs ahead without it instead of
   draining the pipeline, and `resolve` finishes it.
@@ -59,7 +61,7 @@ class Drain(StrEnum):
 
     WAITING = "waiting"  # requests to admit: the next step is not pure decode
     SPECULATE = "speculate"  # the proposer reads host-side tokens
-    NEW_SEQUENCE = "new_sequence"  # a running sequence was not in the in-flight step
+    NEW_SEQUENCE = "new_sequence"  # a running sequence outside the in-flight step is not a plain decode
     HOST_TOKENS = "host_tokens"  # logprobs or penalties need the token values
 
 
@@ -70,11 +72,21 @@ def drain_reason(step: InFlightStep, scheduler: Scheduler) -> Drain | None:
     if scheduler.proposer is not None and scheduler.proposer.may_speculate(scheduler.running):
         return Drain.SPECULATE  # proposals read the host-side tokens: resolve, then speculate
     for seq in scheduler.running:
-        if seq.seq_id not in step.rows or seq.num_pending_tokens != 1:
+        if seq.seq_id in step.rows:
+            if seq.num_pending_tokens != 1:
+                return Drain.NEW_SEQUENCE
+        elif not joins_as_decode(seq):
             return Drain.NEW_SEQUENCE
         if needs_host_tokens(seq):
             return Drain.HOST_TOKENS
     return None
+
+
+def joins_as_decode(seq: Sequence) -> bool:
+    """A running sequence outside the in-flight step can join the next one as a plain decode row: its
+    input token is on the host (no placeholder) and only that token is uncomputed (a decode worker's
+    request whose KV just arrived, a sequence whose first token a synchronous step sampled)."""
+    return seq.num_pending_tokens == 0 and seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0
 
 
 def src_rows(step: InFlightStep, seqs: list[Sequence]) -> list[int]:

@@ -118,3 +118,39 @@ def test_length_finish_keeps_the_pipeline_full(tiny_model_dirs):
     assert computed[0] == computed[1]  # no row computed a token past a sequence's end
     assert [len(t) for t, _ in runs[0]] == [5, 9, 9, 14, 20, 8]
     assert {r for _, r in runs[0]} == {"length"}
+
+
+def test_transferred_requests_join_a_run_ahead_step(tiny_model_dirs):
+    """A decode worker's requests whose KV arrives while a step is in flight join the next step as plain
+    decode rows (input token from the host) instead of draining the pipeline, and every answer is the
+    offline engine's."""
+    from common.config import EngineConfig
+    from common.llm_engine import LLMEngine
+
+    model = tiny_model_dirs["llama"]
+    prompts = _prompts(4, 5)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 7, 15, 9)]
+    reference = LLM(model, num_kvcache_blocks=128).generate(prompts, params, use_tqdm=False)
+    pre = LLMEngine.from_config(EngineConfig(model, role="prefill", num_kvcache_blocks=128))
+    dec = LLMEngine.from_config(
+        EngineConfig(model, role="decode", num_kvcache_blocks=128, async_scheduling=True)
+    )
+    joined, in_flight_at_join = [], []
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        src = pre.add_request(prompt, p, f"r{i}")
+        (update,) = pre.step().updates
+        seq = dec.make_sequence([*prompt, update.new_token_id], p, f"r{i}", num_prompt_tokens=len(prompt))
+        assert dec.reserve_transfer(seq)
+        dec.kv_cache[:, :, dec.prompt_block_ids(seq)] = pre.kv_cache[:, :, pre.prompt_block_ids(src)]
+        dec.complete_transfer(seq)
+        pre.release_handoff(src)
+        in_flight_at_join.append(dec._in_flight is not None)
+        joined.append(seq)
+        for _ in range(3):
+            dec.step()
+    while dec.has_unfinished:
+        dec.step()
+    assert [s.completion_token_ids for s in joined] == [o["token_ids"] for o in reference]
+    assert in_flight_at_join[1:] == [True, True, True]  # they really arrived behind a step in flight
+    assert "new_sequence" not in dec.timings.drains, dec.timings.drains
+    assert dec.block_manager.num_free_blocks == dec.block_manager.num_blocks
