@@ -12,10 +12,10 @@ Invariants:
   sequences whose next input token is already on the host (`joins_as_decode`: a decode worker's
   requests whose KV just arrived join without a drain; their rows read the host token, `src_rows`
   -1), with no waiting requests and nothing that needs token values on the host first: logprobs,
-  penalties, or a batch the speculative proposer wants to propose for (`Proposer.may_speculate`). A sequence whose
-  in-flight token is its last by length (`max_tokens`, the model's context) is not scheduled again
-  (`Scheduler` skips it: `stopping.finishes_in_flight`): the next step runs ahead without it instead of
-  draining the pipeline, and `resolve` finishes it.
+  penalties, or a batch the speculative proposer wants to propose for (`Proposer.may_speculate`).
+* A sequence whose in-flight token is its last by length (`max_tokens`, the model's context) is not
+  scheduled again (`Scheduler` skips it: `stopping.finishes_in_flight`): the next step runs ahead
+  without it instead of draining the pipeline, and `resolve` finishes it.
 * A sequence that turns out to have finished at step k was already launched in step k+1: its extra
   token is discarded, and the scheduler frees its blocks only after step k+1 has completed (the
   device is still writing its KV). Prefix-cache hashes are registered only once tokens are real.
