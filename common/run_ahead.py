@@ -8,11 +8,14 @@ post-processes step k while the device computes step k+1.
 Invariants:
 * At most one step is in flight; `resolve` waits for it and hands its tokens to
   `Scheduler.update_from_output`, which replaces each placeholder like any other sampled token.
-* Only pure decode steps run ahead, and only when the next batch is the in-flight sequences plus
-  sequences whose next input token is already on the host (`joins_as_decode`: a decode worker's
-  requests whose KV just arrived join without a drain; their rows read the host token, `src_rows`
-  -1), with no waiting requests and nothing that needs token values on the host first: logprobs,
-  penalties, or a batch the speculative proposer wants to propose for (`Proposer.may_speculate`).
+* Only pure decode steps run ahead (stay in flight while the host goes on). The next step may be
+  launched behind one when its running sequences are the in-flight ones plus sequences whose next
+  input token is already on the host (`joins_as_decode`: a decode worker's requests whose KV just
+  arrived; their rows read the host token, `src_rows` -1), and nothing needs token values on the
+  host first (logprobs, penalties, a batch the speculative proposer wants to propose for:
+  `Proposer.may_speculate`). That next step may admit waiting requests: a prefill-carrying step is
+  launched behind the in-flight step (its placeholder rows read the device tokens, the runner maps
+  each sequence's source to its last scheduled token), then runs synchronously.
 * A sequence whose in-flight token is its last by length (`max_tokens`, the model's context) is not
   scheduled again (`Scheduler` skips it: `stopping.finishes_in_flight`): the next step runs ahead
   without it instead of draining the pipeline, and `resolve` finishes it.
@@ -59,7 +62,6 @@ class Drain(StrEnum):
     """Why an in-flight step must be resolved before the next one is launched (the device idles
     while the host then schedules and prepares that step; counted in `StepTimings.drains`)."""
 
-    WAITING = "waiting"  # requests to admit: the next step is not pure decode
     SPECULATE = "speculate"  # the proposer reads host-side tokens
     NEW_SEQUENCE = "new_sequence"  # a running sequence outside the in-flight step is not a plain decode
     HOST_TOKENS = "host_tokens"  # logprobs or penalties need the token values
@@ -67,8 +69,6 @@ class Drain(StrEnum):
 
 def drain_reason(step: InFlightStep, scheduler: Scheduler) -> Drain | None:
     """None when the next step can be launched behind `step`; else why `step` must resolve first."""
-    if scheduler.waiting:
-        return Drain.WAITING
     if scheduler.proposer is not None and scheduler.proposer.may_speculate(scheduler.running):
         return Drain.SPECULATE  # proposals read the host-side tokens: resolve, then speculate
     for seq in scheduler.running:

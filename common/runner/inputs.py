@@ -106,6 +106,19 @@ def plan_step(seqs: list[Sequence], block_size: int, is_decode: bool, decode_len
     )
 
 
+def flat_sources(seqs: list[Sequence], src_rows: list[int]) -> list[int]:
+    """Per flat input token of an eager step launched behind a run-ahead step: the row of that step's
+    sampled tokens that is the token's value, or -1 (the host token). `src_rows[i]` belongs to
+    sequence i's last scheduled token: a placeholder is always a sequence's last token."""
+    if all(s.num_scheduled_tokens == 1 for s in seqs):
+        return src_rows
+    flat: list[int] = []
+    for seq, row in zip(seqs, src_rows, strict=True):
+        flat.extend([-1] * (seq.num_scheduled_tokens - 1))
+        flat.append(row)
+    return flat
+
+
 def sample_count(seq: Sequence) -> int:
     """Rows of this step's logits that `seq` samples: its last token's and each draft's (1 + d) when
     the step computes up to its end, none for a prompt chunk that stops short of it."""

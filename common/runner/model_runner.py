@@ -18,7 +18,14 @@ from common.models import build_model
 from common.parallel import use_group
 from common.runner.cuda_graph import DecodeGraphs
 from common.runner.grammar import GrammarMasker
-from common.runner.inputs import StepInputs, plan_step, prepare_sampling, prepare_step, sampling_rows
+from common.runner.inputs import (
+    StepInputs,
+    flat_sources,
+    plan_step,
+    prepare_sampling,
+    prepare_step,
+    sampling_rows,
+)
 from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
 from common.runner.step_handle import HostTokens, StepHandle
@@ -293,8 +300,8 @@ class ModelRunner:
             self.tp.broadcast(plan)
             inputs = plan.to_inputs(self.device)
         input_ids = inputs.input_ids
-        if src_rows is not None:  # run-ahead decode: one token per sequence, row i is sequence i
-            src = torch.tensor(src_rows, dtype=torch.int64, device=self.device)
+        if src_rows is not None:  # launched behind a run-ahead step: placeholders read its tokens
+            src = torch.tensor(flat_sources(seqs, src_rows), dtype=torch.int64, device=self.device)
             input_ids = torch.where(src >= 0, self._prev_tokens[src.clamp(min=0)], input_ids)
         if self.tp is None:
             return self._forward(inputs, input_ids)
