@@ -25,8 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from benchmarks.offline_profile import busy_us  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
 from common.llm_engine import StepTimings  # noqa: E402
+
+_CUDA = torch.autograd.DeviceType.CUDA
 
 
 def _sync() -> None:
@@ -35,17 +38,7 @@ def _sync() -> None:
 
 
 def _busy_us(prof) -> float:
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-    )
-    total, reach = 0.0, float("-inf")
-    for start, end in spans:
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
+    return busy_us([(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == _CUDA])
 
 
 def _decode_phase(llm: LLM, batch: int, args, profiled: bool) -> dict:
