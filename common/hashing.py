@@ -40,9 +40,13 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None =
     return out
 
 
-def extend_block_hashes(hashes: list[int], token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Append hashes for full blocks of `token_ids` not yet covered by `hashes` (in place)."""
-    for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
+def extend_block_hashes(
+    hashes: list[int], token_ids: Sequence[int], block_size: int, num_tokens: int | None = None
+) -> list[int]:
+    """Append hashes for full blocks of the first `num_tokens` (default: all) of `token_ids` not yet
+    covered by `hashes` (in place)."""
+    limit = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
+    for start in range(len(hashes) * block_size, limit - block_size + 1, block_size):
         parent = hashes[-1] if hashes else None
         hashes.append(hash_block(parent, token_ids[start : start + block_size]))
     return hashes

@@ -44,6 +44,15 @@ def test_extend_is_incremental():
     assert hash_block(hashes[0], tokens[16:32]) == hashes[1]
 
 
+def test_extend_stops_at_num_tokens():
+    tokens = list(range(100))
+    hashes: list[int] = []
+    extend_block_hashes(hashes, tokens, 16, num_tokens=47)  # two full blocks among the first 47
+    assert hashes == block_hashes(tokens[:47], 16) and len(hashes) == 2
+    extend_block_hashes(hashes, tokens, 16, num_tokens=500)  # past the end: all of them
+    assert hashes == block_hashes(tokens, 16)
+
+
 def test_probe_and_bad_block_size():
     assert probe_hash(16) == block_hashes(PROBE_TOKEN_IDS, 16)[-1]
     assert probe_hash(16) != probe_hash(32)
