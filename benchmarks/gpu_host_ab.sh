@@ -4,6 +4,8 @@
 # alternated, with the fused sampler (PDSERVE_FUSED_SAMPLING=1) as a third arm; then this tree's offline
 # profile (GPU busy vs wall, kernels by family).
 #   bash benchmarks/gpu_host_ab.sh TOKENIZER_DIR BASE_COMMIT     (logs go to ${OUT:-/tmp/pdserve-gpu})
+# Needs on PYTHONPATH what the device image lacks (llguidance, pyzmq: wheels installed as in
+# benchmarks/device_prep.sh); TOKENIZER_DIR holds the default model's tokenizer and config files only.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 LOG="${OUT:-/tmp/pdserve-gpu}"
