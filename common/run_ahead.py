@@ -71,11 +71,8 @@ def drain_reason(step: InFlightStep, scheduler: Scheduler) -> Drain | None:
     """None when the next step can be launched behind `step`; else why `step` must resolve first."""
     if scheduler.proposer is not None and scheduler.proposer.may_speculate(scheduler.running):
         return Drain.SPECULATE  # proposals read the host-side tokens: resolve, then speculate
-    for seq in scheduler.running:
-        if seq.seq_id in step.rows:
-            if seq.num_pending_tokens != 1:
-                return Drain.NEW_SEQUENCE
-        elif not joins_as_decode(seq):
+    for seq in scheduler.running:  # a sequence in `step.rows` holds that step's placeholder
+        if seq.seq_id not in step.rows and not joins_as_decode(seq):
             return Drain.NEW_SEQUENCE
         if needs_host_tokens(seq):
             return Drain.HOST_TOKENS

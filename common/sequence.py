@@ -132,9 +132,7 @@ class Sequence:
     def full_block_hashes(self, num_tokens: int | None = None) -> list[int]:
         """Hashes of the full blocks among the first `num_tokens` tokens (default: all)."""
         limit = len(self.token_ids) if num_tokens is None else num_tokens
-        extend_block_hashes(
-            self.block_hashes, self.token_ids, self.block_size, limit
-        )  # no copy of the tokens
+        extend_block_hashes(self.block_hashes, self.token_ids, self.block_size, limit)
         return self.block_hashes[: limit // self.block_size]
 
     # ---- verbs: the only writers of the token list and the cache counters -------------------------
