@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Host time hidden behind the GPU (issue 17, item 4), as ratios from one device call: the offline standard
-# workload and the decode-phase overlap at batch 1/64/256, a base commit's tree against this one's,
-# alternated, with the fused sampler (PDSERVE_FUSED_SAMPLING=1) as a third arm; then this tree's offline
-# profile (GPU busy vs wall, kernels by family).
+# workload, a base commit's tree against this one's, alternated, with this tree's options as more arms
+# (nolf: decode attention in row order, PDSERVE_DECODE_LONGEST_FIRST=0; newf: the fused sampler,
+# PDSERVE_FUSED_SAMPLING=1); then this tree's offline profile (GPU busy vs wall, kernels by family) and,
+# with OVERLAP=1, the decode-phase overlap at batch 1/64/256 per arm.
 #   bash benchmarks/gpu_host_ab.sh TOKENIZER_DIR BASE_COMMIT     (logs go to ${OUT:-/tmp/pdserve-gpu})
+#   ARMS="base new nolf newf" ROUNDS=2 choose the arms and how often each runs.
 # Needs on PYTHONPATH what the device image lacks (llguidance, pyzmq: wheels installed as in
 # benchmarks/device_prep.sh); TOKENIZER_DIR holds the default model's tokenizer and config files only.
 set -uo pipefail
@@ -19,18 +21,25 @@ rm -rf $BASE && mkdir -p $BASE && git archive "${2:?base commit}" | tar -x -C $B
 cp benchmarks/host_overlap.py benchmarks/offline_profile.py $BASE/benchmarks/  # the same measuring code
 git log --oneline -1
 arm() {  # arm NAME: run in the base tree or this one, with or without the fused sampler
-  case $1 in base) echo "$BASE X=1" ;; new) echo "$NEW X=1" ;; newf) echo "$NEW PDSERVE_FUSED_SAMPLING=1" ;; esac
+  case $1 in
+    base) echo "$BASE X=1" ;;
+    new) echo "$NEW X=1" ;;
+    nolf) echo "$NEW PDSERVE_DECODE_LONGEST_FIRST=0" ;;
+    newf) echo "$NEW PDSERVE_FUSED_SAMPLING=1" ;;
+  esac
 }
-for cfg in base new newf base new newf; do
+ARMS="${ARMS:-base new nolf newf}"
+for cfg in $(for _ in $(seq "${ROUNDS:-2}"); do echo $ARMS; done); do
   read -r D E <<<"$(arm $cfg)"
   echo "== offline $cfg"
   (cd $D && env $E python3 benchmarks/offline.py --model $M --quiet --engine-kwargs '{"max_num_seqs": 256}' \
       --json-out "$LOG/off_$cfg.json" 2>&1 | tail -2)
 done 2>&1 | tee "$LOG/offline_ab.txt"
-for cfg in base new newf; do
+PDSERVE_FUSED_SAMPLING=${PROFILE_FUSED:-0} python3 benchmarks/offline_profile.py --model $M --top 12 \
+    --json-out "$LOG/offprof.json" 2>&1 | grep -v "Loading\|arn" | tee "$LOG/offprof.txt"
+[ "${OVERLAP:-0}" = 1 ] || exit 0
+for cfg in $ARMS; do
   read -r D E <<<"$(arm $cfg)"
   echo "== host overlap $cfg"
   (cd $D && env $E python3 benchmarks/host_overlap.py --model $M --json-out "$LOG/overlap_$cfg.json" 2>&1 | tail -4)
 done 2>&1 | tee "$LOG/overlap.txt"
-PDSERVE_FUSED_SAMPLING=1 python3 benchmarks/offline_profile.py --model $M --top 12 --json-out "$LOG/offprof.json" \
-    2>&1 | grep -v "Loading\|arn" | tee "$LOG/offprof.txt"

@@ -46,6 +46,9 @@ class AttentionMetadata:
     seq_lens_host: list[int] | None = None
     # Each row's sequence id: lets the torch backend keep per-sequence state across decode steps.
     seq_ids_host: list[int] | None = None
+    # Decode rows longest first, made by the step's first attention layer that wants it and reused by
+    # the rest (the Triton backend's dispatch order; inside a CUDA graph the sort is captured once).
+    decode_order: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

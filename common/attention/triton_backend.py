@@ -26,8 +26,10 @@ import torch
 from common.attention.base import AttentionBackend, AttentionMetadata, StepKV
 from common.attention.triton_kernels.decode_attention import (
     choose_num_splits,
+    longest_first,
     num_sms,
     paged_decode_attention,
+    wants_order,
 )
 from common.attention.triton_kernels.prefill_attention import paged_prefill_attention
 from common.attention.triton_kernels.store_kv import store_kv
@@ -54,6 +56,8 @@ class TritonAttentionBackend(AttentionBackend):
             varlen_prefill = os.environ.get("PDSERVE_VARLEN_PREFILL") == "1"
         use_varlen = varlen_prefill
         self.varlen = find_varlen_api() if use_varlen else None
+        # Large decode batches dispatch their longest rows first (decode_attention.py); =0 for A/B runs.
+        self.longest_first = os.environ.get("PDSERVE_DECODE_LONGEST_FIRST", "1") != "0"
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping)
@@ -109,4 +113,11 @@ class TritonAttentionBackend(AttentionBackend):
         splits = self.decode_num_splits or choose_num_splits(
             q.shape[0], k_cache.shape[2], meta.max_seq_len, num_sms(q.device)
         )
-        return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, splits)
+        order = None
+        if self.longest_first and wants_order(q.shape[0], k_cache.shape[2], splits, num_sms(q.device)):
+            if meta.decode_order is None:
+                meta.decode_order = longest_first(meta.seq_lens)
+            order = meta.decode_order
+        return paged_decode_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, splits, order=order
+        )

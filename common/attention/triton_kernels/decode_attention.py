@@ -11,6 +11,12 @@ The merge used to be a second kernel; in a batch-1 CUDA-graph step that launch c
 The split length is computed on the device from each sequence's own length, so `num_splits` is only a
 parallelism knob: any value gives the same answer for any context length. That is what makes the path
 safe to capture in a CUDA graph with a split count chosen from host-known sizes at capture time.
+
+Longest first: programs are numbered (rank, KV head) with the KV head fastest, and with an `order`
+(the rows sorted by descending length, `longest_first`) rank r works on row order[r]. The GPU hands
+out programs roughly in that order, so a large batch of mixed lengths starts its longest programs first
+and the short ones fill the last wave; in row order a long sequence's heads could start last and run on
+alone while the other SMs idle. The order changes only when each program runs, never what it computes.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ def _decode_kernel(
     part_ptr,
     lse_ptr,
     counter_ptr,
+    order_ptr,
     qk_scale,
     num_splits,
     stride_qb,
@@ -68,6 +75,8 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_D: tl.constexpr,
     TILE_N: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    ORDERED: tl.constexpr,  # order_ptr holds the rows longest first (see the module docstring)
     MERGE: tl.constexpr,  # num_splits > 1: compiled with the partial stores and the merge
     BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -76,9 +85,12 @@ def _decode_kernel(
     # Everything this kernel reads (q, the KV cache just stored, lengths) may come from the previous
     # kernels, and the counters are shared: nothing before the wait.
     pdl_wait(PDL)
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
+    rank = tl.program_id(0) // NUM_KV_HEADS
+    kvh = tl.program_id(0) % NUM_KV_HEADS
+    split = tl.program_id(1)
+    b = rank
+    if ORDERED:
+        b = tl.load(order_ptr + rank).to(tl.int32)
     seq_len = tl.load(seq_lens_ptr + b)
     # Split length from this sequence's own length, rounded to whole tiles (one tile at least, so a
     # zero-length padding row has one split, which writes zeros).
@@ -119,11 +131,11 @@ def _decode_kernel(
         else:
             # Scratch rows: partial [batch, num_heads, num_splits, HEAD_DIM], lse [batch, num_heads,
             # num_splits], both contiguous; `first` is this program's first head's split 0.
-            first = (b.to(tl.int64) * tl.num_programs(1) * GROUP + kvh * GROUP) * num_splits
+            first = (b.to(tl.int64) * NUM_KV_HEADS * GROUP + kvh * GROUP) * num_splits
             at = first + rows * num_splits + split
             tl.store(part_ptr + at[:, None] * HEAD_DIM + dims[None, :], out, mask=o_mask)
             tl.store(lse_ptr + at, lse, mask=row_mask)
-            counter = counter_ptr + b * tl.num_programs(1) + kvh
+            counter = counter_ptr + b * NUM_KV_HEADS + kvh
             if arrive(counter, used):  # the last split of this (sequence, KV head) merges them all
                 for g in tl.static_range(GROUP):
                     head_at = first + g * num_splits
@@ -228,8 +240,12 @@ def paged_decode_attention(
     scale: float,
     num_splits: int,
     out: torch.Tensor | None = None,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence: q [batch, num_heads, head_dim] -> [batch, num_heads, head_dim].
+
+    `order` ([batch] integers, a permutation of the rows, e.g. `longest_first(seq_lens)`) only sets
+    which rows' programs start first; the result is the same with or without it.
 
     One launch. Never synchronises with the host; scratch is allocated from host-known shapes only,
     so the call can be captured in a CUDA graph (the capture's memory pool then owns the scratch).
@@ -251,7 +267,7 @@ def paged_decode_attention(
         part = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
         counters = DECODE_COUNTERS.get(q.device, batch * num_kv_heads)
-    _decode_kernel[(batch, num_kv_heads, num_splits)](
+    _decode_kernel[(batch * num_kv_heads, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -261,6 +277,7 @@ def paged_decode_attention(
         part,
         lse,
         counters,
+        order if order is not None else seq_lens,
         scale * _LOG2E,
         num_splits,
         q.stride(0),
@@ -270,6 +287,8 @@ def paged_decode_attention(
         k_cache.stride(2),
         block_tables.stride(0),
         *out.stride()[:2],
+        NUM_KV_HEADS=num_kv_heads,
+        ORDERED=order is not None,
         MERGE=num_splits > 1,
         PDL=pdl,
         launch_pdl=pdl,
@@ -277,6 +296,18 @@ def paged_decode_attention(
         **_constants(q, k_cache, num_heads // num_kv_heads, head_dim),
     )
     return out
+
+
+def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:
+    """The rows ordered by descending context length: `paged_decode_attention`'s `order`. One small
+    sort on the device (no host sync, capturable in a CUDA graph); padding rows (length 0) come last."""
+    return torch.argsort(seq_lens, descending=True)
+
+
+def wants_order(batch: int, num_kv_heads: int, num_splits: int, num_sms: int) -> bool:
+    """Longest-first dispatch pays where the programs take more than one wave of SMs, i.e. a large
+    unsplit batch whose lengths differ; a small batch (the latency-bound steps) skips the sort."""
+    return num_splits == 1 and batch * num_kv_heads > num_sms
 
 
 def decode_tile_n(head_dim: int, element_size: int) -> int:

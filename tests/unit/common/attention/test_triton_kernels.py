@@ -24,7 +24,9 @@ from common.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from common.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from common.attention.triton_kernels.decode_attention import (  # noqa: E402
     choose_num_splits,
+    longest_first,
     paged_decode_attention,
+    wants_order,
 )
 from common.attention.triton_kernels.prefill_attention import paged_prefill_attention  # noqa: E402
 from common.attention.triton_kernels.store_kv import store_kv  # noqa: E402
@@ -225,6 +227,33 @@ def test_decode_zero_length_padding_sequence_is_finite():
         _assert_close(out[:1], ref[:1])
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_decode_longest_first_changes_nothing_but_the_dispatch_order(num_splits):
+    """Rows dispatched longest first (a zero-length padding row among them) give bit for bit the row
+    order's output: each program computes the same thing whenever it runs."""
+    gen = generator("decode-order", num_splits)
+    batch = 17 if INTERPRET else 300
+    seq_lens = _random_lengths(batch, MAX_CONTEXT, gen)
+    ctx = PagedContext(seq_lens, 16, NUM_KV_HEADS, HEAD_DIM, DTYPES[0], gen, DEVICE)
+    lens = ctx.meta([1] * batch, is_decode=True).seq_lens.clone()
+    lens[batch // 2] = 0
+    order = longest_first(lens)
+    assert lens[order].tolist() == sorted(lens.tolist(), reverse=True)
+    q = _random((batch, 2 * NUM_KV_HEADS, HEAD_DIM), DTYPES[0], gen)
+    args = (q, ctx.k_cache, ctx.v_cache, ctx.block_tables, lens, HEAD_DIM**-0.5, num_splits)
+    plain = paged_decode_attention(*args, out=_nan_like(q))
+    ordered = paged_decode_attention(*args, out=_nan_like(q), order=order)
+    assert torch.equal(ordered, plain)
+    assert torch.equal(ordered[batch // 2], torch.zeros_like(ordered[0]))
+
+
+def test_longest_first_only_for_unsplit_batches_over_one_program_per_sm():
+    assert wants_order(256, 8, 1, 132)
+    assert not wants_order(256, 8, 2, 132)  # split launches are many short programs already
+    assert not wants_order(16, 8, 1, 132)  # 128 programs: one wave, nothing to reorder
+    assert not wants_order(1, 8, 1, 132)  # the latency-bound batch-1 step skips the sort
+
+
 def test_choose_num_splits_fills_the_gpu_with_powers_of_two():
     assert choose_num_splits(256, 8, 4096, 132) == 1  # 2048 programs already fill 132 SMs
     assert choose_num_splits(1, 8, 4096, 132) == 32  # capped by the 128-token minimum per split
@@ -266,10 +295,11 @@ def test_backend_forward_chunked_prefill_then_decode(block_size):
 
 
 @pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_decode_is_graph_capturable_and_sync_free():
+@pytest.mark.parametrize("batch", [64, 160])  # 160 x 2 KV heads > 132 SMs: the longest-first sort is captured
+def test_decode_is_graph_capturable_and_sync_free(batch):
     """Capture decode once, then replay with longer contexts and new queries: the result must follow."""
-    gen = generator("graph")
-    batch, block_size, dtype = 64, 16, torch.bfloat16
+    gen = generator("graph", batch)
+    block_size, dtype = 16, torch.bfloat16
     ctx = PagedContext([1500] * batch, block_size, NUM_KV_HEADS, HEAD_DIM, dtype, gen, DEVICE)
     meta = ctx.meta([1] * batch, is_decode=True)
     meta.max_seq_len = 2048  # the runner's fixed bound at capture
@@ -279,6 +309,8 @@ def test_decode_is_graph_capturable_and_sync_free():
     torch.cuda.set_sync_debug_mode("error")
     try:
         backend.decode(q, ctx.k_cache, ctx.v_cache, meta, 0.1)  # warm-up compiles outside the capture
+        assert (meta.decode_order is not None) == (batch == 160)
+        meta.decode_order = None  # a new step's metadata: the capture records its own sort
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = backend.decode(q, ctx.k_cache, ctx.v_cache, meta, 0.1)
