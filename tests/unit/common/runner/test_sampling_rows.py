@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 
 from common.runner.inputs import prepare_sampling, sampling_rows
@@ -44,23 +45,37 @@ def test_the_cpu_keeps_the_torch_path_for_plain_rows():
     assert Sampler()(logits, batch).token_ids.tolist() == [1, 0]
 
 
-def test_the_kernel_runs_only_when_opted_in(monkeypatch):
-    """Where Triton is usable, the fused kernel still waits for PDSERVE_FUSED_SAMPLING=1 (it costs
-    more host time than it saves at small batches)."""
+def _kernel_taken(monkeypatch, mode: str | None, params: SamplingParams) -> bool:
+    """Whether Sampler() takes the fused kernel for one row with `params` where Triton is usable."""
     from common.runner import sampler as sampler_module
 
     monkeypatch.setattr(sampler_module, "use_fused", lambda logits: True)
     taken = []
     monkeypatch.setattr(Sampler, "_fused", lambda self, logits, batch, plain: taken.append(1))
-    seqs = _seqs(SamplingParams(temperature=0))
-    batch = prepare_sampling(seqs, 4, torch.device("cpu"))
-    logits = torch.tensor([[0.0, 2.0, 1.0, 0.5]])
-    monkeypatch.delenv("PDSERVE_FUSED_SAMPLING", raising=False)
-    assert Sampler()(logits, batch).token_ids.tolist() == [1] and not taken
-    monkeypatch.setenv("PDSERVE_FUSED_SAMPLING", "1")
+    if mode is None:
+        monkeypatch.delenv("PDSERVE_FUSED_SAMPLING", raising=False)
+    else:
+        monkeypatch.setenv("PDSERVE_FUSED_SAMPLING", mode)
+    batch = prepare_sampling(_seqs(params), 4, torch.device("cpu"))
     with contextlib.suppress(AttributeError):  # the stub returns no tokens
-        Sampler()(logits, batch)
-    assert taken
+        Sampler()(torch.tensor([[0.0, 2.0, 1.0, 0.5]]), batch)
+    return bool(taken)
+
+
+def test_the_kernel_takes_sampling_batches_by_default_and_follows_the_flag(monkeypatch):
+    """By default (auto) a batch that samples takes the kernel and an all-greedy one keeps torch's
+    argmax (cheaper to launch); PDSERVE_FUSED_SAMPLING=1 takes it for both, =0 for neither."""
+    greedy, sampled = SamplingParams(temperature=0), SamplingParams(temperature=0.7)
+    want = {None: (False, True), "auto": (False, True), "1": (True, True), "0": (False, False)}
+    for mode, (for_greedy, for_sampled) in want.items():
+        assert _kernel_taken(monkeypatch, mode, greedy) is for_greedy, mode
+        assert _kernel_taken(monkeypatch, mode, sampled) is for_sampled, mode
+
+
+def test_an_unknown_fused_sampling_mode_is_refused(monkeypatch):
+    monkeypatch.setenv("PDSERVE_FUSED_SAMPLING", "yes")
+    with pytest.raises(ValueError, match="PDSERVE_FUSED_SAMPLING"):
+        Sampler()
 
 
 def test_logprobs_only_for_the_rows_that_ask():
