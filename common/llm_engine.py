@@ -114,7 +114,9 @@ class LLMEngine:
         if proposer is not None:
             costs = self.runner.step_costs()
             proposer.clock = StepClock(costs) if costs is not None else None
-            proposer.skip_after_no_match = SKIP_AFTER_NO_MATCH if self.async_scheduling else 0
+            # Proposing drains a run-ahead pipeline unless the proposer can propose behind it.
+            drains = self.async_scheduling and not proposer.proposes_behind
+            proposer.skip_after_no_match = SKIP_AFTER_NO_MATCH if drains else 0
         self.scheduler.proposer = proposer
 
     @classmethod
@@ -193,6 +195,8 @@ class LLMEngine:
             result.updates = updates + self._resolve(set())
             return result
         t1 = time.perf_counter()
+        # A verification launched behind the in-flight step waits for that step like a drain does.
+        drained |= self._in_flight is not None and batch.num_draft_tokens > 0
         rows = run_ahead.src_rows(self._in_flight, batch.seqs) if self._in_flight is not None else None
         handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
         updates += self._resolve({s.seq_id for s in batch.seqs})
@@ -218,7 +222,8 @@ class LLMEngine:
         Only plain decode steps that ran ahead (or any, when no step does) and verification steps are
         timed: the two it compares. A step that first drained a run-ahead step waits there for that
         step's device work, so the drained step's own interval is cut short (not recorded) and one
-        plain step of its size is taken off the draining step's."""
+        plain step of its size is taken off the draining step's (a verification launched behind a
+        run-ahead step counts as draining it: it ends after that step's device work too)."""
         clock = self.scheduler.proposer.clock if self.scheduler.proposer is not None else None
         if clock is None:
             return

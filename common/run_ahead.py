@@ -12,10 +12,12 @@ Invariants:
   launched behind one when its running sequences are the in-flight ones plus sequences whose next
   input token is already on the host (`joins_as_decode`: a decode worker's requests whose KV just
   arrived; their rows read the host token, `src_rows` -1), and nothing needs token values on the
-  host first (logprobs, penalties, a batch the speculative proposer wants to propose for:
-  `Proposer.may_speculate`). That next step may admit waiting requests: a prefill-carrying step is
-  launched behind the in-flight step (its placeholder rows read the device tokens, the runner maps
-  each sequence's source to its last scheduled token), then runs synchronously.
+  host first (logprobs, penalties, a batch a proposer that needs every token on the host wants to
+  propose for: `Proposer.may_speculate`). That next step may admit waiting requests or verify drafts
+  proposed one step behind (`Proposer.proposes_behind`, the n-gram lookup): such a step is launched
+  behind the in-flight step (its placeholder rows read the device tokens, the runner maps each
+  sequence's source to its placeholder, the last scheduled token but its drafts), then runs
+  synchronously.
 * A sequence whose in-flight token is its last by length (`max_tokens`, the model's context) is not
   scheduled again (`Scheduler` skips it: `stopping.finishes_in_flight`): the next step runs ahead
   without it instead of draining the pipeline, and `resolve` finishes it.
@@ -69,7 +71,8 @@ class Drain(StrEnum):
 
 def drain_reason(step: InFlightStep, scheduler: Scheduler) -> Drain | None:
     """None when the next step can be launched behind `step`; else why `step` must resolve first."""
-    if scheduler.proposer is not None and scheduler.proposer.may_speculate(scheduler.running):
+    proposer = scheduler.proposer
+    if proposer is not None and not proposer.proposes_behind and proposer.may_speculate(scheduler.running):
         return Drain.SPECULATE  # proposals read the host-side tokens: resolve, then speculate
     for seq in scheduler.running:  # a sequence in `step.rows` holds that step's placeholder
         if seq.seq_id not in step.rows and not joins_as_decode(seq):

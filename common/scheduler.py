@@ -197,7 +197,7 @@ class Scheduler:
         updates: list[SeqUpdate] = []
         for seq, tokens, logprobs in zip(seqs, output.sampled, output.logprobs, strict=True):
             if seq.is_finished:
-                seq.truncate(len(seq) - seq.num_pending_tokens)
+                seq.truncate(seq.num_known_tokens)
                 continue
             new_tokens = self._place(seq, tokens)
             self.block_manager.commit(seq)
@@ -220,7 +220,7 @@ class Scheduler:
     def _check_stops(self, seq: Sequence, new_tokens: list[int], defer_free: bool) -> list[SeqUpdate]:
         """One update per new token; the first stop ends `seq` there (later tokens are dropped)."""
         cfg = self.config
-        length = len(seq) - seq.num_pending_tokens - len(new_tokens)  # before the first new token
+        length = seq.num_known_tokens - len(new_tokens)  # before the first new token (drafts may follow)
         stop = first_stop(seq, new_tokens, length, cfg.eos_token_ids, cfg.max_model_len)
         if stop is None and len(new_tokens) == 1 and cfg.role != "prefill":
             return [SeqUpdate(seq, new_tokens[0], False)]  # the common case, without the general walk

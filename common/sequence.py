@@ -36,9 +36,10 @@ class Sequence:
 
     Invariants: `num_cached_tokens + num_scheduled_tokens <= len(token_ids)`; the block table covers
     at least that many slots while running; `block_hashes[i]` is the chained hash of full block i of
-    `token_ids` (computed lazily, only ever for tokens that exist); the last `num_pending_tokens`
-    tokens are run-ahead placeholders and the last `num_draft_tokens` are unverified speculative
-    proposals (never both at once).
+    `token_ids` (computed lazily, only ever for tokens that exist); the last `num_draft_tokens`
+    tokens are unverified speculative proposals and the `num_pending_tokens` before them run-ahead
+    placeholders (drafts follow a placeholder when they were proposed one step behind, for a
+    verification launched behind the step that samples the placeholder).
 
     Ownership: tokens and the cache counters change only through the verbs below (`schedule`,
     `commit_scheduled`, `append_token(s)`, `truncate`, `rollback_cache`, the placeholder and draft
@@ -106,8 +107,13 @@ class Sequence:
 
     @property
     def completion_token_ids(self) -> list[int]:
-        """Generated tokens known on the host (a run-ahead step's placeholder is excluded)."""
-        return self.token_ids[self.num_prompt_tokens : len(self.token_ids) - self.num_pending_tokens]
+        """Generated tokens known on the host (a run-ahead step's placeholder and drafts excluded)."""
+        return self.token_ids[self.num_prompt_tokens : self.num_known_tokens]
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose values are settled on the host: all but the trailing placeholders and drafts."""
+        return len(self.token_ids) - self.num_pending_tokens - self.num_draft_tokens
 
     @property
     def prompt_token_ids(self) -> list[int]:
@@ -179,8 +185,9 @@ class Sequence:
         del self.block_hashes[length // self.block_size :]
         self.rollback_cache(length)
         self.num_scheduled_tokens = min(self.num_scheduled_tokens, length - self.num_cached_tokens)
-        self.num_draft_tokens = max(0, self.num_draft_tokens - removed)
-        self.num_pending_tokens = max(0, self.num_pending_tokens - removed)
+        drafts_removed = min(removed, self.num_draft_tokens)  # the drafts come last
+        self.num_draft_tokens -= drafts_removed
+        self.num_pending_tokens = max(0, self.num_pending_tokens - (removed - drafts_removed))
 
     def append_placeholder(self) -> None:
         """Run-ahead: the next token is sampled on the device and known on the host only later."""
@@ -191,7 +198,7 @@ class Sequence:
         """The oldest placeholder's value arrived; returns the token's position."""
         if self.num_pending_tokens == 0:
             raise ValueError(f"sequence {self.seq_id} has no pending placeholder")
-        position = len(self.token_ids) - self.num_pending_tokens
+        position = self.num_known_tokens
         self.token_ids[position] = token_id
         self.num_pending_tokens -= 1
         return position

@@ -1,7 +1,9 @@
 """Speculative decoding with n-gram prompt lookup: propose, verify in one target pass, roll back.
 
 Proposal: the last n generated-or-prompt tokens (n from `max_n` down to `min_n`) are looked up in
-the sequence's earlier tokens; what followed the most recent match is proposed, up to k tokens.
+the sequence's earlier tokens; what followed the most recent match is proposed, up to k tokens. A
+match p tokens back says the text repeats with period p, so where the known tokens run out the
+proposal goes on around the period (`periodic`): a loop of one token proposes k copies of it.
 
 Verification is exact by construction. The proposer is a point mass q = 1{x = d_i}, so the rule
 "accept d_i with probability min(1, p(d_i)/q(d_i)) = p(d_i), else sample from norm(max(0, p - q))"
@@ -54,16 +56,23 @@ class SpeculativeConfig:
 
 
 def ngram_propose(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the longest suffix n-gram
-    (the reference for `NgramIndex`, which gives the same answer incrementally)."""
+    """k tokens continuing the most recent earlier occurrence of the longest suffix n-gram (the
+    reference for `NgramIndex`, which gives the same answer incrementally)."""
     length = len(tokens)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         pattern = tokens[length - n :]
         # Scan backwards for the most recent match that is not the suffix itself.
         for start in range(length - n - 1, -1, -1):
             if tokens[start : start + n] == pattern:
-                return tokens[start + n : start + n + k]
+                return periodic(tokens, start + n - 1, length, k)
     return []
+
+
+def periodic(tokens: list[int], end: int, length: int, k: int) -> list[int]:
+    """k tokens after `tokens[:length]` when its suffix repeats the n-gram ending at `end`: the tokens
+    that followed that n-gram, repeated with period `length - 1 - end` past the known ones."""
+    period = length - 1 - end
+    return [tokens[end + 1 + i % period] for i in range(k)]
 
 
 class NgramIndex:
@@ -76,8 +85,10 @@ class NgramIndex:
         self.last_end: dict[tuple[int, ...], int] = {}
         self.indexed = 0  # n-grams ending at positions < indexed are in `last_end`
 
-    def propose(self, tokens: list[int], k: int) -> list[int]:
-        length = len(tokens)
+    def propose(self, tokens: list[int], k: int, length: int | None = None) -> list[int]:
+        """k tokens continuing the latest earlier match of the suffix of `tokens[:length]` (default:
+        all of them), or none when the suffix never occurred before."""
+        length = len(tokens) if length is None else length
         if length - 1 < self.indexed:  # the tokens shrank below the index (not expected): rebuild
             self.last_end.clear()
             self.indexed = 0
@@ -86,21 +97,17 @@ class NgramIndex:
                 self.last_end[tuple(tokens[end - n + 1 : end + 1])] = end
         self.indexed = max(self.indexed, length - 1)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
-            end = self.last_end.get(tuple(tokens[length - n :]))
+            end = self.last_end.get(tuple(tokens[length - n : length]))
             if end is not None:
-                return tokens[end + 1 : end + 1 + k]
+                return periodic(tokens, end, length, k)
         return []
 
 
 def can_speculate_later(seq: Sequence) -> bool:
     """The request's sampling allows speculation (its per-row state would not include the drafts
-    otherwise); `can_speculate` also needs its tokens on the host now."""
+    otherwise); `Proposer.ready` also needs its tokens on the host now, or one step behind."""
     p = seq.sampling_params
     return not p.reads_token_history and p.min_tokens == 0
-
-
-def can_speculate(seq: Sequence) -> bool:
-    return can_speculate_later(seq) and seq.num_pending_tokens == 0
 
 
 def is_waiting(seq: Sequence) -> bool:
@@ -115,8 +122,8 @@ def wait(seq: Sequence, steps: int) -> None:
     seq.spec_resume_at = seq.num_completion_tokens + steps
 
 
-# Steps a sequence waits after finding no n-gram match when the engine runs ahead: each skipped step
-# may run ahead, where a proposal needs a synced one.
+# Steps a sequence waits after finding no match when proposing drains a run-ahead engine (a proposer
+# that does not propose behind): each skipped step may run ahead, where a proposal needs a synced one.
 SKIP_AFTER_NO_MATCH = 4
 _MAX_SKIP_STEPS = 16
 
@@ -128,7 +135,15 @@ class Proposer:
     Drafts must be a deterministic function of the sequence's tokens (a point-mass proposal), which
     is what makes `accept_drafts` exact. `clock` (measured step costs, set and fed by the engine on a
     device with CUDA graphs) turns on the cost-based batch decision of `common.spec_policy`; without
-    it the fixed `config.max_batch` rule applies."""
+    it the fixed `config.max_batch` rule applies.
+
+    `proposes_behind`: the proposer can draft for a sequence whose last token is still a run-ahead
+    placeholder, from the tokens before it (`draft` then guesses past the placeholder). Its drafts are
+    verified in a step launched behind the run-ahead step that samples the placeholder, so
+    speculation does not drain the pipeline first; verification stays exact, since the placeholder
+    row reads the real token on the device and each draft is checked against the target's sample."""
+
+    proposes_behind = False
 
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         self.config = config
@@ -150,7 +165,7 @@ class Proposer:
         """Drafts to propose for a decoding sequence: its adaptive draft length capped so the verified
         run never passes max_tokens or max_model_len (the accepted drafts plus one sampled token must
         fit); 0 when it cannot speculate now."""
-        if not can_speculate(seq):
+        if not self.ready(seq):
             return 0
         return max(
             0,
@@ -187,6 +202,12 @@ class Proposer:
         for seq, d in chosen:
             seq.add_drafts(d)
 
+    def ready(self, seq: Sequence) -> bool:
+        """The sequence may propose now: its sampling allows it and its tokens are on the host (or
+        all but a last placeholder, for a proposer that `proposes_behind`)."""
+        pending = seq.num_pending_tokens
+        return can_speculate_later(seq) and (pending == 0 or (pending == 1 and self.proposes_behind))
+
     def may_speculate(self, running: list[Sequence]) -> bool:
         """Could this step's batch speculate? False lets the engine run the step ahead (run-ahead
         leaves the last token on the device, where no proposal can read it)."""
@@ -206,7 +227,7 @@ class Proposer:
         if not self._could_pay(running):
             return []
         decoding = [s for s in running if s.num_uncomputed_tokens == 1 and s.num_completion_tokens > 0]
-        if not any(not is_waiting(s) and can_speculate(s) for s in decoding):
+        if not any(not is_waiting(s) and self.ready(s) for s in decoding):
             return []
         wanted = [(seq, room) for seq in decoding if (room := self.room(seq)) > 0]
         if self.clock is not None and wanted:
@@ -225,6 +246,8 @@ class Proposer:
 
 
 class NgramProposer(Proposer):
+    proposes_behind = True  # a lookup needs only the tokens before the placeholder
+
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         super().__init__(config, max_model_len)
         self.indexes: dict[int, NgramIndex] = {}
@@ -233,6 +256,8 @@ class NgramProposer(Proposer):
         index = self.indexes.get(seq.seq_id)
         if index is None:
             index = self.indexes[seq.seq_id] = NgramIndex(self.config.max_n, self.config.min_n)
+        if seq.num_pending_tokens:  # the match's first token guesses the placeholder: draft past it
+            return index.propose(seq.token_ids, room + 1, len(seq) - seq.num_pending_tokens)[1:]
         return index.propose(seq.token_ids, room)
 
     def release(self, seq: Sequence) -> None:

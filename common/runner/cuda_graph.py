@@ -134,7 +134,8 @@ def fill_rows(
 ) -> None:
     """Write one step's rows into the host views: sequence i owns `q_lens[i]` consecutive rows, its
     last tokens, each with its own position, slot and context length; rows past the end up to the
-    captured size `bs` are padding. `src_rows[i]` (run-ahead) applies to sequence i's last row."""
+    captured size `bs` are padding. `src_rows[i]` (run-ahead) applies to sequence i's placeholder row:
+    its last but the drafts that may follow it."""
     if len(q_lens) == sum(q_lens):  # plain decode: one row per sequence, its last token
         lengths = [len(s) for s in seqs]
         ids = [s.token_ids[-1] for s in seqs]
@@ -154,7 +155,10 @@ def fill_rows(
     v.seq_lens[n:bs] = 1
     v.src_rows[:bs] = -1
     if src_rows is not None:
-        v.src_rows[np.cumsum(q_lens) - 1] = src_rows
+        last = np.cumsum(q_lens) - 1
+        if len(q_lens) != n:  # verification rows: a placeholder's drafts come after it
+            last -= np.fromiter((s.num_draft_tokens for s in seqs), dtype=last.dtype, count=len(seqs))
+        v.src_rows[last] = src_rows
 
 
 def _multi_rows(

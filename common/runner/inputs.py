@@ -109,13 +109,15 @@ def plan_step(seqs: list[Sequence], block_size: int, is_decode: bool, decode_len
 def flat_sources(seqs: list[Sequence], src_rows: list[int]) -> list[int]:
     """Per flat input token of an eager step launched behind a run-ahead step: the row of that step's
     sampled tokens that is the token's value, or -1 (the host token). `src_rows[i]` belongs to
-    sequence i's last scheduled token: a placeholder is always a sequence's last token."""
+    sequence i's placeholder: its last scheduled token but the drafts that may follow it."""
     if all(s.num_scheduled_tokens == 1 for s in seqs):
         return src_rows
     flat: list[int] = []
     for seq, row in zip(seqs, src_rows, strict=True):
-        flat.extend([-1] * (seq.num_scheduled_tokens - 1))
+        drafts = seq.num_draft_tokens
+        flat.extend([-1] * (seq.num_scheduled_tokens - 1 - drafts))
         flat.append(row)
+        flat.extend([-1] * drafts)
     return flat
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from common.runner.cuda_graph import _ROW_FIELDS, _Views, fill_rows, prepare_rows, query_lens, sampled_rows
-from common.runner.inputs import plan_step
+from common.runner.inputs import flat_sources, plan_step
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 
@@ -67,6 +67,22 @@ def test_run_ahead_source_applies_to_the_last_row():
     fill_rows(v, seqs, [1, 2], 4, [5, 6], BLOCK)
     assert v.src_rows[:4].tolist() == [5, -1, 6, -1]
     assert torch.tensor(v.input_ids[:3]).min() >= 0
+
+
+def test_run_ahead_source_applies_to_the_placeholder_before_its_drafts():
+    """A verification launched behind a run-ahead step: the placeholder row reads the device token,
+    the drafts after it their own ids; the eager step's per-token sources agree."""
+    behind = _seq(6, 5, [], 10)
+    behind.truncate(5)
+    behind.append_placeholder()
+    behind.add_drafts([7, 8])
+    behind.schedule(3)
+    seqs = [_seq(9, 8, [], 0), behind]
+    v = _views(8, 4)
+    fill_rows(v, seqs, [1, 3], 4, [5, 6], BLOCK)
+    assert v.src_rows[:4].tolist() == [5, 6, -1, -1]
+    assert v.input_ids[2:4].tolist() == [7, 8] and v.positions[1:4].tolist() == [5, 6, 7]
+    assert flat_sources(seqs, [5, 6]) == [5, 6, -1, -1]
 
 
 def test_table_rows_rewrite_exactly_what_changed():

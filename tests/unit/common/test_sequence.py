@@ -18,7 +18,7 @@ def _seq(n: int) -> Sequence:
 def _invariants(seq: Sequence) -> None:
     assert 0 <= seq.num_cached_tokens + seq.num_scheduled_tokens <= len(seq)
     assert seq.block_hashes == block_hashes(seq.token_ids, BS)[: len(seq.block_hashes)]
-    assert not (seq.num_draft_tokens and seq.num_pending_tokens)
+    assert 0 <= seq.num_known_tokens <= len(seq)
 
 
 def test_schedule_and_commit():
@@ -84,4 +84,26 @@ def test_placeholders_resolve_in_order_and_truncate_drops_them():
         seq.resolve_placeholder(1)
     seq.append_placeholder()
     seq.truncate(6)  # an aborted sequence drops its in-flight token
+    assert seq.num_pending_tokens == 0 and PLACEHOLDER not in seq.token_ids
+
+
+def test_drafts_after_a_placeholder():
+    """Drafts proposed one step behind follow the run-ahead placeholder: it resolves in place, a
+    stop at it drops the drafts, and neither counts as a known completion token."""
+    seq = _seq(5)
+    seq.schedule(5)
+    seq.commit_scheduled()
+    seq.append_placeholder()
+    seq.add_drafts([7, 8])
+    assert seq.num_known_tokens == 5 and seq.completion_token_ids == []
+    assert seq.resolve_placeholder(42) == 5
+    assert seq.token_ids[5:] == [42, 7, 8] and seq.num_draft_tokens == 2
+    assert seq.completion_token_ids == [42] and seq.num_known_tokens == 6
+    seq.truncate(6)  # a stop at the placeholder's token drops the drafts after it
+    assert seq.num_draft_tokens == 0 and seq.token_ids[-1] == 42
+    seq.append_placeholder()
+    seq.add_drafts([9, 9])
+    seq.truncate(7)  # the drafts go first from the end, then the placeholder
+    assert (seq.num_pending_tokens, seq.num_draft_tokens) == (1, 0)
+    seq.truncate(6)
     assert seq.num_pending_tokens == 0 and PLACEHOLDER not in seq.token_ids

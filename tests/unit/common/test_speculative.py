@@ -19,7 +19,8 @@ def test_ngram_propose_takes_the_most_recent_longest_match():
     assert ngram_propose(tokens, 3, max_n=3, min_n=1) == [7, 8, 5]
     assert ngram_propose(tokens, 2, max_n=3, min_n=1) == [7, 8]
     assert ngram_propose([4, 5, 6], 3, max_n=3, min_n=1) == []  # nothing repeats
-    assert ngram_propose([5, 6, 5], 4, max_n=2, min_n=1) == [6, 5]  # falls back to a 1-gram
+    assert ngram_propose([5, 6, 5], 4, max_n=2, min_n=1) == [6, 5, 6, 5]  # a 1-gram, period 2
+    assert ngram_propose([1, 7, 7, 7], 3, max_n=3, min_n=1) == [7, 7, 7]  # a loop of one token
 
 
 def test_ngram_index_answers_as_the_scan_does():
@@ -54,8 +55,31 @@ def _registered_hashes_are_real(llm: LLM, seqs_tokens: list[list[int]]) -> None:
     assert set(llm.engine.block_manager.hash_to_block) <= real
 
 
-@pytest.mark.parametrize(("k", "kv_blocks"), [(1, 256), (2, 256), (4, 256), (8, 256), (4, 14)])
-def test_greedy_outputs_identical_with_speculation(tiny_model_dirs, k, kv_blocks):
+def _count_verifications_behind(llm: LLM, monkeypatch) -> list[int]:
+    """Records, per step launched behind a run-ahead step (`src_rows` given) that verifies drafts,
+    how many drafts it verifies."""
+    behind: list[int] = []
+    runner = llm.engine.runner
+    original = runner.launch
+
+    def launch(seqs, is_decode, src_rows=None):
+        drafts = sum(s.num_draft_tokens for s in seqs)
+        if src_rows is not None and drafts:
+            behind.append(drafts)
+        return original(seqs, is_decode, src_rows)
+
+    monkeypatch.setattr(runner, "launch", launch)
+    return behind
+
+
+@pytest.mark.parametrize(
+    ("k", "kv_blocks", "run_ahead_on"),
+    [(1, 256, False), (2, 256, False), (4, 256, False), (8, 256, False), (4, 14, False)]
+    + [(1, 256, True), (4, 256, True), (8, 256, True), (4, 14, True)],
+)
+def test_greedy_outputs_identical_with_speculation(tiny_model_dirs, k, kv_blocks, run_ahead_on, monkeypatch):
+    """With run-ahead on, n-gram drafts are proposed one step behind and verified in steps launched
+    behind the run-ahead step (no drain first); outputs stay identical either way, with preemption."""
     prompts = _repetitive_prompts(6, seed=k)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (30, 17, 40, 8, 25, 33)]
     plain = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=256)
@@ -66,22 +90,32 @@ def test_greedy_outputs_identical_with_speculation(tiny_model_dirs, k, kv_blocks
         kvcache_block_size=16,
         speculative="ngram",
         num_speculative_tokens=k,
+        async_scheduling=run_ahead_on,
     )
+    behind = _count_verifications_behind(spec, monkeypatch)
     outs = [o["token_ids"] for o in spec.generate(prompts, params, use_tqdm=False)]
     assert outs == expected
     stats = spec.engine.scheduler.spec_stats
     assert stats.proposed > 0 and stats.accepted > 0
+    assert bool(behind) == run_ahead_on
+    assert "speculate" not in spec.engine.timings.drains
     bm = spec.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     _registered_hashes_are_real(spec, [p + o for p, o in zip(prompts, outs, strict=True)])
 
 
-def test_stop_inside_an_accepted_run(tiny_model_dirs):
-    """max_tokens and stop ids that fall inside a run of accepted drafts end the output exactly there."""
+@pytest.mark.parametrize("run_ahead_on", [False, True])
+def test_stop_inside_an_accepted_run(tiny_model_dirs, run_ahead_on):
+    """max_tokens and stop ids that fall inside a run of accepted drafts end the output exactly there
+    (with run-ahead also where the stop is the placeholder that drafts proposed behind it follow)."""
     prompts = _repetitive_prompts(4, seed=11)
     plain = LLM(tiny_model_dirs["qwen2"], num_kvcache_blocks=256)
     spec = LLM(
-        tiny_model_dirs["qwen2"], num_kvcache_blocks=256, speculative="ngram", num_speculative_tokens=8
+        tiny_model_dirs["qwen2"],
+        num_kvcache_blocks=256,
+        speculative="ngram",
+        num_speculative_tokens=8,
+        async_scheduling=run_ahead_on,
     )
     free = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     reference = [o["token_ids"] for o in plain.generate(prompts, free, use_tqdm=False)]
@@ -108,6 +142,17 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_model_dirs):
     # Binned so that every category is seen ~40+ times, two samples of 1500 from one distribution
     # differ by about 0.03 in total variation; a verifier that skewed towards the proposals would
     # move far more mass.
+    assert tv < 0.08, tv
+
+
+def test_sampled_outputs_follow_the_target_distribution_behind_run_ahead(tiny_model_dirs):
+    """The same comparison with run-ahead on: drafts proposed one step behind, verified behind the
+    run-ahead step that samples the token they follow."""
+    n = 1500
+    tv, accepted, rejected = two_sample_total_variation(
+        tiny_model_dirs["qwen3"], n=n, max_num_seqs=n, speculative_max_batch=n, async_scheduling=True
+    )
+    assert accepted > 100 and rejected > 100
     assert tv < 0.08, tv
 
 
