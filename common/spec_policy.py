@@ -23,6 +23,10 @@ from common.sequence import Sequence
 # Acceptance counts decay by this factor per verification, so the draft length follows the text the
 # sequence is writing now (copying, then free prose, then copying again).
 _DECAY = 0.7
+# A sequence's record fades by this factor per token it gains without a verification, so one that
+# stopped speculating after misses tries again later (the text it writes may have turned to copying):
+# after 10 such tokens its record weighs a third.
+_IDLE_DECAY = 0.9
 # Weight of the newest step in a size's moving average of observed step times.
 _STEP_EMA = 0.2
 # An observed step this many times slower than the current estimate is a one-off and is not learned.
@@ -140,15 +144,23 @@ class StepClock:
 
 
 def acceptance_rate(seq: Sequence) -> float:
-    """Estimated chance that the sequence's next draft token is accepted (Laplace-smoothed, decayed)."""
-    return (seq.spec_accepted + 1.0) / (seq.spec_accepted + seq.spec_rejected + 2.0)
+    """Estimated chance that the sequence's next draft token is accepted (Laplace-smoothed, decayed
+    per verification and faded by the tokens gained since the last one)."""
+    idle = seq.num_completion_tokens - seq.spec_verified_at
+    fade = _IDLE_DECAY**idle if idle > 0 else 1.0
+    accepted, rejected = fade * seq.spec_accepted, fade * seq.spec_rejected
+    return (accepted + 1.0) / (accepted + rejected + 2.0)
 
 
 def record_acceptance(seq: Sequence, proposed: int, accepted: int) -> None:
     """Fold one verification into the sequence's record: `accepted` hits and, unless every draft was
-    accepted, one miss (the first rejected draft ends the run; later drafts say nothing)."""
-    seq.spec_accepted = _DECAY * seq.spec_accepted + accepted
-    seq.spec_rejected = _DECAY * seq.spec_rejected + (1.0 if accepted < proposed else 0.0)
+    accepted, one miss (the first rejected draft ends the run; later drafts say nothing). Call it once
+    the verification's tokens (the accepted drafts and the sampled one) are appended."""
+    idle = seq.num_completion_tokens - (accepted + 1) - seq.spec_verified_at
+    fade = _DECAY * (_IDLE_DECAY**idle if idle > 0 else 1.0)
+    seq.spec_accepted = fade * seq.spec_accepted + accepted
+    seq.spec_rejected = fade * seq.spec_rejected + (1.0 if accepted < proposed else 0.0)
+    seq.spec_verified_at = seq.num_completion_tokens
 
 
 def draft_length(seq: Sequence, max_tokens: int) -> int:

@@ -186,3 +186,19 @@ def test_a_rejected_proposal_waits_about_one_over_acceptance_decode_steps():
         seq.append_token(5)
         steps += 1
     assert steps == expected > 1
+
+
+def test_a_record_of_misses_fades_while_the_sequence_writes_unverified():
+    """A sequence whose drafts kept failing stops speculating; as it writes on without verifications
+    its record fades back towards the prior, so it proposes again when its text may have changed."""
+    seq = _seq()
+    for _ in range(6):
+        seq.append_token(5)
+        record_acceptance(seq, proposed=4, accepted=0)
+    low = acceptance_rate(seq)
+    assert low < 0.25 and draft_length(seq, 8) == 1
+    seq.append_tokens([5] * 30)  # plain decode steps, no verification
+    assert 0.45 < acceptance_rate(seq) <= 0.5 and draft_length(seq, 8) == 2
+    seq.append_token(5)
+    record_acceptance(seq, proposed=2, accepted=0)  # a new miss counts in full again
+    assert acceptance_rate(seq) < 0.5
