@@ -61,4 +61,5 @@ def length_exhausted(seq: Sequence, length: int, max_model_len: int) -> bool:
 def finishes_in_flight(seq: Sequence, max_model_len: int) -> bool:
     """A run-ahead placeholder (a token still on the device) is `seq`'s last token by length, so the
     sequence needs no further step: the step's resolve finishes it."""
-    return seq.num_pending_tokens > 0 and length_exhausted(seq, len(seq) - seq.num_draft_tokens, max_model_len)
+    length = len(seq) - seq.num_draft_tokens  # drafts proposed behind it are not tokens yet
+    return seq.num_pending_tokens > 0 and length_exhausted(seq, length, max_model_len)

@@ -52,14 +52,15 @@ def _always_speculate(llm: LLM) -> None:
     llm.engine.scheduler.proposer.clock = None
 
 
-def _count_graph_verifications(llm: LLM) -> list[int]:
-    """Wrap the graph runner: the returned list grows by one per graph step that verified drafts."""
+def _count_graph_verifications(llm: LLM) -> list[bool]:
+    """Wrap the graph runner: the returned list grows by one per graph step that verified drafts,
+    True where that step was launched behind a run-ahead step (its placeholders read device tokens)."""
     graphs, calls = llm.engine.runner.graphs, []
     run = graphs.run
 
     def counting(seqs, q_lens, src_rows=None):
         if any(q > 1 for q in q_lens):
-            calls.append(sum(q_lens))
+            calls.append(src_rows is not None and any(r >= 0 for r in src_rows))
         return run(seqs, q_lens, src_rows)
 
     graphs.run = counting
@@ -83,6 +84,8 @@ def test_fp32_greedy_identical_with_ngram_verification_in_graphs(model_dir, plai
     assert _generate(llm) == plain_outputs
     stats = llm.engine.scheduler.spec_stats
     assert stats.accepted > 0 and verified, (stats, verified)
+    assert any(verified), "no verification was launched behind a run-ahead step"
+    assert "speculate" not in llm.engine.timings.drains
 
 
 def test_fp32_greedy_identical_with_a_draft_model_on_graphs(model_dir, plain_outputs):
@@ -96,12 +99,13 @@ def test_fp32_greedy_identical_with_a_draft_model_on_graphs(model_dir, plain_out
     assert proposer.mirrors == {} and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
 
 
-def test_sampling_keeps_the_target_distribution_on_the_gpu(tiny_model_dirs):
-    # Synchronous steps and no cost policy: a request proposes at every step, as on the CPU.
+@pytest.mark.parametrize("run_ahead_on", [False, True])
+def test_sampling_keeps_the_target_distribution_on_the_gpu(tiny_model_dirs, run_ahead_on):
+    # No cost policy: a request proposes at every step; with run-ahead, one step behind.
     tv, accepted, rejected = two_sample_total_variation(
         tiny_model_dirs["qwen3"],
         max_num_seqs=64,
-        async_scheduling=False,
+        async_scheduling=run_ahead_on,
         speculative_max_batch=64,
         prepare=_always_speculate,
     )

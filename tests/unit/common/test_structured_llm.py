@@ -9,7 +9,7 @@ import pytest
 from common import LLM, SamplingParams, run_ahead
 from common.default_model import prepare_default_model
 from common.sequence import Sequence
-from common.speculative import can_speculate
+from common.speculative import can_speculate_later
 from common.structured_output import GuidedRequest, choice_grammar
 from tests.helpers.structured_cases import CASES
 
@@ -87,10 +87,10 @@ def test_a_speculating_engine_gives_the_same_answers(greedy_outputs):
 def test_grammar_requests_neither_speculate_nor_run_ahead():
     """Each step's mask depends on the token before it, which run-ahead and drafts do not have."""
     seq = Sequence([1, 2, 3], SamplingParams(grammar=choice_grammar(["a", "b"])), block_size=16)
-    assert not can_speculate(seq)
+    assert not can_speculate_later(seq)
     assert run_ahead.needs_host_tokens(seq)
     free = Sequence([1, 2, 3], SamplingParams(), block_size=16)
-    assert can_speculate(free) and not run_ahead.needs_host_tokens(free)
+    assert can_speculate_later(free) and not run_ahead.needs_host_tokens(free)
 
 
 def test_a_bad_grammar_is_refused_before_anything_runs(default_llm):
