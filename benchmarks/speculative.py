@@ -185,8 +185,8 @@ def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> dict[
                     verify = {k: round(v * 1e3, 3) for k, v in sorted(clock.verify.items())}
                     steps = llm.engine.timings.decode_steps + llm.engine.timings.prefill_steps
                     print(
-                        f"    clock ms plain {plain} verify {verify} host/row "
-                        f"{clock.host_per_row * 1e6:.1f} us; verify steps {stats.verify_steps} of {steps}"
+                        f"    clock ms plain {plain} verify {verify} host/step "
+                        f"{clock.host_per_step * 1e6:.1f} us; verify steps {stats.verify_steps} of {steps}"
                     )
                 if name in SUMMARY_NAMES and batch == 1 and kind == "ngram":
                     best[name] = max(best.get(name, 0.0), base / tpot)

@@ -31,8 +31,11 @@ _IDLE_DECAY = 0.9
 _STEP_EMA = 0.2
 # An observed step this many times slower than the current estimate is a one-off and is not learned.
 _OUTLIER_FACTOR = 3.0
-# Host seconds a synchronous verification adds per row before any was observed (then learned).
-_PRIOR_HOST_SECONDS_PER_ROW = 15e-6
+# Host seconds a synchronous verification step adds to its replay before any was observed (then
+# learned). Per step, not per row: the host's share (schedule, propose, prepare, sample, accept) is
+# mostly fixed per step, and a per-row rate learned from short verifications blew up the estimate of
+# long ones so that they were never tried (H200 at 7561408: 282 us "per row" from 2-4-row steps).
+_PRIOR_HOST_SECONDS_PER_STEP = 200e-6
 
 
 @dataclass(frozen=True)
@@ -76,13 +79,13 @@ class StepClock:
     the tokens on the host), so the host's scheduling, proposing, sampling and acceptance add to it.
     The engine reports every plain run-ahead step and every verification step (wall seconds from one
     step's start to the next); each padded size keeps a moving average, and sizes not yet seen are
-    estimated from the replay time plus the host time per row learned so far."""
+    estimated from the replay time plus the host time per verification step learned so far."""
 
     def __init__(self, costs: StepCosts) -> None:
         self.costs = costs
         self.plain: dict[int, float] = {}
         self.verify: dict[int, float] = {}
-        self.host_per_row = _PRIOR_HOST_SECONDS_PER_ROW
+        self.host_per_step = _PRIOR_HOST_SECONDS_PER_STEP
         self._verifications = 0  # verification steps observed (what `_best_rates` was computed at)
         self._rates_key: tuple[int, float] | None = None
         self._best_rates: list[float] = []
@@ -101,8 +104,8 @@ class StepClock:
             return  # a one-off (a draft model's first prefill of a prompt, a collector pause)
         table[size] = seconds if size not in table else (1 - _STEP_EMA) * table[size] + _STEP_EMA * seconds
         if verify:
-            extra = max(0.0, seconds - self.costs.cost(rows)) / rows
-            self.host_per_row = (1 - _STEP_EMA) * self.host_per_row + _STEP_EMA * extra
+            extra = max(0.0, seconds - self.costs.cost(rows))
+            self.host_per_step = (1 - _STEP_EMA) * self.host_per_step + _STEP_EMA * extra
             self._verifications += 1
 
     def can_pay(self, num_rows: int) -> bool:
@@ -116,7 +119,7 @@ class StepClock:
     def _rates(self) -> list[float]:
         """[i]: the best tokens per second of a fully accepted verification of sizes[i] rows or more.
         Depends only on verification costs, so it is recomputed after a verification is observed."""
-        key = (self._verifications, self.host_per_row)
+        key = (self._verifications, self.host_per_step)
         if key != self._rates_key:
             rates = [s / self.verify_cost(s) for s in self.costs.sizes]
             for i in range(len(rates) - 2, -1, -1):
@@ -135,11 +138,11 @@ class StepClock:
             if sizes[i] < rows:  # rows grow by one, sizes strictly: at most one size further
                 i += 1
             cost = learned.get(sizes[i])
-            out.append(seconds[i] + self.host_per_row * rows if cost is None else cost)
+            out.append(seconds[i] + self.host_per_step if cost is None else cost)
         return out
 
     def verify_cost(self, rows: int) -> float:
-        estimate = self.costs.cost(rows) + self.host_per_row * rows
+        estimate = self.costs.cost(rows) + self.host_per_step
         return self.verify.get(self.costs.padded(rows), estimate)
 
 

@@ -1,7 +1,9 @@
 """Chooses fused Triton kernels on CUDA and eager PyTorch elsewhere (the CPU never imports Triton).
 
 `PDSERVE_DISABLE_FUSED=1` forces the eager path everywhere, for A/B benchmarks and debugging;
-`PDSERVE_DISABLE_SKINNY=1` keeps the other fused kernels but runs decode-sized projections on cuBLAS.
+`PDSERVE_DISABLE_SKINNY=1` keeps the other fused kernels but runs decode-sized projections on cuBLAS;
+`PDSERVE_SKINNY_MAX_ROWS=N` (1-16, default `SKINNY_MAX_ROWS`) sends steps of up to N rows to the
+skinny kernels, for A/B runs on other model shapes.
 """
 
 from __future__ import annotations
@@ -36,9 +38,20 @@ def _skinny_enabled() -> bool:
     return os.environ.get("PDSERVE_DISABLE_SKINNY") != "1"
 
 
+@functools.cache
+def skinny_max_rows() -> int:
+    """`PDSERVE_SKINNY_MAX_ROWS` when set (validated: the kernel takes 1 to 16 rows), else SKINNY_MAX_ROWS."""
+    raw = os.environ.get("PDSERVE_SKINNY_MAX_ROWS")
+    if raw is None:
+        return SKINNY_MAX_ROWS
+    if not raw.isdigit() or not 1 <= int(raw) <= 16:
+        raise ValueError(f"PDSERVE_SKINNY_MAX_ROWS must be an integer in [1, 16], got {raw!r}")
+    return int(raw)
+
+
 def use_skinny(x: torch.Tensor) -> bool:
     """A decode-sized 2-d activation on CUDA: its projections take the skinny kernels."""
-    return x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS and use_fused(x) and _skinny_enabled()
+    return x.dim() == 2 and x.shape[0] <= skinny_max_rows() and use_fused(x) and _skinny_enabled()
 
 
 def skinny():

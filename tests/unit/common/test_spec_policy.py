@@ -50,7 +50,7 @@ def test_launch_bound_steps_speculate_compute_bound_steps_do_not():
     for _ in range(3):
         record_acceptance(seq, 4, 2)
     flat = StepClock(StepCosts((1, 8, 16, 64), (1.0, 1.05, 1.1, 1.5)))
-    flat.host_per_row = 0.0
+    flat.host_per_step = 0.0
     assert choose_drafts(flat, 1, [(seq, 4)]) == [(seq, 4)]
     linear = StepClock(StepCosts((1, 8, 16, 64, 80), (1.0, 8.0, 16.0, 64.0, 80.0)))
     assert choose_drafts(linear, 64, [(seq, 4)]) == []
@@ -67,12 +67,14 @@ def test_the_likeliest_sequences_speculate_when_not_all_fit():
         record_acceptance(good, 4, 4)
         record_acceptance(bad, 4, 0)
     clock = StepClock(StepCosts((1, 2, 4, 8, 16), (1.0, 1.0, 1.0, 1.1, 3.0)))
-    clock.host_per_row = 0.0
+    clock.host_per_step = 0.0
     # 2 + 8 rows would take the 16-row graph: the likely drafts first, the unlikely ones only in the
     # 8-row graph's rows left over.
     assert choose_drafts(clock, 2, [(bad, 4), (good, 4)]) == [(bad, 2), (good, 4)]
-    clock.host_per_row = 0.1  # each row costs the host something: the unlikely drafts do not pay
-    assert choose_drafts(clock, 2, [(bad, 4), (good, 4)]) == [(good, 4)]
+    clock.host_per_step = 0.1  # a host cost per verifying step: the same rows fill the same graph
+    assert choose_drafts(clock, 2, [(bad, 4), (good, 4)]) == [(bad, 2), (good, 4)]
+    clock.host_per_step = 2.0  # 3.1 s for at most 2 + 3.2 expected tokens: a plain step is better
+    assert choose_drafts(clock, 2, [(bad, 4), (good, 4)]) == []
 
 
 def test_observed_host_time_stops_speculation_that_does_not_pay():
@@ -80,14 +82,23 @@ def test_observed_host_time_stops_speculation_that_does_not_pay():
     for _ in range(3):
         record_acceptance(seq, 4, 2)
     clock = StepClock(StepCosts((1, 8, 16), (1.0, 1.0, 1.0)))
-    clock.host_per_row = 0.0
+    clock.host_per_step = 0.0
     assert choose_drafts(clock, 1, [(seq, 4)])
     for _ in range(10):  # verification steps really take 3x a plain one (the host's share)
         clock.observe(verify=True, rows=5, seconds=3.0)
         clock.observe(verify=False, rows=1, seconds=1.0)
     assert choose_drafts(clock, 1, [(seq, 4)]) == []
-    assert clock.host_per_row > 0.1  # and sizes not yet seen are estimated with it
+    assert clock.host_per_step > 1.0  # and sizes not yet seen are estimated with it
     assert clock.verify_cost(16) > 2.0
+
+
+def test_short_costly_verifications_do_not_price_long_ones_out():
+    """The host's share of a verification is per step: what 2-row steps cost beyond their replay is
+    not multiplied by 16 for a 16-row step never tried yet."""
+    clock = StepClock(StepCosts((1, 2, 16), (0.5, 0.6, 0.8)))
+    for _ in range(10):
+        clock.observe(verify=True, rows=2, seconds=1.4)
+    assert clock.verify_cost(16) < 1.7
 
 
 def test_measured_costs_replace_the_fixed_batch_cap():
@@ -107,7 +118,7 @@ def test_measured_costs_replace_the_fixed_batch_cap():
 
 def test_no_proposals_when_even_perfect_drafts_could_not_pay():
     clock = StepClock(StepCosts((1, 8, 64, 128), (1.0, 1.0, 1.2, 3.0)))
-    clock.host_per_row = 0.0
+    clock.host_per_step = 0.0
     assert clock.can_pay(1) and clock.can_pay(8)
     assert not clock.can_pay(64)  # 128 rows cost 2.5x a 64-row step: at most 2x the tokens
 
@@ -139,7 +150,7 @@ def test_chosen_drafts_beat_every_other_choice_of_prefixes():
                 record_acceptance(seq, proposed, rng.randint(0, proposed))
         sizes = (1, 2, 4, 8, 16)
         clock = StepClock(StepCosts(sizes, tuple(sorted(rng.uniform(1.0, 2.0) for _ in sizes))))
-        clock.host_per_row = rng.choice([0.0, 0.01, 0.05])
+        clock.host_per_step = rng.choice([0.0, 0.1, 0.5])
         wanted = [(s, rng.randint(1, 4)) for s in seqs]
         num_rows = rng.randint(1, 6)
         chosen = choose_drafts(clock, num_rows, wanted)
