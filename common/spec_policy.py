@@ -31,11 +31,14 @@ _IDLE_DECAY = 0.9
 _STEP_EMA = 0.2
 # An observed step this many times slower than the current estimate is a one-off and is not learned.
 _OUTLIER_FACTOR = 3.0
-# Host seconds a synchronous verification step adds to its replay before any was observed (then
-# learned). Per step, not per row: the host's share (schedule, propose, prepare, sample, accept) is
-# mostly fixed per step, and a per-row rate learned from short verifications blew up the estimate of
-# long ones so that they were never tried (H200 at 7561408: 282 us "per row" from 2-4-row steps).
+# The host's share of a synchronous verification step beyond its replay, modelled as a per-step part
+# (schedule, propose, launch, read back: learned, this is its prior) plus a per-row part (sampling
+# rows and accepting drafts: fixed). Learning only a per-row rate blew up the estimate of long
+# verifications from short ones (H200 at 7561408: 282 us "per row" from 2-4-row steps, so longer
+# ones were never tried); learning only a per-step cost priced 200-row verifications of a 64-row
+# batch at their replay and they were tried at a loss (b63e584: batch 64 at 0.66-0.94x).
 _PRIOR_HOST_SECONDS_PER_STEP = 200e-6
+_HOST_SECONDS_PER_ROW = 15e-6
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,8 @@ class StepClock:
     the tokens on the host), so the host's scheduling, proposing, sampling and acceptance add to it.
     The engine reports every plain run-ahead step and every verification step (wall seconds from one
     step's start to the next); each padded size keeps a moving average, and sizes not yet seen are
-    estimated from the replay time plus the host time per verification step learned so far."""
+    estimated from the replay time plus the host's share: the per-step part learned so far and a
+    fixed per-row part."""
 
     def __init__(self, costs: StepCosts) -> None:
         self.costs = costs
@@ -104,7 +108,7 @@ class StepClock:
             return  # a one-off (a draft model's first prefill of a prompt, a collector pause)
         table[size] = seconds if size not in table else (1 - _STEP_EMA) * table[size] + _STEP_EMA * seconds
         if verify:
-            extra = max(0.0, seconds - self.costs.cost(rows))
+            extra = max(0.0, seconds - self.costs.cost(rows) - _HOST_SECONDS_PER_ROW * rows)
             self.host_per_step = (1 - _STEP_EMA) * self.host_per_step + _STEP_EMA * extra
             self._verifications += 1
 
@@ -138,11 +142,14 @@ class StepClock:
             if sizes[i] < rows:  # rows grow by one, sizes strictly: at most one size further
                 i += 1
             cost = learned.get(sizes[i])
-            out.append(seconds[i] + self.host_per_step if cost is None else cost)
+            out.append(seconds[i] + self._host(rows) if cost is None else cost)
         return out
 
+    def _host(self, rows: int) -> float:
+        return self.host_per_step + _HOST_SECONDS_PER_ROW * rows
+
     def verify_cost(self, rows: int) -> float:
-        estimate = self.costs.cost(rows) + self.host_per_step
+        estimate = self.costs.cost(rows) + self._host(rows)
         return self.verify.get(self.costs.padded(rows), estimate)
 
 

@@ -213,3 +213,19 @@ def test_a_record_of_misses_fades_while_the_sequence_writes_unverified():
     seq.append_token(5)
     record_acceptance(seq, proposed=2, accepted=0)  # a new miss counts in full again
     assert acceptance_rate(seq) < 0.5
+
+
+def test_long_verifications_of_a_large_batch_pay_their_rows_host_share():
+    """A 64-row batch whose sequences all accept well: verifying 2-4 drafts each would take 128-320
+    rows. Each row costs the host its share (sampling, acceptance) beyond the replay, so such steps do
+    not pay against a plain step of 64 rows (measured on the H200 at b63e584, where only a per-step
+    host cost was modelled: 200-row verifications were tried at a loss, batch 64 at 0.66-0.94x)."""
+    seqs = [_seq() for _ in range(64)]
+    for seq in seqs:
+        for _ in range(4):
+            record_acceptance(seq, 8, 7)
+    clock = StepClock(StepCosts((64, 128, 256, 512), (1.0e-3, 1.2e-3, 1.5e-3, 2.5e-3)))
+    clock.observe(verify=False, rows=64, seconds=1.2e-3)
+    clock.host_per_step = 0.5e-3
+    assert choose_drafts(clock, 64, [(s, 8) for s in seqs]) == []
+    assert not any_pays(clock, 64, [(s, 8) for s in seqs])
