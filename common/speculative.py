@@ -126,6 +126,10 @@ def wait(seq: Sequence, steps: int) -> None:
 # that does not propose behind): each skipped step may run ahead, where a proposal needs a synced one.
 SKIP_AFTER_NO_MATCH = 4
 _MAX_SKIP_STEPS = 16
+# Steps the measured-cost policy stays out after it found that nothing pays for the batch: weighing
+# a large batch's drafts costs the host 0.2-0.6 ms (64 sequences x 8 drafts), more than run-ahead
+# hides, and the answer changes slowly (H200 at 7d5c790: batch 64 at 0.70x with nothing verified).
+RECHECK_AFTER_NOTHING_PAYS = 8
 
 
 class Proposer:
@@ -150,6 +154,8 @@ class Proposer:
         self.max_model_len = max_model_len
         self.clock: StepClock | None = None
         self.skip_after_no_match = 0  # set by an engine that runs ahead (SKIP_AFTER_NO_MATCH)
+        self._plans = 0  # plan() calls so far
+        self._quiet_until = 0  # the policy found nothing to pay: no drafts before this many plans
 
     def draft(self, seq: Sequence, room: int) -> list[int]:
         raise NotImplementedError
@@ -181,6 +187,7 @@ class Proposer:
 
         `budget`: tokens the step may compute; every running sequence keeps one, drafts share the rest.
         """
+        self._plans += 1
         wanted = self._wanted(running)
         if not wanted:
             return
@@ -224,14 +231,17 @@ class Proposer:
         """(sequence, draft room) of the decoding sequences that propose this step. The step
         verifies when some sequence is due (not waiting); then every sequence may propose, since the
         step is synchronous anyway, and measured costs pick the drafts that pay (`choose_drafts`)."""
-        if not self._could_pay(running):
+        if self._plans < self._quiet_until or not self._could_pay(running):
             return []
         decoding = [s for s in running if s.num_uncomputed_tokens == 1 and s.num_completion_tokens > 0]
         if not any(not is_waiting(s) and self.ready(s) for s in decoding):
             return []
         wanted = [(seq, room) for seq in decoding if (room := self.room(seq)) > 0]
         if self.clock is not None and wanted:
-            return choose_drafts(self.clock, len(running), wanted)
+            chosen = choose_drafts(self.clock, len(running), wanted)
+            if not chosen:
+                self._quiet_until = self._plans + RECHECK_AFTER_NOTHING_PAYS
+            return chosen
         return wanted
 
     def _could_pay(self, running: list[Sequence]) -> bool:

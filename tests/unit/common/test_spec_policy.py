@@ -229,3 +229,24 @@ def test_long_verifications_of_a_large_batch_pay_their_rows_host_share():
     clock.host_per_step = 0.5e-3
     assert choose_drafts(clock, 64, [(s, 8) for s in seqs]) == []
     assert not any_pays(clock, 64, [(s, 8) for s in seqs])
+
+
+def test_the_policy_rests_after_finding_that_nothing_pays(monkeypatch):
+    """Weighing a large batch's drafts costs host time every step; once nothing pays, the proposer
+    skips the weighing for RECHECK_AFTER_NOTHING_PAYS steps, then looks again."""
+    from common import speculative
+
+    proposer = NgramProposer(SpeculativeConfig(num_tokens=4), max_model_len=256)
+    proposer.clock = StepClock(StepCosts((1, 4, 8, 16), (1.0, 5.0, 9.0, 17.0)))  # rows cost in full
+    proposer.clock.host_per_step = 0.0
+    monkeypatch.setattr(proposer.clock, "can_pay", lambda rows: True)  # only choose_drafts decides
+    calls = []
+    original = speculative.choose_drafts
+    monkeypatch.setattr(speculative, "choose_drafts", lambda *a: calls.append(1) or original(*a))
+    seq = Sequence([5, 6, 5, 6, 5, 6, 5], SamplingParams(temperature=0), 16, num_prompt_tokens=6)
+    seq.set_cached_prefix(6)
+    steps = 2 * speculative.RECHECK_AFTER_NOTHING_PAYS + 1
+    for _ in range(steps):
+        proposer.plan([seq], budget=64)
+        assert seq.num_draft_tokens == 0
+    assert len(calls) == 3  # the first plan, then once after each rest
