@@ -99,7 +99,7 @@ def bench_decode(batch: int, ctx: int, block_size: int, num_splits: int | None) 
 
 
 def _heuristic_splits(batch: int, ctx: int) -> int:
-    from common.attention.triton_kernels.decode_attention import choose_num_splits, num_sms
+    from common.attention.triton_kernels.decode_plan import choose_num_splits, num_sms
 
     return choose_num_splits(batch, NUM_KV_HEADS, ctx, num_sms(torch.device("cuda")))
 

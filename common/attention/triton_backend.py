@@ -24,13 +24,8 @@ import os
 import torch
 
 from common.attention.base import AttentionBackend, AttentionMetadata, StepKV
-from common.attention.triton_kernels.decode_attention import (
-    choose_num_splits,
-    longest_first,
-    num_sms,
-    paged_decode_attention,
-    wants_order,
-)
+from common.attention.triton_kernels.decode_attention import paged_decode_attention
+from common.attention.triton_kernels.decode_plan import choose_num_splits, longest_first, num_sms, wants_order
 from common.attention.triton_kernels.prefill_attention import paged_prefill_attention
 from common.attention.triton_kernels.store_kv import store_kv
 from common.attention.varlen_prefill import (

@@ -13,15 +13,14 @@ parallelism knob: any value gives the same answer for any context length. That i
 safe to capture in a CUDA graph with a split count chosen from host-known sizes at capture time.
 
 Longest first: programs are numbered (rank, KV head) with the KV head fastest, and with an `order`
-(the rows sorted by descending length, `longest_first`) rank r works on row order[r]. The GPU hands
-out programs roughly in that order, so a large batch of mixed lengths starts its longest programs first
-and the short ones fill the last wave; in row order a long sequence's heads could start last and run on
-alone while the other SMs idle. The order changes only when each program runs, never what it computes.
+(the rows sorted by descending length, `decode_plan.longest_first`) rank r works on row order[r].
+The GPU hands out programs roughly in that order, so a large batch of mixed lengths starts its
+longest programs first and the short ones fill the last wave; in row order a long sequence's heads
+could start last and run on alone while the other SMs idle. The order changes only when each
+program runs, never what it computes. How many splits a launch uses is planned in decode_plan.py.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
@@ -34,14 +33,6 @@ _LOG2E = 1.4426950408889634
 # Launch tunables (benchmarks/attention_kernels.py --tune sweeps them). tile_bytes: bytes of K
 # (and again of V) one loop iteration reads per program; 16 KB is 64 tokens of a 128-wide bf16 head.
 DECODE_LAUNCH = {"tile_bytes": 16384, "num_warps": 4, "num_stages": 3}
-# A split should cover at least this many tokens (two 64-token tiles): below that the merge and the
-# per-program setup cost more than the extra parallelism gains (H200: batch 1, 1k-4k context).
-_MIN_SPLIT_TOKENS = 128
-_MAX_SPLITS = 64
-# Split only while there are fewer than this many (sequence, KV head) programs per SM: on the H200,
-# batch 64 x 8 KV heads (3.9 per SM) already reads at full bandwidth with one split, and extra
-# splits there cost 5-20% (merge traffic, shorter loops).
-_PROGRAMS_PER_SM = 4
 # One arrival counter per (sequence, KV head) of a split launch; grows with batch x KV heads.
 DECODE_COUNTERS = ArrivalCounters("paged_decode_attention", 4096)
 
@@ -214,23 +205,6 @@ def _merge_head(
     return tl.sum(part * w[:, None], 0) / tl.sum(w, 0)
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
-    """Splits per sequence so the kernel fills the GPU: a power of two (few variants), from host ints only."""
-    base_programs = max(1, batch * num_kv_heads)
-    wanted = (num_sms * _PROGRAMS_PER_SM) // base_programs
-    by_length = max(1, max_seq_len // _MIN_SPLIT_TOKENS)
-    splits = max(1, min(wanted, by_length, _MAX_SPLITS))
-    return 1 << (splits.bit_length() - 1)
-
-
-@functools.lru_cache(maxsize=8)
-def num_sms(device: torch.device) -> int:
-    """Multiprocessor count of a CUDA device (cached; no sync); a small stand-in elsewhere."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -296,18 +270,6 @@ def paged_decode_attention(
         **_constants(q, k_cache, num_heads // num_kv_heads, head_dim),
     )
     return out
-
-
-def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:
-    """The rows ordered by descending context length: `paged_decode_attention`'s `order`. One small
-    sort on the device (no host sync, capturable in a CUDA graph); padding rows (length 0) come last."""
-    return torch.argsort(seq_lens, descending=True)
-
-
-def wants_order(batch: int, num_kv_heads: int, num_splits: int, num_sms: int) -> bool:
-    """Longest-first dispatch pays where the programs take more than one wave of SMs, i.e. a large
-    unsplit batch whose lengths differ; a small batch (the latency-bound steps) skips the sort."""
-    return num_splits == 1 and batch * num_kv_heads > num_sms
 
 
 def decode_tile_n(head_dim: int, element_size: int) -> int:

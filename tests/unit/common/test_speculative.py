@@ -10,7 +10,8 @@ import pytest
 
 from common import LLM, SamplingParams, run_ahead
 from common.hashing import block_hashes
-from common.speculative import NgramIndex, accepted_length, ngram_propose
+from common.ngram import NgramIndex, ngram_propose
+from common.speculative import accepted_length
 
 
 def test_ngram_propose_takes_the_most_recent_longest_match():

@@ -22,10 +22,10 @@ triton = pytest.importorskip("triton")
 
 from common.attention.torch_backend import TorchAttentionBackend  # noqa: E402
 from common.attention.triton_backend import TritonAttentionBackend  # noqa: E402
-from common.attention.triton_kernels.decode_attention import (  # noqa: E402
+from common.attention.triton_kernels.decode_attention import paged_decode_attention  # noqa: E402
+from common.attention.triton_kernels.decode_plan import (  # noqa: E402
     choose_num_splits,
     longest_first,
-    paged_decode_attention,
     wants_order,
 )
 from common.attention.triton_kernels.prefill_attention import paged_prefill_attention  # noqa: E402

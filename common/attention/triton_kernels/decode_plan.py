@@ -1,0 +1,46 @@
+"""Host-side launch planning for the paged decode attention kernel (decode_attention.py): how many
+splits a launch uses and in which order its rows' programs start. Plain torch, no Triton."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# A split should cover at least this many tokens (two 64-token tiles): below that the merge and the
+# per-program setup cost more than the extra parallelism gains (H200: batch 1, 1k-4k context).
+_MIN_SPLIT_TOKENS = 128
+_MAX_SPLITS = 64
+# Split only while there are fewer than this many (sequence, KV head) programs per SM: on the H200,
+# batch 64 x 8 KV heads (3.9 per SM) already reads at full bandwidth with one split, and extra
+# splits there cost 5-20% (merge traffic, shorter loops).
+_PROGRAMS_PER_SM = 4
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Splits per sequence so the kernel fills the GPU: a power of two (few variants), from host ints only."""
+    base_programs = max(1, batch * num_kv_heads)
+    wanted = (num_sms * _PROGRAMS_PER_SM) // base_programs
+    by_length = max(1, max_seq_len // _MIN_SPLIT_TOKENS)
+    splits = max(1, min(wanted, by_length, _MAX_SPLITS))
+    return 1 << (splits.bit_length() - 1)
+
+
+@functools.lru_cache(maxsize=8)
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count of a CUDA device (cached; no sync); a small stand-in elsewhere."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def longest_first(seq_lens: torch.Tensor) -> torch.Tensor:
+    """The rows ordered by descending context length: `paged_decode_attention`'s `order`. One small
+    sort on the device (no host sync, capturable in a CUDA graph); padding rows (length 0) come last."""
+    return torch.argsort(seq_lens, descending=True)
+
+
+def wants_order(batch: int, num_kv_heads: int, num_splits: int, num_sms: int) -> bool:
+    """Longest-first dispatch pays where the programs take more than one wave of SMs, i.e. a large
+    unsplit batch whose lengths differ; a small batch (the latency-bound steps) skips the sort."""
+    return num_splits == 1 and batch * num_kv_heads > num_sms
