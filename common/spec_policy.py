@@ -153,11 +153,17 @@ class StepClock:
         return self.verify.get(self.costs.padded(rows), estimate)
 
 
+def _idle_fade(seq: Sequence, length: int) -> float:
+    """How much of the record is left at completion length `length`: it fades per token gained since
+    the verification it dates from."""
+    idle = length - seq.spec_verified_at
+    return _IDLE_DECAY**idle if idle > 0 else 1.0
+
+
 def acceptance_rate(seq: Sequence) -> float:
     """Estimated chance that the sequence's next draft token is accepted (Laplace-smoothed, decayed
     per verification and faded by the tokens gained since the last one)."""
-    idle = seq.num_completion_tokens - seq.spec_verified_at
-    fade = _IDLE_DECAY**idle if idle > 0 else 1.0
+    fade = _idle_fade(seq, seq.num_completion_tokens)
     accepted, rejected = fade * seq.spec_accepted, fade * seq.spec_rejected
     return (accepted + 1.0) / (accepted + rejected + 2.0)
 
@@ -166,8 +172,7 @@ def record_acceptance(seq: Sequence, proposed: int, accepted: int) -> None:
     """Fold one verification into the sequence's record: `accepted` hits and, unless every draft was
     accepted, one miss (the first rejected draft ends the run; later drafts say nothing). Call it once
     the verification's tokens (the accepted drafts and the sampled one) are appended."""
-    idle = seq.num_completion_tokens - (accepted + 1) - seq.spec_verified_at
-    fade = _DECAY * (_IDLE_DECAY**idle if idle > 0 else 1.0)
+    fade = _DECAY * _idle_fade(seq, seq.num_completion_tokens - (accepted + 1))
     seq.spec_accepted = fade * seq.spec_accepted + accepted
     seq.spec_rejected = fade * seq.spec_rejected + (1.0 if accepted < proposed else 0.0)
     seq.spec_verified_at = seq.num_completion_tokens

@@ -217,7 +217,7 @@ class NgramProposer(Proposer):
         if index is None:
             index = self.indexes[seq.seq_id] = NgramIndex(self.config.max_n, self.config.min_n)
         if seq.num_pending_tokens:  # the match's first token guesses the placeholder: draft past it
-            return index.propose(seq.token_ids, room + 1, len(seq) - seq.num_pending_tokens)[1:]
+            return index.propose(seq.token_ids, room + 1, seq.num_known_tokens)[1:]
         return index.propose(seq.token_ids, room)
 
     def release(self, seq: Sequence) -> None:

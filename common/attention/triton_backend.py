@@ -105,11 +105,10 @@ class TritonAttentionBackend(AttentionBackend):
             return None
 
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        splits = self.decode_num_splits or choose_num_splits(
-            q.shape[0], k_cache.shape[2], meta.max_seq_len, num_sms(q.device)
-        )
+        batch, kv_heads, sms = q.shape[0], k_cache.shape[2], num_sms(q.device)
+        splits = self.decode_num_splits or choose_num_splits(batch, kv_heads, meta.max_seq_len, sms)
         order = None
-        if self.longest_first and wants_order(q.shape[0], k_cache.shape[2], splits, num_sms(q.device)):
+        if self.longest_first and wants_order(batch, kv_heads, splits, sms):
             if meta.decode_order is None:
                 meta.decode_order = longest_first(meta.seq_lens)
             order = meta.decode_order
