@@ -19,21 +19,19 @@ every kernel launched that way keeps:
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from common.env_flags import env_choice
 
 _MODES = ("auto", "0", "1")
 
 
 @functools.cache
 def _flag() -> str:
-    value = os.environ.get("PDSERVE_PDL", "auto")
-    if value not in _MODES:
-        raise ValueError(f"PDSERVE_PDL must be one of {', '.join(_MODES)}, got {value!r}")
-    return value
+    return env_choice("PDSERVE_PDL", _MODES, "auto")
 
 
 @functools.cache

@@ -15,19 +15,19 @@ They cost memory: 2 x B x Hkv x capacity x D x 4 bytes per layer. Past `PDSERVE_
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from common.attention.base import AttentionMetadata
+from common.env_flags import env_float
 
 # Room left for appends when a copy is (re)built, so a growing batch rebuilds once per this many tokens.
 _SLACK_TOKENS = 256
 
 
 def budget_bytes() -> int:
-    return int(float(os.environ.get("PDSERVE_CPU_CONTEXT_MB", "1024")) * (1 << 20))
+    return int(env_float("PDSERVE_CPU_CONTEXT_MB", 1024.0, allow_zero=True) * (1 << 20))
 
 
 @dataclass

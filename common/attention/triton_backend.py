@@ -19,7 +19,6 @@ Imported only when chosen (see `registry.py`), so machines without Triton never 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -35,6 +34,7 @@ from common.attention.varlen_prefill import (
     route,
     varlen_prefill,
 )
+from common.env_flags import env_switch
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +48,11 @@ class TritonAttentionBackend(AttentionBackend):
         # A fixed split count overrides the heuristic (tests, tuning).
         self.decode_num_splits = decode_num_splits
         if varlen_prefill is None:  # see the module docstring for why it is opt-in
-            varlen_prefill = os.environ.get("PDSERVE_VARLEN_PREFILL") == "1"
+            varlen_prefill = env_switch("PDSERVE_VARLEN_PREFILL", default=False)
         use_varlen = varlen_prefill
         self.varlen = find_varlen_api() if use_varlen else None
         # Large decode batches dispatch their longest rows first (decode_attention.py); =0 for A/B runs.
-        self.longest_first = os.environ.get("PDSERVE_DECODE_LONGEST_FIRST", "1") != "0"
+        self.longest_first = env_switch("PDSERVE_DECODE_LONGEST_FIRST", default=True)
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping)

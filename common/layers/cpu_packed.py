@@ -11,16 +11,17 @@ is written in place again. float32 keeps `F.linear` (its exact parity with trans
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from common.env_flags import env_switch
 
 _ATTR = "_pdserve_packed"
 
 
 @functools.cache
 def _packing_usable() -> bool:
-    if os.environ.get("PDSERVE_DISABLE_CPU_PACKING") == "1":
+    if env_switch("PDSERVE_DISABLE_CPU_PACKING", default=False):
         return False
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 

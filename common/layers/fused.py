@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 
 import torch
+
+from common.env_flags import env_int, env_switch
 
 
 @functools.cache
 def _triton_usable() -> bool:
-    if os.environ.get("PDSERVE_DISABLE_FUSED") == "1":
+    if env_switch("PDSERVE_DISABLE_FUSED", default=False):
         return False
     return torch.cuda.is_available() and importlib.util.find_spec("triton") is not None
 
@@ -35,18 +36,13 @@ SKINNY_MAX_ROWS = 1
 
 @functools.cache
 def _skinny_enabled() -> bool:
-    return os.environ.get("PDSERVE_DISABLE_SKINNY") != "1"
+    return not env_switch("PDSERVE_DISABLE_SKINNY", default=False)
 
 
 @functools.cache
 def skinny_max_rows() -> int:
     """`PDSERVE_SKINNY_MAX_ROWS` when set (validated: the kernel takes 1 to 16 rows), else SKINNY_MAX_ROWS."""
-    raw = os.environ.get("PDSERVE_SKINNY_MAX_ROWS")
-    if raw is None:
-        return SKINNY_MAX_ROWS
-    if not raw.isdigit() or not 1 <= int(raw) <= 16:
-        raise ValueError(f"PDSERVE_SKINNY_MAX_ROWS must be an integer in [1, 16], got {raw!r}")
-    return int(raw)
+    return env_int("PDSERVE_SKINNY_MAX_ROWS", SKINNY_MAX_ROWS, low=1, high=16)
 
 
 def use_skinny(x: torch.Tensor) -> bool:

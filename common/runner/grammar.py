@@ -16,8 +16,6 @@ import logging
 from pathlib import Path
 
 import llguidance
-import llguidance.hf
-import llguidance.torch
 import torch
 
 from common.runner.inputs import per_row
@@ -51,7 +49,10 @@ class GrammarState:
         """Row `row` of `bits`: the tokens the grammar allows next. A matcher in its error state (a
         token it did not allow, an impossible grammar) allows only EOS, so the request ends."""
         if not self.matcher.is_error():
-            llguidance.torch.fill_next_token_bitmask(self.matcher, bits, row)
+            # What llguidance.torch.fill_next_token_bitmask does, without importing that module: it
+            # decorates a helper with torch.compile, which imports torch._dynamo (~2.5 s per process).
+            words = bits[row]  # a contiguous int32 row on the host (mask() allocates it so)
+            self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
             return
         if not self._reported:
             self._reported = True
@@ -104,6 +105,8 @@ class GrammarMasker:
             if hf is None:
                 raise ValueError(f"grammar needs a tokenizer, and {self.model_dir} has none")
             eos = list(self.eos_token_ids) or None
+            import llguidance.hf  # imports transformers (~1.2 s): only once a request has a grammar
+
             self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
         return self._tokenizer
 

@@ -15,11 +15,11 @@ with top-k/top-p/min-p, penalties or banned ids take the torch path below, on th
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
 import torch
 
+from common.env_flags import env_choice
 from common.layers.fused import use_fused
 from common.logprobs import TokenLogprob
 
@@ -121,10 +121,7 @@ _FUSED_MODES = ("auto", "0", "1")
 
 def fused_sampling_mode() -> str:
     """`PDSERVE_FUSED_SAMPLING`: auto (default), 0 or 1 (see Sampler)."""
-    mode = os.environ.get("PDSERVE_FUSED_SAMPLING", "auto")
-    if mode not in _FUSED_MODES:
-        raise ValueError(f"PDSERVE_FUSED_SAMPLING must be one of {', '.join(_FUSED_MODES)}, got {mode!r}")
-    return mode
+    return env_choice("PDSERVE_FUSED_SAMPLING", _FUSED_MODES, "auto")
 
 
 def _row_seeds(batch: SamplingBatch, plain: list[bool], device: torch.device) -> torch.Tensor:

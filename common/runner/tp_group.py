@@ -38,12 +38,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from common.env_flags import env_float
 from common.parallel import check_divisible
 
 logger = logging.getLogger(__name__)
 
 # Bound on start-up (spawn, import, load a shard) and on any one collective; a stuck rank ends as an error.
-TIMEOUT_S = float(os.environ.get("PDSERVE_TP_TIMEOUT_S", "300"))
+TIMEOUT_S = env_float("PDSERVE_TP_TIMEOUT_S", 300.0)
 _STORE_PREFIX = "pdserve-tp/"
 
 

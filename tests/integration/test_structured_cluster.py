@@ -37,12 +37,22 @@ def _post(cluster: ProcessCluster, path: str, body: dict) -> httpx.Response:
     return httpx.post(f"{cluster.url}/v1/{path}", json=body, timeout=120)
 
 
+# The offline engine's greedy answer per question, shared by both clusters (computed once).
+_OFFLINE_ANSWERS: dict[str, str] = {}
+
+
+def _offline_answer(offline, ids: list[int], case) -> str:
+    if case.question not in _OFFLINE_ANSWERS:
+        grammar = GuidedRequest(**case.request).grammar()
+        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, grammar=grammar)
+        _OFFLINE_ANSWERS[case.question] = offline.generate([ids], params, use_tqdm=False)[0]["text"]
+    return _OFFLINE_ANSWERS[case.question]
+
+
 def test_greedy_answers_equal_offline_and_validate(cluster, offline, tokenizer) -> None:
     for case in CASES:
         ids = tokenizer.encode_chat(_messages(case.question), add_generation_prompt=True)
-        grammar = GuidedRequest(**case.request).grammar()
-        params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, grammar=grammar)
-        want = offline.generate([ids], params, use_tqdm=False)[0]["text"]
+        want = _offline_answer(offline, ids, case)
         body = {"prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0, **case.request}
         r = _post(cluster, "completions", body)
         assert r.status_code == 200, (case.question, r.text, cluster.logs())

@@ -71,9 +71,8 @@ def test_every_pair_is_probed_exported_and_judged(cluster) -> None:
         assert 0 < p["probe_gbps"] < FLOOR_GBPS and p["degraded"] is True
         labels = {"prefill": p["prefill"], "decode": p["decode"]}
         assert metric(text, "pdserve_kv_transport_info", **labels, transport="tcp") == 1
-        assert metric(text, "pdserve_kv_transfer_probe_gbps", **labels) == pytest.approx(
-            p["probe_gbps"], rel=1e-3
-        )
+        # /health rounds to 4 decimals; the gauge keeps the measured float
+        assert round(metric(text, "pdserve_kv_transfer_probe_gbps", **labels), 4) == p["probe_gbps"]
         assert metric(text, "pdserve_kv_pair_degraded", **labels) == 1
     assert "KV pair prefill-0 -> decode-0 is degraded: tcp at" in (cluster.log_dir / "router.log").read_text()
     assert cluster.health()["status"] == "ok"  # a slow KV path costs speed, not service
