@@ -10,7 +10,7 @@ run-ahead forced on and T=0.6 (so the sampler takes its sampling path), and the 
 timed by wrapping its functions. Excluded, because the GPU path does not run them: the eager step
 (`ModelRunner._run_eager`: input tensors, the forward pass) and the sampler's own arithmetic (on the
 GPU it is device work, its host part the launch of about ten torch ops). Included aside: `graph
-fill`, the CUDA-graph path's host-side input preparation (`cuda_graph.prepare_rows` into numpy views
+fill`, the CUDA-graph path's host-side input preparation (`graph_inputs.prepare_rows` into numpy views
 like the pinned buffer's), timed on each step's batch. Each phase shows its least time over
 `--repeats` runs.
 """

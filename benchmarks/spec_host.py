@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 
 from common import LLM, SamplingParams, scheduler, speculative  # noqa: E402
 from common.llm_engine import LLMEngine  # noqa: E402
-from common.runner import cuda_graph, model_runner  # noqa: E402
+from common.runner import graph_inputs, model_runner  # noqa: E402
 from common.runner.model_runner import ModelRunner, graph_rows  # noqa: E402
 from common.runner.sampler import Sampler  # noqa: E402
 from common.runner.step_handle import StepHandle  # noqa: E402
@@ -178,18 +178,16 @@ class GraphFill:
     pinned buffer's, for the batches the CPU runs eagerly."""
 
     def __init__(self, max_rows: int = 512, width: int = 256, block_size: int = 16) -> None:
-        m, fields = max_rows, cuda_graph._ROW_FIELDS
-        buf = np.zeros(m * (fields + width), dtype=np.int32)
-        rows = (buf[i * m : (i + 1) * m] for i in range(fields))
-        self.views = cuda_graph._Views(*rows, buf[fields * m :].reshape(m, width))
-        self.sizes, self.block_size = cuda_graph.capture_sizes(max_rows), block_size
+        buf = np.zeros(graph_inputs.packed_size(max_rows, width), dtype=np.int32)
+        self.views = graph_inputs.RowViews.over(buf, max_rows, width)
+        self.sizes, self.block_size = graph_inputs.capture_sizes(max_rows), block_size
 
     def time(self, seqs) -> float:
         t0 = time.perf_counter()
-        q_lens = cuda_graph.query_lens(seqs, self.sizes[-1])
+        q_lens = graph_inputs.query_lens(seqs, self.sizes[-1])
         if q_lens is not None:
             bs = next(s for s in self.sizes if s >= sum(q_lens))
-            cuda_graph.prepare_rows(self.views, seqs, q_lens, bs, None, self.block_size)
+            graph_inputs.prepare_rows(self.views, seqs, q_lens, bs, None, self.block_size)
         return time.perf_counter() - t0
 
 
@@ -234,7 +232,7 @@ def measure(llm: LLM, k: int, batch: int, max_tokens: int, acceptance: float) ->
     prompts = [list(p) for p in known]
     proposer = ReplayProposer(k, engine.max_model_len, known, acceptance)
     engine.set_proposer(proposer)
-    sizes = cuda_graph.capture_sizes(graph_rows(llm.config))
+    sizes = graph_inputs.capture_sizes(graph_rows(llm.config))
     proposer.clock = FrozenClock(StepCosts(tuple(sizes), tuple(1e-3 * (1.0 + s / 512) for s in sizes)))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:batch], params, use_tqdm=False)  # warm-up

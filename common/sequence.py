@@ -47,7 +47,7 @@ class Sequence:
     by the BlockManager, `status`, `finish_reason` and the admission counters only by the Scheduler.
     A `block_table` list only grows in place (appends); any other change assigns a new list, so a
     reader that remembers the list object and its length knows which entries are unchanged (the
-    CUDA-graph rows rewrite only new entries: `cuda_graph.TableRows`).
+    CUDA-graph rows rewrite only new entries: `graph_inputs.TableRows`).
     """
 
     def __init__(

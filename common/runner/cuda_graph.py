@@ -19,165 +19,23 @@ writes logits into its own static output.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from common.attention.base import AttentionBackend, AttentionMetadata
 from common.attention.context import ForwardContext, set_forward_context
-from common.runner.inputs import sample_count
+from common.runner.graph_inputs import (
+    ROW_FIELDS,
+    RowViews,
+    capture_sizes,
+    packed_size,
+    prepare_rows,
+    query_lens,
+)
 from common.sequence import Sequence
 from common.spec_policy import StepCosts
 
 logger = logging.getLogger(__name__)
-
-
-def capture_sizes(max_rows: int) -> list[int]:
-    sizes = [s for s in (1, 2, 4, 8) if s <= max_rows]
-    sizes += list(range(16, max_rows + 1, 16))
-    if sizes[-1] < max_rows:
-        sizes.append(max_rows)
-    return sizes
-
-
-class TableRows:
-    """Which block table each row of a host `block_tables` view holds, so a step rewrites only what
-    changed: a row that holds the same list object as before gets only the entries appended since
-    (block tables grow in place and are otherwise replaced: `Sequence`). At batch 256 x 63 blocks
-    this turns a step's table fill from 0.4 ms of list-to-array copies into one check per row."""
-
-    def __init__(self, rows: int) -> None:
-        self.owner: list[list[int] | None] = [None] * rows
-        self.written = [0] * rows
-
-    def write(self, view: np.ndarray, row: int, table: list[int]) -> None:
-        n = len(table)
-        if self.owner[row] is not table:
-            view[row, :n] = table
-            self.owner[row] = table
-        elif self.written[row] < n:
-            done = self.written[row]
-            view[row, done:n] = table[done:]
-        else:
-            return
-        self.written[row] = n
-
-    def forget(self) -> None:
-        """The view was written by something else (every row is rewritten at its next use)."""
-        self.owner = [None] * len(self.owner)
-
-
-@dataclass
-class _Views:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    seq_lens: torch.Tensor
-    src_rows: torch.Tensor  # >= 0: take this row's input token from `prev_tokens` (run-ahead steps)
-    picked: torch.Tensor  # the logits rows that sample, when not every row does (not read by graphs)
-    block_tables: torch.Tensor
-    tables: TableRows = field(init=False)  # what the `block_tables` rows hold (host views)
-
-    def __post_init__(self) -> None:
-        self.tables = TableRows(len(self.block_tables))
-
-
-_ROW_FIELDS = 6  # the _Views fields before block_tables
-
-# Longest run of query tokens one sequence may send through the graphs (k + 1 for speculation, a draft
-# mirror's catch-up); longer runs are prefill chunks, which the varlen prefill kernel does better.
-MAX_GRAPH_QUERY = 16
-
-
-def query_lens(seqs: list[Sequence], max_rows: int) -> list[int] | None:
-    """Rows per sequence when the step is decode-shaped (every sequence computes 1..MAX_GRAPH_QUERY
-    tokens that end at its last token, at most `max_rows` in all); None when it is not."""
-    lens, total = [], 0
-    for s in seqs:
-        q = s.num_scheduled_tokens
-        if not 1 <= q <= MAX_GRAPH_QUERY or s.num_cached_tokens + q != len(s):
-            return None
-        lens.append(q)
-        total += q
-    return lens if total <= max_rows else None
-
-
-def sampled_rows(seqs: list[Sequence], q_lens: list[int]) -> list[int] | None:
-    """Rows whose logits are sampled: each sequence's last token plus its drafts (the rule of
-    `plan_step`). None when that is every row (plain decode, verification)."""
-    if all(q == 1 + s.num_draft_tokens for s, q in zip(seqs, q_lens, strict=True)):
-        return None
-    rows, end = [], 0
-    for s, q in zip(seqs, q_lens, strict=True):
-        end += q
-        rows.extend(range(end - 1 - s.num_draft_tokens, end))
-    return rows
-
-
-def prepare_rows(
-    v: _Views, seqs: list[Sequence], q_lens: list[int], bs: int, src_rows: list[int] | None, block: int
-) -> tuple[list[int], int | None]:
-    """The host side of a graph step: `fill_rows`, and which logits rows sample. Returns each
-    sequence's sampled-row count and how many rows `v.picked` lists (None: every row, in order)."""
-    fill_rows(v, seqs, q_lens, bs, src_rows, block)
-    counts = [sample_count(s) for s in seqs]
-    rows = sampled_rows(seqs, q_lens)
-    if rows is None:
-        return counts, None
-    v.picked[: len(rows)] = rows
-    return counts, len(rows)
-
-
-def fill_rows(
-    v: _Views, seqs: list[Sequence], q_lens: list[int], bs: int, src_rows: list[int] | None, block: int
-) -> None:
-    """Write one step's rows into the host views: sequence i owns `q_lens[i]` consecutive rows, its
-    last tokens, each with its own position, slot and context length; rows past the end up to the
-    captured size `bs` are padding. `src_rows[i]` (run-ahead) applies to sequence i's placeholder row:
-    its last but the drafts that may follow it."""
-    if len(q_lens) == sum(q_lens):  # plain decode: one row per sequence, its last token
-        lengths = [len(s) for s in seqs]
-        ids = [s.token_ids[-1] for s in seqs]
-        blocks = [s.block_table[(n - 1) // block] for s, n in zip(seqs, lengths, strict=True)]
-        p = np.asarray(lengths, dtype=np.int32) - 1
-        for r, s in enumerate(seqs):
-            v.tables.write(v.block_tables, r, s.block_table)
-    else:
-        ids, blocks, p = _multi_rows(v, seqs, q_lens, block)
-    n = len(ids)
-    v.input_ids[:n] = ids
-    np.maximum(v.input_ids[:n], 0, out=v.input_ids[:n])  # placeholders come from src_rows
-    v.positions[:n] = p
-    v.seq_lens[:n] = p + 1
-    v.slots[:n] = np.asarray(blocks, dtype=np.int32) * block + p % block
-    v.slots[n:bs] = -1
-    v.seq_lens[n:bs] = 1
-    v.src_rows[:bs] = -1
-    if src_rows is not None:
-        last = np.cumsum(q_lens) - 1
-        if len(q_lens) != n:  # verification rows: a placeholder's drafts come after it
-            last -= np.fromiter((s.num_draft_tokens for s in seqs), dtype=last.dtype, count=len(seqs))
-        v.src_rows[last] = src_rows
-
-
-def _multi_rows(
-    v: _Views, seqs: list[Sequence], q_lens: list[int], block: int
-) -> tuple[list[int], list[int], np.ndarray]:
-    """Token ids, KV blocks and positions of steps where a sequence may own several rows."""
-    ids: list[int] = []
-    pos: list[int] = []
-    blocks: list[int] = []
-    r = 0
-    for s, q in zip(seqs, q_lens, strict=True):
-        length, table = len(s), s.block_table
-        ids += s.token_ids[length - q :]
-        pos += range(length - q, length)
-        blocks += [table[i // block] for i in range(length - q, length)]
-        for row in range(r, r + q):
-            v.tables.write(v.block_tables, row, table)
-        r += q
-    return ids, blocks, np.asarray(pos, dtype=np.int32)
 
 
 class DecodeGraphs:
@@ -195,7 +53,7 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_rows)
         self.max_bs, self.width = self.sizes[-1], max_blocks_per_seq
         self.max_seq_len, self.block_size = max_seq_len, block_size
-        n = self.max_bs * (_ROW_FIELDS + self.width)
+        n = packed_size(self.max_bs, self.width)
         # Two pinned host buffers used in turn: with run-ahead steps, the copy of step k-1 may still be
         # queued while the host fills step k's inputs.
         self.hosts = [torch.zeros(n, dtype=torch.int32, pin_memory=True) for _ in range(2)]
@@ -209,10 +67,8 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
-    def _views(self, buf) -> _Views:
-        m = self.max_bs
-        rows = [buf[i * m : (i + 1) * m] for i in range(_ROW_FIELDS)]
-        return _Views(*rows, buf[_ROW_FIELDS * m :].reshape(m, self.width))
+    def _views(self, buf) -> RowViews:
+        return RowViews.over(buf, self.max_bs, self.width)
 
     def _meta(self, bs: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -273,7 +129,7 @@ class DecodeGraphs:
         self.copied[self.turn].synchronize()  # the copy that last read this buffer has finished
         views = self.host_views[self.turn]
         counts, picked = prepare_rows(views, seqs, q_lens, bs, src_rows, self.block_size)
-        used = self.max_bs * _ROW_FIELDS + bs * self.width  # the step's graph reads no further
+        used = self.max_bs * ROW_FIELDS + bs * self.width  # the step's graph reads no further
         self.packed[:used].copy_(host[:used], non_blocking=True)
         self.copied[self.turn].record()
         self.turn ^= 1

@@ -68,12 +68,16 @@ def write_tiny_model(arch: str, directory: Path, seed: int = 0, **overrides) -> 
     return directory
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+def hf_greedy(
+    model_dir: Path, prompts: list[list[int]], max_new_tokens: int, use_cache: bool = False
+) -> list[list[int]]:
     """Reference greedy continuations from transformers (fp32, one prompt at a time, EOS not special).
 
-    A plain argmax loop over the model's full forward (no cache API, which changes between
-    transformers releases), so no generation-config logic (EOS handling, min_new_tokens bans) can
-    differ from the engine's `ignore_eos` greedy.
+    A plain argmax loop over the model's forward, so no generation-config logic (EOS handling,
+    min_new_tokens bans) can differ from the engine's `ignore_eos` greedy. By default each step runs
+    the full sequence (no cache: the reference for random tiny models, whose near-ties the slightly
+    different sums of a cached step could flip); `use_cache` feeds back whatever cache the model
+    returned (for real models, where a full forward per token costs minutes on the CPU).
     """
     import transformers
 
@@ -81,10 +85,15 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) ->
     model.eval()
     outs = []
     for ids in prompts:
-        seq = list(ids)
+        seq, past, feed = list(ids), None, list(ids)
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                logits = model(input_ids=torch.tensor([seq]), use_cache=False).logits
-                seq.append(int(logits[0, -1].argmax()))
+                if use_cache:
+                    out = model(input_ids=torch.tensor([feed]), past_key_values=past, use_cache=True)
+                    past = out.past_key_values
+                else:
+                    out = model(input_ids=torch.tensor([seq]), use_cache=False)
+                seq.append(int(out.logits[0, -1].argmax()))
+                feed = seq[-1:]
         outs.append(seq[len(ids) :])
     return outs

@@ -28,7 +28,7 @@ def test_chat_greedy_matches_transformers(default_llm):
         for q in QUESTIONS
     ]
     ids = [tok.encode(p) for p in prompts]
-    reference = hf_greedy(default_llm.config.model, ids, 32)
+    reference = hf_greedy(default_llm.config.model, ids, 32, use_cache=True)
     outs = default_llm.generate(
         ids, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False
     )

@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.runner.cuda_graph import _ROW_FIELDS, _Views, fill_rows, prepare_rows, query_lens, sampled_rows
+from common.runner.graph_inputs import (
+    RowViews,
+    fill_rows,
+    packed_size,
+    prepare_rows,
+    query_lens,
+    sampled_rows,
+)
 from common.runner.inputs import flat_sources, plan_step
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
@@ -23,10 +30,8 @@ def _seq(n_tokens: int, cached: int, drafts: list[int], first_block: int) -> Seq
     return seq
 
 
-def _views(rows: int, width: int) -> _Views:
-    buf = np.zeros(rows * (_ROW_FIELDS + width), dtype=np.int32)
-    parts = [buf[i * rows : (i + 1) * rows] for i in range(_ROW_FIELDS)]
-    return _Views(*parts, buf[_ROW_FIELDS * rows :].reshape(rows, width))
+def _views(rows: int, width: int) -> RowViews:
+    return RowViews.over(np.zeros(packed_size(rows, width), dtype=np.int32), rows, width)
 
 
 def test_rows_match_the_varlen_plan():
