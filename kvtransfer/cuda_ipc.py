@@ -14,6 +14,12 @@ from common.process import process_alive
 
 from .layout import dtype_from_name
 
+
+def require_cuda_cache(kv_cache: object) -> None:
+    if not isinstance(kv_cache, torch.Tensor) or kv_cache.device.type != "cuda":
+        raise ValueError("kv_cache must be a CUDA tensor for the ipc transport")
+
+
 HANDLE_KEYS = (
     "size",
     "stride",

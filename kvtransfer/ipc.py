@@ -35,7 +35,6 @@ side is aborted too, so a copy racing with block reuse there is never used.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -44,17 +43,15 @@ import torch
 from common.process import process_alive
 
 from .base import Endpoint, TransferResult, TransferStatus
-from .block_copy import checksum_blocks, copy_blocks
+from .block_copy import copy_blocks
 from .config import KVTransferConfig
-from .cuda_ipc import HANDLE_KEYS, MappedCaches, export_cache
-from .device import host_buffer, wait_event
+from .cuda_ipc import HANDLE_KEYS, MappedCaches, require_cuda_cache
+from .device import host_buffer
 from .jobs import Job
 from .layout import CacheLayout, parse_block_ids
-from .publication import FetchRejected, Publication
 from .receiver import ZmqReceiver
-from .sender import ZmqSender
-from .verify import VerificationFailed, check_residuals, pack_sums, unpack_sums
-from .wire import DONE, FetchRequest, Header, ProtocolError, encode, encode_error
+from .verify import VerificationFailed, check_residuals, unpack_sums
+from .wire import DONE, Header, ProtocolError, encode, encode_error
 
 log = logging.getLogger(__name__)
 
@@ -63,43 +60,6 @@ log = logging.getLogger(__name__)
 LEASE_MARGIN_S = 1.0
 # How often the receiver looks for senders that died (their mappings pin their caches' memory).
 DEAD_SENDER_SWEEP_S = 1.0
-
-
-def _require_cuda(kv_cache: object) -> None:
-    if not isinstance(kv_cache, torch.Tensor) or kv_cache.device.type != "cuda":
-        raise ValueError("kv_cache must be a CUDA tensor for the ipc transport")
-
-
-class IpcSender(ZmqSender):
-    transport = "ipc"
-
-    def __init__(self, kv_cache: torch.Tensor, config: KVTransferConfig | None = None) -> None:
-        _require_cuda(kv_cache)
-        super().__init__(kv_cache, config)
-
-    def _start_transport(self) -> Endpoint:
-        return {"handle": export_cache(self._kv), "num_blocks": self._kv.shape[2]}
-
-    def _publication_endpoint(self, request_id: str, pub: Publication) -> Endpoint:
-        wait_event(pub.ready)  # receivers read without asking: the engine's writes must be done now
-        lease_end = time.time() + (pub.deadline - time.monotonic())
-        ids, sums = pub.block_ids, None
-        if self._config.verify:
-            with self._stream.use():
-                sums = pack_sums(checksum_blocks(self._kv, torch.tensor(ids, device=self._kv.device)))
-        binding = pub.binding(self._epoch, ids)
-        return {
-            **super()._publication_endpoint(request_id, pub),
-            "rid": request_id,
-            "pid": os.getpid(),
-            "expires_at": lease_end,
-            "blocks": ids,
-            "hashes": binding["hashes"],
-            "sums": sums,
-        }
-
-    def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
-        raise FetchRejected("ipc publications are read directly by the receiver; nothing to fetch")
 
 
 @dataclass(eq=False)
@@ -119,7 +79,7 @@ class IpcReceiver(ZmqReceiver):
     transport = "ipc"
 
     def __init__(self, kv_cache: torch.Tensor, config: KVTransferConfig | None = None) -> None:
-        _require_cuda(kv_cache)
+        require_cuda_cache(kv_cache)
         super().__init__(kv_cache, config)
         self._queued: list[Job] = []  # engine thread only, like everything below
         self._copying: list[CopyBatch] = []

@@ -10,10 +10,11 @@ import torch
 from .base import KVReceiver, KVSender
 from .config import TRANSPORTS, KVTransferConfig
 
-_REGISTRY: dict[str, tuple[str, str, str]] = {
-    "tcp": ("kvtransfer.tcp", "TcpSender", "TcpReceiver"),
-    "ipc": ("kvtransfer.ipc", "IpcSender", "IpcReceiver"),
-    "nccl": ("kvtransfer.nccl", "NcclSender", "NcclReceiver"),
+# name -> ("module:SenderClass", "module:ReceiverClass")
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "tcp": ("kvtransfer.tcp:TcpSender", "kvtransfer.tcp:TcpReceiver"),
+    "ipc": ("kvtransfer.ipc_sender:IpcSender", "kvtransfer.ipc:IpcReceiver"),
+    "nccl": ("kvtransfer.nccl:NcclSender", "kvtransfer.nccl:NcclReceiver"),
 }
 assert set(_REGISTRY) == set(TRANSPORTS)
 
@@ -21,22 +22,22 @@ assert set(_REGISTRY) == set(TRANSPORTS)
 def create_sender(transport: str, kv_cache: torch.Tensor, config: KVTransferConfig | None = None) -> KVSender:
     """A not-yet-started sender of `transport` ('tcp' | 'ipc' | 'nccl'; resolve 'auto' first with
     `resolve_transport`) serving blocks of `kv_cache`."""
-    return _load(transport, 1)(kv_cache, _config_for(transport, config))
+    return _load(transport, 0)(kv_cache, _config_for(transport, config))
 
 
 def create_receiver(
     transport: str, kv_cache: torch.Tensor, config: KVTransferConfig | None = None
 ) -> KVReceiver:
     """A not-yet-started receiver of `transport` writing into blocks of `kv_cache`."""
-    return _load(transport, 2)(kv_cache, _config_for(transport, config))
+    return _load(transport, 1)(kv_cache, _config_for(transport, config))
 
 
 def _load(transport: str, which: int) -> type:
     if transport not in _REGISTRY:
         hint = " (resolve it first with resolve_transport)" if transport == "auto" else ""
         raise ValueError(f"transport must be one of {TRANSPORTS}{hint}, got {transport!r}")
-    entry = _REGISTRY[transport]
-    return getattr(importlib.import_module(entry[0]), entry[which])
+    module, name = _REGISTRY[transport][which].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _config_for(transport: str, config: KVTransferConfig | None) -> KVTransferConfig:
