@@ -109,12 +109,22 @@ def parse_block_ids(name: str, ids: object, num_blocks: int | None) -> list[int]
 
 def gather(kv_cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Blocks `index` (a long tensor on the cache's device) as one contiguous [2L, n, block_elems] tensor."""
-    return flat_view(kv_cache).index_select(1, index)
+    flat = flat_view(kv_cache)
+    return _words(flat).index_select(1, index).view(flat.dtype)
 
 
 def scatter(kv_cache: torch.Tensor, index: torch.Tensor, blocks: torch.Tensor) -> None:
     """Write `blocks` ([2L, n, block_elems], the cache's device and dtype) into blocks `index`."""
-    flat_view(kv_cache).index_copy_(1, index, blocks)
+    _words(flat_view(kv_cache)).index_copy_(1, index, _words(blocks.contiguous()))
+
+
+def _words(blocks: torch.Tensor) -> torch.Tensor:
+    """The same bytes with 64-bit elements along the last dimension where a block's row of it is a whole
+    number of words (torch's CPU index kernels move 8-byte elements 1.7x faster than 2-byte ones on the
+    CPU box); the tensor itself otherwise."""
+    if blocks.shape[-1] * blocks.element_size() % 8 or blocks.element_size() >= 8:
+        return blocks
+    return blocks.view(torch.uint8).view(torch.int64)
 
 
 def _is_positive_int(x: object) -> bool:

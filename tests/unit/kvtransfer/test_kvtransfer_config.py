@@ -12,7 +12,7 @@ import torch
 
 from kvtransfer import KVTransferConfig, create_receiver, create_sender, resolve_transport
 from kvtransfer.base import check_kv_cache
-from kvtransfer.layout import CacheLayout, parse_block_ids
+from kvtransfer.layout import CacheLayout, gather, parse_block_ids, scatter
 from kvtransfer.wire import FetchRequest, ProtocolError, decode
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -179,3 +179,30 @@ def test_fetch_request_round_trip_and_validation():
     )
     with pytest.raises(ProtocolError, match="timeout"):
         FetchRequest.parse(decode(bad))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim"),
+    [
+        (torch.bfloat16, 64),
+        (torch.float32, 3),
+        (torch.float16, 6),
+        (torch.float8_e4m3fn, 16),
+        (torch.float64, 2),
+    ],
+)
+def test_gather_and_scatter_move_the_blocks_bytes_exactly(dtype, head_dim):
+    """Whether they move 64-bit words (a block row of whole words) or the cache's own elements, gather
+    and scatter move exactly the bytes of the blocks asked for, in order, and nothing else."""
+    cache = torch.randn(2, 3, 10, 3, 1, head_dim).to(dtype)  # blocks of 3 tokens: some rows not whole words
+    raw = cache.view(torch.uint8).view(6, 10, -1)
+    src, dst = torch.tensor([7, 2, 5]), torch.tensor([0, 9, 1])
+    blocks = gather(cache, src)
+    assert blocks.dtype == dtype and blocks.shape[:2] == (6, 3)
+    assert torch.equal(blocks.view(torch.uint8).view(6, 3, -1), raw[:, src])
+    target = torch.zeros_like(cache)
+    scatter(target, dst, blocks)
+    written = target.view(torch.uint8).view(6, 10, -1)
+    assert torch.equal(written[:, dst], raw[:, src])
+    untouched = [b for b in range(10) if b not in dst.tolist()]
+    assert not written[:, untouched].any()
