@@ -31,13 +31,14 @@ def offline_references(model: str, engine: dict, pool: list[list[int]], lengths,
     from common import LLM
     from common.sampling_params import SamplingParams
 
-    if not torch.cuda.is_available():
-        # The cluster's processes share these cores; a full thread pool here would spin against them.
-        torch.set_num_threads(1)
     llm = LLM(model, **engine)
     pairs = [(i, n) for n in sorted(set(lengths)) for i in range(len(pool))]
     params = [SamplingParams(temperature=0, max_tokens=n) for _, n in pairs]
     outs = llm.generate([pool[i] for i, _ in pairs], params, use_tqdm=False)  # one batch
+    if not torch.cuda.is_available():
+        # Every core while no cluster runs (this comes first); then one thread, so this process never
+        # spins a thread pool against the cluster's processes on the same cores.
+        torch.set_num_threads(1)
     refs = {}
     for pair, out in zip(pairs, outs, strict=True):
         ids = out["token_ids"]
