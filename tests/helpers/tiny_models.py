@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -83,14 +84,16 @@ def hf_greedy(
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
+    # transformers 5.x renamed the cache argument and output field `past_key_values` -> `cache`
+    cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     outs = []
     for ids in prompts:
         seq, past, feed = list(ids), None, list(ids)
         with torch.no_grad():
             for _ in range(max_new_tokens):
                 if use_cache:
-                    out = model(input_ids=torch.tensor([feed]), past_key_values=past, use_cache=True)
-                    past = out.past_key_values
+                    out = model(input_ids=torch.tensor([feed]), use_cache=True, **{cache_name: past})
+                    past = getattr(out, cache_name)
                 else:
                     out = model(input_ids=torch.tensor([seq]), use_cache=False)
                 seq.append(int(out.logits[0, -1].argmax()))
