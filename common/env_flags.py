@@ -8,8 +8,12 @@ hot path cache the result themselves (functools.cache), as they did before.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 
 def env_choice(name: str, choices: Sequence[str], default: str) -> str:
@@ -27,28 +31,28 @@ def env_switch(name: str, default: bool) -> bool:
 
 def env_int(name: str, default: int, low: int, high: int) -> int:
     """An integer in [low, high]."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {raw!r}")
-    return value
+    return _env_number(name, default, int, lambda v: low <= v <= high, f"an integer in [{low}, {high}]")
 
 
 def env_float(name: str, default: float, allow_zero: bool = False) -> float:
     """A finite number above zero (a timeout), or at least zero with `allow_zero` (a size budget)."""
+
+    def ok(value: float) -> bool:
+        return math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+
+    floor = "at least 0" if allow_zero else "above 0"
+    return _env_number(name, default, float, ok, f"a finite number {floor}")
+
+
+def _env_number(name: str, default: N, parse: Callable[[str], N], ok: Callable[[N], bool], what: str) -> N:
+    """The variable parsed when set and `ok`, the default when unset, else a ValueError saying `what`."""
     raw = os.environ.get(name)
     if raw is None:
         return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError:
-        value = float("nan")
-    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
-        floor = "at least 0" if allow_zero else "above 0"
-        raise ValueError(f"{name} must be a finite number {floor}, got {raw!r}")
+        value = None
+    if value is None or not ok(value):
+        raise ValueError(f"{name} must be {what}, got {raw!r}")
     return value
