@@ -34,7 +34,7 @@ from common.attention.triton_kernels.prefill_attention import (  # noqa: E402
     prefill_config,
 )
 from common.attention.varlen_prefill import find_varlen_api, varlen_prefill  # noqa: E402
-from common.blocks import blocks_for  # noqa: E402
+from common.wire.blocks import blocks_for  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, NUM_LAYERS = 16, 8, 128, 28  # Qwen3-0.6B
 DTYPE = torch.bfloat16

@@ -29,7 +29,7 @@ def offline_references(model: str, engine: dict, pool: list[list[int]], lengths,
     import torch
 
     from common import LLM
-    from common.sampling_params import SamplingParams
+    from common.wire.sampling_params import SamplingParams
 
     llm = LLM(model, **engine)
     pairs = [(i, n) for n in sorted(set(lengths)) for i in range(len(pool))]

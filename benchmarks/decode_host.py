@@ -29,7 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.spec_host import GraphFill  # noqa: E402
-from common import LLM, SamplingParams, run_ahead, scheduler  # noqa: E402
+from common import LLM, SamplingParams
+from common.core import (
+    run_ahead,
+    scheduler,  # noqa: E402
+)
 from common.llm_engine import LLMEngine  # noqa: E402
 from common.runner import model_runner  # noqa: E402
 from common.runner.model_runner import ModelRunner  # noqa: E402

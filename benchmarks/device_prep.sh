@@ -12,4 +12,4 @@ if [ ! -f /tmp/site/.pdserve-prepared ]; then
   touch /tmp/site/.pdserve-prepared
 fi
 export PATH="/tmp/site/bin:$PATH" PYTHONPATH="/tmp/site:$PWD" PDSERVE_CACHE_DIR=/tmp/pdcache PYTHONUNBUFFERED=1
-python3 -m common.default_model >/dev/null 2>&1 || python3 -m common.default_model
+python3 -m common.tools.default_model >/dev/null 2>&1 || python3 -m common.tools.default_model

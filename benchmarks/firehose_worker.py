@@ -13,8 +13,8 @@ import time
 
 import zmq
 
-from common.hashing import probe_hash
-from common.messages import (
+from common.wire.hashing import probe_hash
+from common.wire.messages import (
     Abort,
     GenerateRequest,
     Shutdown,

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import LLM, SamplingParams  # noqa: E402
-from common.default_model import resolve_model  # noqa: E402
+from common.tools.default_model import resolve_model  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -9,7 +9,7 @@ LOG="${OUT:-/tmp/pdserve-gpu}"
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 M=/tmp/qwen3-0.6b
-python3 -m common.random_model --preset qwen3-0.6b --out $M --tokenizer-from "${1:?tokenizer dir}" >/dev/null
+python3 -m common.tools.random_model --preset qwen3-0.6b --out $M --tokenizer-from "${1:?tokenizer dir}" >/dev/null
 for cfg in base new base new; do
   if [ $cfg = base ]; then E="PDSERVE_DISABLE_SKINNY=1"; else E=""; fi
   echo "== $cfg"

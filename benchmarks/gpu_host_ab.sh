@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1
 M=/tmp/qwen3-0.6b
 NEW=$PWD
 BASE=/tmp/pdserve-base
-[ -d $M ] || python3 -m common.random_model --preset qwen3-0.6b --out $M --tokenizer-from "${1:?tokenizer dir}" >/dev/null
+[ -d $M ] || python3 -m common.tools.random_model --preset qwen3-0.6b --out $M --tokenizer-from "${1:?tokenizer dir}" >/dev/null
 rm -rf $BASE && mkdir -p $BASE && git archive "${2:?base commit}" | tar -x -C $BASE
 cp benchmarks/host_overlap.py benchmarks/offline_profile.py $BASE/benchmarks/  # the same measuring code
 git log --oneline -1

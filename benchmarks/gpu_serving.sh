@@ -9,7 +9,7 @@ LOG="${OUT:-/tmp/pdserve-serving}"
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 MODEL=/tmp/smollm2-random
-python3 -m common.random_model --preset smollm2-135m --out "$MODEL" --tokenizer-from "$TOK" >/dev/null
+python3 -m common.tools.random_model --preset smollm2-135m --out "$MODEL" --tokenizer-from "$TOK" >/dev/null
 N=${NUM_PROMPTS:-512}; IN=${INPUT_LEN:-512}; OUTLEN=${OUTPUT_LEN:-128}
 python3 -m deploy.launch --model "$MODEL" --backend local --prefill 1 --decode 1 --kv-transport "${KV_TRANSPORT:-ipc}" \
     --port 0 --max-model-len 4096 --max-num-seqs 256 --log-dir "$LOG/cluster" > "$LOG/launch.txt" 2>&1 &

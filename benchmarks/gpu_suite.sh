@@ -14,7 +14,7 @@ git rev-parse --short HEAD 2>/dev/null | tee "$LOG/commit.txt"
 $PY -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -m gpu ${GPU_TESTS:-tests/unit/common} 2>&1 | tail -25 | tee "$LOG/tests.txt"
 
 MODEL=/tmp/qwen3-0.6b
-$PY -m common.random_model --preset qwen3-0.6b --out "$MODEL" >/dev/null
+$PY -m common.tools.random_model --preset qwen3-0.6b --out "$MODEL" >/dev/null
 $PY benchmarks/latency.py --model "$MODEL" --json-out "$LOG/latency.json" 2>&1 | grep -v Loading | tail -3
 if [ "$MODE" = full ]; then
   $PY benchmarks/offline.py --model "$MODEL" --quiet --engine-kwargs '{"max_num_seqs": 256}' \

@@ -21,9 +21,9 @@ import llguidance.hf  # noqa: E402
 import llguidance.torch  # noqa: E402
 import torch  # noqa: E402
 
-from common.default_model import prepare_default_model  # noqa: E402
 from common.model_config import ModelConfig  # noqa: E402
 from common.tokenizer import load_tokenizer  # noqa: E402
+from common.tools.default_model import prepare_default_model  # noqa: E402
 
 SCHEMA = {
     "type": "object",

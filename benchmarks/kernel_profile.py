@@ -21,8 +21,8 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from common import LLM, SamplingParams  # noqa: E402
+from common.core.sequence import Sequence  # noqa: E402
 from common.runner.inputs import prepare_sampling  # noqa: E402
-from common.sequence import Sequence  # noqa: E402
 
 _REPLAYS = 20
 

@@ -179,7 +179,7 @@ def _wait_healthy(url: str, workers: int) -> None:
 
 
 def run(a: argparse.Namespace) -> dict:
-    from common.default_model import prepare_default_model
+    from common.tools.default_model import prepare_default_model
     from router.tokenizer import ModelTokenizer
 
     model = a.model or str(prepare_default_model(progress=False))

@@ -31,13 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from common import LLM, SamplingParams, scheduler, speculative  # noqa: E402
+from common import LLM, SamplingParams
+from common.core import scheduler
 from common.llm_engine import LLMEngine  # noqa: E402
 from common.runner import graph_inputs, model_runner  # noqa: E402
 from common.runner.model_runner import ModelRunner, graph_rows  # noqa: E402
 from common.runner.sampler import Sampler  # noqa: E402
 from common.runner.step_handle import StepHandle  # noqa: E402
-from common.spec_policy import StepClock, StepCosts  # noqa: E402
+from common.spec_decode import speculative  # noqa: E402
+from common.spec_decode.spec_policy import StepClock, StepCosts  # noqa: E402
 
 # (phase, depth): report order; a deeper row is part of the shallower one above it.
 PHASES = [

@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.speculative_prompts import WORKLOADS  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
-from common.chat import build_chat_prompt  # noqa: E402
-from common.default_model import resolve_model  # noqa: E402
-from common.draft_proposer import build_draft_proposer  # noqa: E402
 from common.llm_engine import StepTimings  # noqa: E402
-from common.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
+from common.spec_decode.draft_proposer import build_draft_proposer  # noqa: E402
+from common.spec_decode.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
+from common.tools.chat import build_chat_prompt  # noqa: E402
+from common.tools.default_model import resolve_model  # noqa: E402
 
 # The summary line's name of each copy workload (`copy` keeps the name its past figures have).
 SUMMARY_NAMES = {"copy": "copy-heavy", "copy-long": "copy-long"}

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from common import LLM, SamplingParams  # noqa: E402
-from common.default_model import resolve_model  # noqa: E402
+from common.core.sequence import Sequence  # noqa: E402
 from common.runner.grammar import GrammarMasker  # noqa: E402
-from common.sequence import Sequence  # noqa: E402
-from common.structured_output import json_schema_grammar  # noqa: E402
+from common.tools.default_model import resolve_model  # noqa: E402
+from common.wire.structured_output import json_schema_grammar  # noqa: E402
 
 ITEMS = {
     "type": "object",

@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import LLM, SamplingParams  # noqa: E402
-from common.default_model import resolve_model  # noqa: E402
-from common.random_model import write_random_model  # noqa: E402
+from common.tools.default_model import resolve_model  # noqa: E402
+from common.tools.random_model import write_random_model  # noqa: E402
 
 
 def _random_ids(llm: LLM, n: int, rng: random.Random) -> list[int]:

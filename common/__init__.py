@@ -1,7 +1,7 @@
 """Engine core shared by every role.
 
 `from common import LLM, SamplingParams` gives the offline batch API. The heavy names are imported
-lazily so that torch-free users (the router) can import `common.hashing` or `common.messages`
+lazily so that torch-free users (the router) can import `common.wire.hashing` or `common.wire.messages`
 without pulling in torch.
 """
 
@@ -12,7 +12,7 @@ __all__ = ["LLM", "SamplingParams", "EngineConfig"]
 if TYPE_CHECKING:
     from common.config import EngineConfig
     from common.llm import LLM
-    from common.sampling_params import SamplingParams
+    from common.wire.sampling_params import SamplingParams
 
 
 def __getattr__(name: str):
@@ -21,7 +21,7 @@ def __getattr__(name: str):
 
         return LLM
     if name == "SamplingParams":
-        from common.sampling_params import SamplingParams
+        from common.wire.sampling_params import SamplingParams
 
         return SamplingParams
     if name == "EngineConfig":

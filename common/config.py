@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Literal, get_args
 
-# What an engine (and so a worker) does: prefill and decode in one place, or one half of the pair.
-Role = Literal["mixed", "prefill", "decode"]
-ROLES: tuple[Role, ...] = get_args(Role)
+from common.wire.roles import ROLES, Role
+
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from common.config import EngineConfig
-from common.detokenizer import Decoder, IncrementalDetokenizer
+from common.core.scheduler import SeqUpdate
+from common.core.sequence import Sequence
 from common.llm_engine import LLMEngine
-from common.sampling_params import SamplingParams
-from common.scheduler import SeqUpdate
-from common.sequence import Sequence
-from common.structured_output import check_grammar
 from common.tokenizer import load_tokenizer
+from common.wire.detokenizer import Decoder, IncrementalDetokenizer
+from common.wire.sampling_params import SamplingParams
+from common.wire.structured_output import check_grammar
 
 
 class _StopStrings:

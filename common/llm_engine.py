@@ -7,19 +7,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from common import run_ahead
-from common.block_manager import BlockManager
-from common.blocks import blocks_for
 from common.config import EngineConfig
+from common.core import run_ahead
+from common.core.block_manager import BlockManager
+from common.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SeqUpdate
+from common.core.sequence import Sequence
 from common.device import resolve_platform
-from common.kv_events import KVEvent
 from common.model_config import ModelConfig
 from common.runner.model_runner import ModelRunner
-from common.sampling_params import SamplingParams
-from common.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SeqUpdate
-from common.sequence import Sequence
-from common.spec_policy import StepClock
-from common.speculative import SKIP_AFTER_NO_MATCH, NgramProposer, Proposer, SpeculativeConfig
+from common.spec_decode.spec_policy import StepClock
+from common.spec_decode.speculative import SKIP_AFTER_NO_MATCH, NgramProposer, Proposer, SpeculativeConfig
+from common.wire.blocks import blocks_for
+from common.wire.kv_events import KVEvent
+from common.wire.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
@@ -130,7 +130,7 @@ class LLMEngine:
         runner = runner_cls.load(config, model_config, platform, max_model_len)
         proposer = None
         if config.speculative == "draft":
-            from common.draft_proposer import build_draft_proposer
+            from common.spec_decode.draft_proposer import build_draft_proposer
 
             proposer = build_draft_proposer(config, model_config, runner, max_model_len)
         return cls(config, model_config, runner, proposer)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from common.blocks import blocks_for
+from common.core.sequence import Sequence
 from common.llm_engine import LLMEngine
-from common.messages import DecodeRequest, GenerateRequest
-from common.sequence import Sequence
+from common.wire.blocks import blocks_for
+from common.wire.messages import DecodeRequest, GenerateRequest
 
 
 def sequence_from_request(engine: LLMEngine, req: DecodeRequest | GenerateRequest) -> Sequence:

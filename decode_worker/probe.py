@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from common.messages import KVProbe, KVProbeResult
+from common.wire.messages import KVProbe, KVProbeResult
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.peers import KVReceiverSet
 

@@ -35,10 +35,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from common import request_log
+from common.core.sequence import Sequence, SequenceStatus
 from common.llm_engine import StepResult
-from common.messages import DecodeRequest, GenerateRequest, KVProbe, Message, TokenBatch, TokenOutput
-from common.sequence import Sequence, SequenceStatus
+from common.wire import request_log
+from common.wire.messages import DecodeRequest, GenerateRequest, KVProbe, Message, TokenBatch, TokenOutput
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
@@ -65,7 +65,7 @@ class DecodeJob:
 
     @property
     def log(self) -> logging.LoggerAdapter:
-        """This request's logger: its lines name the request's X-Request-Id (common/request_log.py)."""
+        """This request's logger: its lines name the request's X-Request-Id (common/wire/request_log.py)."""
         return request_log.for_request(log, self.request.log_name)
 
 

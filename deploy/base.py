@@ -26,7 +26,7 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)
     module_override: str | None = None  # run this module instead (tests use a stand-in worker)
     # Added to the worker's environment like `env`, but never shown: the cluster's CURVE keys
-    # (common/curve.py). Backends hand it over without a command line or a log line.
+    # (common/net/curve.py). Backends hand it over without a command line or a log line.
     secret_env: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:

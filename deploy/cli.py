@@ -1,7 +1,7 @@
 """The `pdserve` console script: one entry point for the `python -m` forms.
 
     pdserve serve [launch options]   = python -m deploy.launch ...   (start a cluster, serve until Ctrl-C)
-    pdserve chat [options] QUESTION  = python -m common.chat ...     (answer one question offline)
+    pdserve chat [options] QUESTION  = python -m common.tools.chat ...     (answer one question offline)
     pdserve bench [options]          = python benchmarks/serving.py ... (load an OpenAI endpoint)
 
 Each command hands the rest of the command line, unchanged, to the module's own `main`, so options and
@@ -26,7 +26,7 @@ def _serve(argv: list[str]) -> int:
 
 
 def _chat(argv: list[str]) -> int:
-    from common.chat import main
+    from common.tools.chat import main
 
     return main(argv)
 
@@ -45,7 +45,7 @@ def _bench(argv: list[str]) -> int:
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "serve": (_serve, "start a router and workers (python -m deploy.launch)"),
-    "chat": (_chat, "answer one question with the offline engine (python -m common.chat)"),
+    "chat": (_chat, "answer one question with the offline engine (python -m common.tools.chat)"),
     "bench": (_bench, "benchmark an OpenAI-compatible endpoint (benchmarks/serving.py)"),
 }
 

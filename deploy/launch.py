@@ -9,7 +9,7 @@ its ready file, which names the inbox) -> workers through the backend -> wait un
 and lists every worker live -> print "pdserve ready: URL/v1" once -> serve until SIGINT/SIGTERM (or
 the router dies) -> stop the workers and the router (no process is left behind, see local_backend).
 What is started, with which flags and GPU shares (mixed workers, validation), is planned in plan.py.
-The launcher makes the cluster's CURVE keys (common/curve.py) and gives them to the router and every
+The launcher makes the cluster's CURVE keys (common/net/curve.py) and gives them to the router and every
 worker through the environment (never argv, never a log), so only its own processes can join.
 """
 
@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from common.curve import CurveKeys
 from common.engine_args import add_engine_args, engine_overrides
+from common.net.curve import CurveKeys
 from deploy.base import WorkerBackend, WorkerHandle
 from deploy.local_backend import signal_group, spawn, stop_processes
 from deploy.passthrough import ROUTER_FLAGS, WORKER_FLAGS, add_passthrough_args, passthrough_argv
@@ -84,7 +84,7 @@ class Cluster:
 
     def start(self) -> str:
         deadline = time.monotonic() + self.plan.startup_timeout_s
-        # The cluster's CURVE keys (common/curve.py): made here, handed over through environments only.
+        # The cluster's CURVE keys (common/net/curve.py): made here, handed over through environments only.
         self._secret_env = CurveKeys.generate().to_env()
         ready = self._start_router(deadline, self._secret_env)
         self.url, self.inbox = ready["http"], ready["inbox"]
@@ -202,8 +202,8 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
     add_passthrough_args(p)
     add_engine_args(p)
     args = p.parse_args(argv)
-    from common.default_model import resolve_model
-    from common.generation_config import load_generation_defaults
+    from common.tools.default_model import resolve_model
+    from common.wire.generation_config import load_generation_defaults
 
     try:
         model = resolve_model(args.model)

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from common.engine_args import engine_argv
-from common.worker.net import WILDCARD_HOSTS
+from common.net.addresses import WILDCARD_HOSTS
 from deploy.base import WorkerSpec
 
 BACKENDS = ("ray", "local")

@@ -36,7 +36,7 @@ publication's `nonce`; replies repeat them with the hash the publication recorde
 and a checksum per block of the bytes read; the receiver checks all of it (against the endpoint, the
 prompt's chain `block_hashes` it was given, and its own checksums of what arrived) before DONE, and
 fails the transfer otherwise. With `KVTransferConfig.curve` every socket runs ZMQ CURVE
-(`common/curve.py`): only holders of the cluster's keys can fetch.
+(`common/net/curve.py`): only holders of the cluster's keys can fetch.
 
 Endpoint dicts (msgpack-able; bytes stay bytes; `publish()` adds "nonce", ipc more, see ipc.py):
     tcp:  {"transport": "tcp",  "address": "tcp://127.0.0.1:41234", "epoch": int}

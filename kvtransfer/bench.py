@@ -36,8 +36,8 @@ import time
 
 import torch
 
-from common.blocks import blocks_for
-from common.hashing import block_hashes
+from common.wire.blocks import blocks_for
+from common.wire.hashing import block_hashes
 
 from . import KVTransferConfig, TransferStatus, create_receiver, create_sender
 from .block_copy import checksum_blocks

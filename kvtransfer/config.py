@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from common.curve import CurveKeys
-from common.worker.net import WILDCARD_HOSTS
+from common.net.addresses import WILDCARD_HOSTS
+from common.net.curve import CurveKeys
 
 TRANSPORTS = ("tcp", "ipc", "nccl")
 TRANSPORT_CHOICES = (*TRANSPORTS, "auto")
@@ -31,7 +31,7 @@ class KVTransferConfig:
     - `verify`: checksum the blocks at both ends and check each transfer's binding before reporting it
       DONE (`kvtransfer/verify.py`). Both ends must agree: a verifying receiver fails transfers from a
       sender that sends no checksums. Off only to measure what verification costs.
-    - `curve`: the cluster's CURVE keys (common/curve.py): senders admit only receivers holding them,
+    - `curve`: the cluster's CURVE keys (common/net/curve.py): senders admit only receivers holding them,
       receivers authenticate with them. None: plain sockets.
     """
 

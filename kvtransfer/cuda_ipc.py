@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from common.process import process_alive
+from common.net.process import process_alive
 
 from .layout import dtype_from_name
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.process import process_alive
+from common.net.process import process_alive
 
 from .base import Endpoint, TransferResult, TransferStatus
 from .block_copy import copy_blocks

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import torch
 
-from common.worker.net import split_tcp_address
+from common.net.addresses import split_tcp_address
 
 from .base import Endpoint, KVReceiver, KVSender, Release, TransferResult
 from .config import KVTransferConfig, resolve_transport

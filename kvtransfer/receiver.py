@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import torch
 import zmq
 
-from common import curve
-from common.worker.waker import Waker
+from common.net import curve
+from common.net.waker import Waker
 
 from .base import Endpoint, KVReceiver, TransferResult, TransferStatus, check_kv_cache
 from .config import KVTransferConfig, validate_seconds

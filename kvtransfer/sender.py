@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 import zmq
 
-from common import curve
+from common.net import curve
 
 from .base import Endpoint, KVSender, Release, TransferStatus, check_kv_cache
 from .block_copy import gather_blocks

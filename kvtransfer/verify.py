@@ -7,7 +7,7 @@ A transfer is bound to three things:
   `publish()` returns (the prefill worker puts that endpoint in its DecodeRequest);
 * the sender's `epoch`: random, drawn once when the sender starts, so a restarted sender (or another
   process at the same address) is told apart from the one that published;
-* the prompt's block-hash chain (`common.hashing`): the prefill worker hands `publish()` the hash of each
+* the prompt's block-hash chain (`common.wire.hashing`): the prefill worker hands `publish()` the hash of each
   full prompt block, and the sender reports, for every block id it serves, the hash it recorded for it.
 
 Where the sender reads the blocks it also reports a checksum per block of the bytes it read, and the

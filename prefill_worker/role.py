@@ -15,9 +15,10 @@ import logging
 import time
 from dataclasses import dataclass
 
-from common import request_log
+from common.core.sequence import Sequence
 from common.llm_engine import StepResult
-from common.messages import (
+from common.wire import request_log
+from common.wire.messages import (
     DecodeRequest,
     KVProbe,
     KVProbeRequest,
@@ -26,7 +27,6 @@ from common.messages import (
     PrefillRequest,
     TokenOutput,
 )
-from common.sequence import Sequence
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from kvtransfer import KVTransferConfig, TransferStatus
@@ -44,7 +44,7 @@ class PrefillJob:
 
     @property
     def log(self) -> logging.LoggerAdapter:
-        """This request's logger: its lines name the request's X-Request-Id (common/request_log.py)."""
+        """This request's logger: its lines name the request's X-Request-Id (common/wire/request_log.py)."""
         return request_log.for_request(log, self.request.log_name)
 
 

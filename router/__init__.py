@@ -5,6 +5,6 @@ The router never imports torch (nor transformers): tokenization uses `tokenizers
 Entry points: `python -m router --model PATH ...` (see router/__main__.py) and, in-process,
 `router.server.build_router(RouterConfig(...)) -> (app, router)`.
 
-It talks to the workers with the messages of `common/messages.py`; the protocol (sockets,
+It talks to the workers with the messages of `common/wire/messages.py`; the protocol (sockets,
 registration, requests, cache events) is written out in docs/protocol.md.
 """

@@ -1,11 +1,11 @@
 """`python -m router --model PATH [--host H] [--port P] [--inbox-host H] [--inbox-port P] ...`
 
-The cluster's CURVE keys (common/curve.py) come from $PDSERVE_CURVE_PUBLIC_KEY and
+The cluster's CURVE keys (common/net/curve.py) come from $PDSERVE_CURVE_PUBLIC_KEY and
 $PDSERVE_CURVE_SECRET_KEY (`deploy.launch` sets them); without them the ZMQ inbox is unauthenticated.
 `--api-key KEY` (or $PDSERVE_API_KEY) turns on Bearer-key auth; `--protect-status` extends it to every
 route (see router/auth.py). `--disagg always|never|auto` chooses where prompts are prefilled (see
 router/disagg.py). `--generation-config auto|vllm|PATH` chooses the sampling defaults of requests that
-leave them out (see common/generation_config.py).
+leave them out (see common/wire/generation_config.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from common import request_log
-from common.curve import CurveKeys
-from common.generation_config import GENERATION_CONFIG_AUTO, load_generation_defaults
+from common.net.curve import CurveKeys
+from common.wire import request_log
+from common.wire.generation_config import GENERATION_CONFIG_AUTO, load_generation_defaults
 from router.config import API_KEY_ENV, RouterConfig
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
 from router.kv_probes import DEFAULT_PROBE_BYTES

@@ -27,8 +27,8 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from common import curve
-from common.messages import (
+from common.net import curve
+from common.wire.messages import (
     KVEventBatch,
     KVProbeResult,
     Message,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from common.curve import CurveKeys
-from common.generation_config import GENERATION_CONFIG_AUTO
+from common.net.curve import CurveKeys
+from common.wire.generation_config import GENERATION_CONFIG_AUTO
 from router.disagg import DEFAULT_DISAGG, DEFAULT_STALL_WEIGHT, DISAGG_MODES
 from router.kv_probes import DEFAULT_PROBE_BYTES
 from router.policy import ROUTING_POLICIES
@@ -27,9 +27,9 @@ class RouterConfig:
     `disagg_stall_weight` choose between remote and local prefill (see router/disagg.py).
     `generation_config` says where requests' missing sampling values come from: "auto" (the model's
     generation_config.json), "vllm" (the engine's defaults) or a directory (read at start-up, see
-    common/generation_config.py). `kv_probe_mb` is the size of the probe transfer each prefill/decode
+    common/wire/generation_config.py). `kv_probe_mb` is the size of the probe transfer each prefill/decode
     pair runs when it forms (0: no probes) and `kv_probe_min_gbps` the floor below which a pair is
-    degraded (0: none; see router/kv_probes.py). `curve`: the cluster's CURVE keys (common/curve.py),
+    degraded (0: none; see router/kv_probes.py). `curve`: the cluster's CURVE keys (common/net/curve.py),
     from the environment; None leaves the inbox open to anyone who can reach it.
     """
 

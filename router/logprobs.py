@@ -1,4 +1,4 @@
-"""Worker logprob entries (`common.logprobs.TokenLogprob`, one per generated token) -> OpenAI logprob
+"""Worker logprob entries (`common.wire.logprobs.TokenLogprob`, one per generated token) -> OpenAI logprob
 objects. Completions want parallel lists (tokens, token_logprobs,
 top_logprobs as {token text: logprob}, text_offset); chat wants one object per token with its UTF-8
 bytes and its alternatives.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common.logprobs import TokenLogprob
+from common.wire.logprobs import TokenLogprob
 from router.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 from router.tokenizer import ModelTokenizer
 

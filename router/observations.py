@@ -9,7 +9,7 @@ decode token to the last token).
 
 from __future__ import annotations
 
-from common.messages import TokenOutput
+from common.wire.messages import TokenOutput
 from router.live_rates import LiveRates
 from router.route_planner import Route
 from router.router_metrics import RouterMetrics

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from common.blocks import blocks_for
+from common.wire.blocks import blocks_for
 
 ROUTING_POLICIES = ("prefix", "round_robin")
 

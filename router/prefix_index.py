@@ -14,7 +14,7 @@ hole among them means another snapshot. Meanwhile matching keeps using the worke
 (possibly stale) hashes: a wrong guess only costs routing quality, never correctness, because a
 prefill worker computes whatever it does not have cached.
 
-Pure data structure: no sockets, no clocks. Events are the `common.kv_events` classes.
+Pure data structure: no sockets, no clocks. Events are the `common.wire.kv_events` classes.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.kv_events import BlockRemoved, BlockStored
-from common.messages import KVEventBatch, Snapshot
+from common.wire.kv_events import BlockRemoved, BlockStored
+from common.wire.messages import KVEventBatch, Snapshot
 
 
 class IndexUpdate(enum.Enum):

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from common.sampling_params import FinishReason
+from common.wire.sampling_params import FinishReason
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -57,7 +57,7 @@ class _GenerationRequest(_Strict):
     user: str | None = None
     # pdserve extension: this request's end-to-end limit in seconds, within the router's own.
     timeout: float | None = Field(default=None, gt=0, le=86400)
-    # Structured output (common/structured_output.py): OpenAI's response_format, or one of vLLM's extras.
+    # Structured output (common/wire/structured_output.py): OpenAI's response_format, or one of vLLM's extras.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None

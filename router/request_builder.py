@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from common.generation_config import GenerationDefaults
-from common.sampling_params import SamplingParams
-from common.structured_output import GuidedRequest
+from common.wire.generation_config import GenerationDefaults
+from common.wire.sampling_params import SamplingParams
+from common.wire.structured_output import GuidedRequest
 from router.errors import APIError, bad_request, from_value_error
 from router.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from router.tokenizer import ChatTemplateError, ModelTokenizer

@@ -14,7 +14,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from common import request_log
+from common.wire import request_log
 from router.errors import bad_request
 
 HEADER = "x-request-id"

@@ -24,10 +24,10 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 
-from common import request_log
-from common.detokenizer import IncrementalDetokenizer
-from common.messages import Abort, GenerateRequest, Message, PrefillRequest, RequestFailed, TokenOutput
-from common.sampling_params import FinishReason, SamplingParams
+from common.wire import request_log
+from common.wire.detokenizer import IncrementalDetokenizer
+from common.wire.messages import Abort, GenerateRequest, Message, PrefillRequest, RequestFailed, TokenOutput
+from common.wire.sampling_params import FinishReason, SamplingParams
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
 from router.errors import APIError

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from common.messages import RequestFailed, TokenOutput
+from common.wire.messages import RequestFailed, TokenOutput
 
 
 class StreamTimeout(Exception):

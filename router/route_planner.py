@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
-from common.blocks import blocks_for
-from common.hashing import block_hashes
+from common.wire.blocks import blocks_for
+from common.wire.hashing import block_hashes
 from router.disagg import LOCAL, REMOTE, Decision, DisaggInputs, LocalOption, RemoteOption, decide
 from router.errors import APIError
 from router.kv_probes import KVProbes

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import uvicorn
 from fastapi import FastAPI
 
-from common.generation_config import GenerationDefaults, load_generation_defaults
+from common.wire.generation_config import GenerationDefaults, load_generation_defaults
 from router.app import create_app
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig

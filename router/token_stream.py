@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from common.detokenizer import IncrementalDetokenizer
-from common.logprobs import TokenLogprob
-from common.messages import TokenOutput
-from common.sampling_params import FinishReason, SamplingParams
+from common.wire.detokenizer import IncrementalDetokenizer
+from common.wire.logprobs import TokenLogprob
+from common.wire.messages import TokenOutput
+from common.wire.sampling_params import FinishReason, SamplingParams
 
 
 class TokenReorderBuffer:

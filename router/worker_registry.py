@@ -19,8 +19,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from common.hashing import probe_hash
-from common.messages import WorkerHeartbeat, WorkerRegister
+from common.wire.hashing import probe_hash
+from common.wire.messages import WorkerHeartbeat, WorkerRegister
 from router.disagg import DECODE_TARGET_ROLES, DEFAULT_DISAGG, check_mode, local_roles, remote_allowed
 from router.load_tracker import LoadTracker
 from router.policy import DecodeLoad, PrefillLoad

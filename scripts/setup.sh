@@ -37,5 +37,5 @@ else
 fi
 
 say "default model"
-"$PY" -m common.default_model
+"$PY" -m common.tools.default_model
 say "done"

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from common.attention.base import AttentionBackend, AttentionMetadata
 from common.attention.torch_contexts import WideContexts, budget_bytes
-from common.blocks import blocks_for
+from common.wire.blocks import blocks_for
 
 
 class TorchAttentionBackend(AttentionBackend):

@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from common.layers.pdl import pdl_enabled, pdl_wait
 from common.layers.skinny_tiles import FMA_MAX_ROWS, accumulate, load_input, weights
-from common.pdl import pdl_enabled, pdl_wait
-from common.split_arrival import ArrivalCounters, arrive, depart
+from common.layers.split_arrival import ArrivalCounters, arrive, depart
 
 # The kernel takes up to 16 rows (tl.dot pads to 16); the engine sends it SKINNY_MAX_ROWS (fused.py).
 _MAX_ROWS = 16
@@ -74,7 +74,7 @@ def split_for(n: int, k: int, launch: SkinnyLaunch) -> int:
     return split
 
 
-# Arrival counters of the split programs, one per column block (common/split_arrival.py).
+# Arrival counters of the split programs, one per column block (common/layers/split_arrival.py).
 _COUNTERS = ArrivalCounters("skinny_linear", 1 << 16)
 
 
@@ -108,7 +108,7 @@ def _skinny_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
-    PDL: tl.constexpr,  # launched as a programmatic dependent (common/pdl.py)
+    PDL: tl.constexpr,  # launched as a programmatic dependent (common/layers/pdl.py)
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)

@@ -24,6 +24,7 @@ import torch
 
 from common.attention.base import AttentionBackend, AttentionMetadata
 from common.attention.context import ForwardContext, set_forward_context
+from common.core.sequence import Sequence
 from common.runner.graph_inputs import (
     ROW_FIELDS,
     RowViews,
@@ -32,8 +33,7 @@ from common.runner.graph_inputs import (
     prepare_rows,
     query_lens,
 )
-from common.sequence import Sequence
-from common.spec_policy import StepCosts
+from common.spec_decode.spec_policy import StepCosts
 
 logger = logging.getLogger(__name__)
 

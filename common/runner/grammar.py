@@ -18,8 +18,8 @@ from pathlib import Path
 import llguidance
 import torch
 
+from common.core.sequence import Sequence
 from common.runner.inputs import per_row
-from common.sequence import Sequence
 from common.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)

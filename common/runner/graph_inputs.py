@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from common.core.sequence import Sequence
 from common.runner.inputs import sample_count
-from common.sequence import Sequence
 
 
 def capture_sizes(max_rows: int) -> list[int]:

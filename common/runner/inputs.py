@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import torch
 
 from common.attention.base import AttentionMetadata
+from common.core.sequence import Sequence
 from common.runner.sampler import SamplingBatch
-from common.sampling_params import SamplingParams
-from common.sequence import Sequence
+from common.wire.sampling_params import SamplingParams
 
 
 @dataclass

@@ -8,8 +8,8 @@ import torch
 
 from common.attention import create_backend, resolve_backend_name
 from common.attention.context import ForwardContext, set_forward_context
-from common.blocks import blocks_for
 from common.config import EngineConfig
+from common.core.sequence import Sequence
 from common.device import DevicePlatform
 from common.layers.attention import Attention
 from common.loader import load_weights
@@ -30,9 +30,9 @@ from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
 from common.runner.step_handle import HostTokens, StepHandle
 from common.runner.tp_group import TPGroup, start_group
-from common.sampling_params import SamplingParams
-from common.sequence import Sequence
-from common.spec_policy import StepCosts
+from common.spec_decode.spec_policy import StepCosts
+from common.wire.blocks import blocks_for
+from common.wire.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import torch
 
 from common.env_flags import env_choice
 from common.layers.fused import use_fused
-from common.logprobs import TokenLogprob
+from common.wire.logprobs import TokenLogprob
 
 
 @dataclass

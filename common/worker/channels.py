@@ -7,7 +7,7 @@ only ever sees valid messages (a malformed request that still names its request 
 the router, not retryable: another worker would get the same bytes). The I/O thread also sends the
 registration (at once, then every `register_interval_s`: that is how a restarted router re-learns
 running workers) and a heartbeat every `heartbeat_interval_s` built from the latest `load` the engine
-thread posted. With the cluster's CURVE keys (common/curve.py) the command and events sockets admit
+thread posted. With the cluster's CURVE keys (common/net/curve.py) the command and events sockets admit
 only holders of the keys, and the router and peer sockets authenticate with them.
 """
 
@@ -21,9 +21,11 @@ from dataclasses import dataclass
 
 import zmq
 
-from common import curve
-from common.curve import CurveKeys
-from common.messages import (
+from common.net import curve
+from common.net.addresses import tcp_endpoint
+from common.net.curve import CurveKeys
+from common.net.waker import Waker
+from common.wire.messages import (
     Message,
     MessageError,
     RequestFailed,
@@ -32,9 +34,7 @@ from common.messages import (
     decode,
     encode,
 )
-from common.worker.net import tcp_endpoint
 from common.worker.role import LoadReport
-from common.worker.waker import Waker
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class WorkerChannels:
         curve: CurveKeys | None = None,
     ) -> None:
         self.worker_id = worker_id
-        self.curve = curve  # None: plain sockets (see common/curve.py)
+        self.curve = curve  # None: plain sockets (see common/net/curve.py)
         self.router_addr = router_addr
         self.host = host
         self.with_events = with_events

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.config import EngineConfig
-from common.curve import CurveKeys
 from common.engine_args import add_engine_args, engine_config_from_args
-from common.worker.net import WILDCARD_HOSTS
+from common.net.addresses import WILDCARD_HOSTS
+from common.net.curve import CurveKeys
 
 KV_TRANSPORTS = ("auto", "tcp", "ipc", "nccl")
 
@@ -32,7 +32,7 @@ class WorkerConfig:
     means the local address this machine uses to reach the router. `kv_lease_s` bounds how long a
     prefill worker keeps handed-off blocks pinned without an acknowledgement; `kv_fetch_timeout_s`
     bounds one transfer on the decode side (after it, the decode worker recomputes the prompt).
-    `curve`: the cluster's CURVE keys (common/curve.py), taken from the environment, never the command
+    `curve`: the cluster's CURVE keys (common/net/curve.py), taken from the environment, never the command
     line; None: plain sockets.
     """
 
@@ -98,7 +98,7 @@ def build_worker_parser(roles: Sequence[str]) -> argparse.ArgumentParser:
 
 def parse_worker_args(argv: Sequence[str] | None, roles: Sequence[str]) -> tuple[WorkerConfig, str]:
     """(WorkerConfig, log level) for a worker module serving `roles`; exits with status 2 on a bad value."""
-    from common.default_model import resolve_model
+    from common.tools.default_model import resolve_model
 
     parser = build_worker_parser(roles)
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from common import request_log
+from common.wire import request_log
 from common.worker.config import parse_worker_args
 from common.worker.role import WorkerRole
 from common.worker.service import WorkerService

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from common.logprobs import TokenLogprob
-from common.sequence import Sequence
+from common.core.sequence import Sequence
+from common.wire.logprobs import TokenLogprob
 
 
 def wire_logprobs(seq: Sequence, num_tokens: int) -> list[TokenLogprob] | None:

@@ -15,9 +15,10 @@ import queue
 import threading
 import time
 
-from common import request_log
-from common.hashing import probe_hash
-from common.messages import (
+from common.net.addresses import resolve_host
+from common.wire import request_log
+from common.wire.hashing import probe_hash
+from common.wire.messages import (
     Abort,
     KVProbe,
     KVProbeRequest,
@@ -31,7 +32,6 @@ from common.worker.aborts import AbortBook
 from common.worker.channels import BoundAddresses, WorkerChannels
 from common.worker.config import WorkerConfig
 from common.worker.engine_factory import build_engine
-from common.worker.net import resolve_host
 from common.worker.role import WorkerContext, WorkerRole
 
 log = logging.getLogger(__name__)

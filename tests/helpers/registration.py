@@ -3,8 +3,8 @@ processes trying to register, authenticated inbox tests): it names no reachable 
 
 from __future__ import annotations
 
-from common.hashing import probe_hash
-from common.messages import WorkerRegister
+from common.wire.hashing import probe_hash
+from common.wire.messages import WorkerRegister
 
 
 def placeholder_register(worker_id: str, role: str) -> WorkerRegister:

@@ -21,7 +21,7 @@ import time
 
 import zmq
 
-from common.curve import PUBLIC_ENV, CurveKeys
+from common.net.curve import PUBLIC_ENV, CurveKeys
 
 
 def _secure(sock: zmq.Socket, keys: str) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.curve import CurveKeys
+from common.net.curve import CurveKeys
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

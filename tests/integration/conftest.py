@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.default_model import prepare_default_model
+from common.tools.default_model import prepare_default_model
 
 
 @pytest.fixture(scope="session")

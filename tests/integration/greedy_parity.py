@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common import LLM
-from common.sampling_params import SamplingParams
+from common.wire.sampling_params import SamplingParams
 from tests.integration.test_cluster import expected
 
 

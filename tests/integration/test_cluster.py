@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from common.sampling_params import SamplingParams
+from common.wire.sampling_params import SamplingParams
 from tests.integration.launcher import LaunchedCluster, launch
 
 pytestmark = pytest.mark.timeout(300)

@@ -16,7 +16,7 @@ the prefix cache. The offline `LLM` (same engine flags and dtype, on this GPU) a
 in the same two rounds. Answers are compared through their text (the API returns no token ids); a
 difference is located at the first offline token the cluster's text does not continue with.
 
-Run on a CUDA host where the default model can be prepared (`python -m common.default_model`); keep
+Run on a CUDA host where the default model can be prepared (`python -m common.tools.default_model`); keep
 the file in one pytest process (no xdist, or `--dist loadfile`), else setups start twice:
     PYTHONPATH=$PWD python -m pytest -q -rs tests/integration/test_cluster_gpu.py
 """
@@ -32,8 +32,8 @@ import httpx
 import pytest
 import torch
 
-from common.default_model import resolve_model
 from common.engine_args import engine_argv
+from common.tools.default_model import resolve_model
 from tests.integration.greedy_parity import ClusterAnswer, Divergence, OfflineReference, divergences
 from tests.integration.launcher import LaunchedCluster, launch
 from tests.integration.process_cluster import metric

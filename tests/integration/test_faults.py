@@ -20,7 +20,7 @@ import httpx
 import pytest
 import zmq
 
-from common.messages import (
+from common.wire.messages import (
     DecodeRequest,
     PrefillRequest,
     TokenOutput,
@@ -29,7 +29,7 @@ from common.messages import (
     decode,
     encode,
 )
-from common.sampling_params import SamplingParams
+from common.wire.sampling_params import SamplingParams
 from deploy.local_backend import spawn, stop_processes
 from router.token_stream import ReplayMismatch, trim_replayed
 from tests.integration.process_cluster import ENV, ProcessCluster, metric

@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.process import process_alive
-from common.sampling_params import SamplingParams
+from common.net.process import process_alive
+from common.wire.sampling_params import SamplingParams
 from tests.integration.launcher import LaunchedCluster, launch
 
 pytestmark = pytest.mark.timeout(240)

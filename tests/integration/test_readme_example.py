@@ -15,8 +15,8 @@ from typing import NamedTuple
 import httpx
 import pytest
 
-from common.generation_config import load_generation_defaults
-from common.sampling_params import SamplingParams
+from common.wire.generation_config import load_generation_defaults
+from common.wire.sampling_params import SamplingParams
 from tests.integration.launcher import REPO_ROOT, LaunchedCluster, launch
 
 pytestmark = pytest.mark.timeout(300)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from common.sampling_params import SamplingParams
+from common.wire.sampling_params import SamplingParams
 from tests.integration.launcher import launch
 from tests.integration.test_launcher_shutdown import SMALL
 

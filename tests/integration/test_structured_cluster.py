@@ -11,8 +11,8 @@ import json
 import httpx
 import pytest
 
-from common.sampling_params import SamplingParams
-from common.structured_output import GuidedRequest
+from common.wire.sampling_params import SamplingParams
+from common.wire.structured_output import GuidedRequest
 from tests.helpers.structured_cases import CASES
 from tests.integration.process_cluster import ProcessCluster
 

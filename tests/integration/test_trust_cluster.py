@@ -6,7 +6,7 @@ cluster for all of it to keep CI short:
   CPU link reaches the pairs are degraded in /health and the `auto` cost model stops disaggregating over
   them (the decode worker prefills locally), while every greedy answer still equals the offline
   engine's;
-* the authenticated cluster (common/curve.py): the launcher made the CURVE keys and handed them to the
+* the authenticated cluster (common/net/curve.py): the launcher made the CURVE keys and handed them to the
   router and the workers through their environment; the cluster serves over authenticated sockets
   (router <-> workers, prefill -> decode commands, cache events, the KV transfer); the secret is on no
   command line and in no log; a rogue process without the keys, or with keys of its own, cannot
@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.curve import PUBLIC_ENV, SECRET_ENV, CurveKeys
-from common.messages import encode
-from common.sampling_params import SamplingParams
+from common.net.curve import PUBLIC_ENV, SECRET_ENV, CurveKeys
+from common.wire.messages import encode
+from common.wire.sampling_params import SamplingParams
 from tests.helpers.registration import placeholder_register
 from tests.helpers.rogues import run_rogue
 from tests.integration.launcher import LaunchedCluster, launch

@@ -14,8 +14,8 @@ import pytest
 import zmq
 
 from common import LLM, SamplingParams
-from common.hashing import block_hashes, probe_hash
-from common.messages import (
+from common.wire.hashing import block_hashes, probe_hash
+from common.wire.messages import (
     Abort,
     GenerateRequest,
     Shutdown,

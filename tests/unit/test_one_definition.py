@@ -11,14 +11,14 @@ import pytest
 from tests.unit.test_import_contracts import PACKAGES, ROOT
 
 SHARED = {
-    "WILDCARD_HOSTS": "common/worker/net.py",
-    "Waker": "common/worker/waker.py",
-    "ROLES": "common/config.py",
-    "Role": "common/config.py",
-    "FinishReason": "common/sampling_params.py",
-    "TokenLogprob": "common/logprobs.py",
-    "KVEvent": "common/kv_events.py",
-    "MessageError": "common/wire_fields.py",
+    "WILDCARD_HOSTS": "common/net/addresses.py",
+    "Waker": "common/net/waker.py",
+    "ROLES": "common/wire/roles.py",
+    "Role": "common/wire/roles.py",
+    "FinishReason": "common/wire/sampling_params.py",
+    "TokenLogprob": "common/wire/logprobs.py",
+    "KVEvent": "common/wire/kv_events.py",
+    "MessageError": "common/wire/wire_fields.py",
 }
 
 

@@ -5,7 +5,7 @@ the KV head (the group, padded to at least 16 rows so `tl.dot` can use tensor co
 slice of the context once, so each KV byte is read once per step, not once per query head. A sequence
 that fits in one split has its output written directly. Otherwise each split writes a normalised
 partial output and its log-sum-exp, and the last split to arrive at the (sequence, KV head) merges
-them (common/split_arrival.py: per-(sequence, KV head) arrival counters, zero between launches).
+them (common/layers/split_arrival.py: per-(sequence, KV head) arrival counters, zero between launches).
 The merge used to be a second kernel; in a batch-1 CUDA-graph step that launch cost 28 x 2.6 us.
 
 The split length is computed on the device from each sequence's own length, so `num_splits` is only a
@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from common.pdl import pdl_enabled, pdl_wait
-from common.split_arrival import ArrivalCounters, arrive, depart
+from common.layers.pdl import pdl_enabled, pdl_wait
+from common.layers.split_arrival import ArrivalCounters, arrive, depart
 
 _LOG2E = 1.4426950408889634
 # Launch tunables (benchmarks/attention_kernels.py --tune sweeps them). tile_bytes: bytes of K
@@ -71,7 +71,7 @@ def _decode_kernel(
     MERGE: tl.constexpr,  # num_splits > 1: compiled with the partial stores and the merge
     BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,  # launched as a programmatic dependent (common/pdl.py)
+    PDL: tl.constexpr,  # launched as a programmatic dependent (common/layers/pdl.py)
 ):
     # Everything this kernel reads (q, the KV cache just stored, lengths) may come from the previous
     # kernels, and the counters are shared: nothing before the wait.

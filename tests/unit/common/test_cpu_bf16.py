@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from common import LLM, SamplingParams
-from common.default_model import prepare_default_model
+from common.tools.default_model import prepare_default_model
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea."]
 NEW_TOKENS, TOP = 12, 5

@@ -9,8 +9,8 @@ import pytest
 
 from common import LLM, SamplingParams
 from common.config import EngineConfig
-from common.hashing import block_hashes
 from common.llm_engine import LLMEngine
+from common.wire.hashing import block_hashes
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]  # 2 full blocks of 16 + 8 tokens
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)

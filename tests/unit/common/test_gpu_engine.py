@@ -1,6 +1,6 @@
 """The engine on a CUDA GPU: logits vs transformers (bf16), CUDA graphs vs eager, prefix hit vs miss.
 
-Uses Qwen3-0.6B-architecture weights with a fixed seed, written by `common.random_model` and loaded
+Uses Qwen3-0.6B-architecture weights with a fixed seed, written by `common.tools.random_model` and loaded
 through the normal safetensors path. Skipped on machines without CUDA.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
-from common.random_model import write_random_model
+from common.tools.random_model import write_random_model
 from tests.helpers.recording import record_logits
 
 pytestmark = pytest.mark.gpu

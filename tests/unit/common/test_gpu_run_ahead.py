@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
-from common.random_model import write_random_model
+from common.tools.random_model import write_random_model
 
 pytestmark = pytest.mark.gpu
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
-from common.chat import build_chat_prompt
-from common.default_model import prepare_default_model
+from common.tools.chat import build_chat_prompt
+from common.tools.default_model import prepare_default_model
 from tests.unit.common.test_speculative import two_sample_total_variation
 
 pytestmark = pytest.mark.gpu

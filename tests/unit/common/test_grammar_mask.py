@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.default_model import prepare_default_model
+from common.core.sequence import Sequence
 from common.model_config import ModelConfig
 from common.runner.grammar import GrammarMasker, unpack_bitmask
 from common.runner.inputs import prepare_sampling
 from common.runner.sampler import Sampler
-from common.sampling_params import SamplingParams
-from common.sequence import Sequence
-from common.structured_output import choice_grammar, json_schema_grammar
+from common.tools.default_model import prepare_default_model
+from common.wire.sampling_params import SamplingParams
+from common.wire.structured_output import choice_grammar, json_schema_grammar
 
 VOCAB = 49152  # SmolLM2's
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common import LLM, SamplingParams
-from common.default_model import prepare_default_model
+from common.tools.default_model import prepare_default_model
 
 ENGINES = {
     "plain": {},

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from common import LLM, SamplingParams, run_ahead
-from common.default_model import prepare_default_model
-from common.sequence import Sequence
-from common.speculative import can_speculate_later
-from common.structured_output import GuidedRequest, choice_grammar
+from common import LLM, SamplingParams
+from common.core import run_ahead
+from common.core.sequence import Sequence
+from common.spec_decode.speculative import can_speculate_later
+from common.tools.default_model import prepare_default_model
+from common.wire.structured_output import GuidedRequest, choice_grammar
 from tests.helpers.structured_cases import CASES
 
 MAX_TOKENS = 64

@@ -121,7 +121,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two C
 
 @pytest.fixture(scope="module")
 def qwen3_06b_dir(tmp_path_factory):
-    from common.random_model import write_random_model
+    from common.tools.random_model import write_random_model
 
     return str(write_random_model(tmp_path_factory.mktemp("qwen3") / "m", "qwen3-0.6b", seed=0))
 

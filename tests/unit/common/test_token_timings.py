@@ -7,7 +7,7 @@ import math
 import msgpack
 import pytest
 
-from common.messages import TIMING_STAGES, MessageError, TokenOutput, decode, encode
+from common.wire.messages import TIMING_STAGES, MessageError, TokenOutput, decode, encode
 
 
 def _out(timings) -> TokenOutput:

@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from common import SamplingParams
-from common.messages import Abort, DecodeRequest, TokenOutput
-from common.sequence import SequenceStatus
+from common.core.sequence import SequenceStatus
+from common.wire.messages import Abort, DecodeRequest, TokenOutput
 from decode_worker.admission import sequence_from_request, transferable
 from decode_worker.role import DecodeRole
 from prefill_worker.role import PrefillRole

@@ -11,9 +11,9 @@ import msgpack
 import pytest
 
 from common import SamplingParams
-from common.hashing import block_hashes
-from common.kv_events import BlockStored
-from common.messages import (
+from common.wire.hashing import block_hashes
+from common.wire.kv_events import BlockStored
+from common.wire.messages import (
     Abort,
     GenerateRequest,
     KVEventBatch,

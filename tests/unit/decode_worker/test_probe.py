@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.messages import KVProbe, KVProbeRequest, KVProbeResult
+from common.wire.messages import KVProbe, KVProbeRequest, KVProbeResult
 from tests.unit.prefill_worker.harness import Pair, run_until
 
 

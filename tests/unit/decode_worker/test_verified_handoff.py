@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from common.messages import DecodeRequest
+from common.wire.messages import DecodeRequest
 from tests.helpers.kv_proxy import KVProxy, flip_a_byte, redirect_fetch
 from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS
 from tests.unit.prefill_worker.harness import Pair, prefill_request, run_until

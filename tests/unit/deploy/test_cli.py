@@ -45,7 +45,7 @@ def test_usage_and_unknown_commands(capsys) -> None:
 
 
 def test_serve_arguments_are_the_launchers(capsys) -> None:
-    from common.default_model import prepare_default_model
+    from common.tools.default_model import prepare_default_model
 
     model = str(prepare_default_model(progress=False))
     with pytest.raises(SystemExit) as exc:  # the launcher's own plan check refuses it

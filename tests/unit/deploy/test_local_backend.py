@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from common.process import process_alive
+from common.net.process import process_alive
 from deploy.base import WorkerSpec
 from deploy.local_backend import REPO_ROOT, LocalBackend, child_env
 from deploy.plan import LaunchPlan, gpu_layout, worker_specs

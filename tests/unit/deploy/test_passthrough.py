@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.default_model import prepare_default_model
+from common.tools.default_model import prepare_default_model
 from deploy.launch import parse_args
 from deploy.plan import worker_specs
 

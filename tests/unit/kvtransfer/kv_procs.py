@@ -187,7 +187,7 @@ REQUESTS = [
 
 def chain_for(num_blocks: int, seed: str) -> list[int]:
     """A prompt's block-hash chain for `num_blocks` blocks, the last one partly filled (so unhashed)."""
-    from common.hashing import block_hashes
+    from common.wire.hashing import block_hashes
 
     tokens = [hash((seed, i)) % 1000 for i in range(16 * num_blocks - 3)]
     return block_hashes(tokens, 16)

@@ -1,4 +1,4 @@
-"""An authenticated KV sender (common/curve.py): a rogue process without the cluster's keys, or with keys
+"""An authenticated KV sender (common/net/curve.py): a rogue process without the cluster's keys, or with keys
 of its own, gets no reply to a fetch and releases nothing; a receiver holding the keys is served, and
 one without them times out (real sockets, the rogue a real separate process)."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from kv_procs import SPECS, bits, wait_results
 
-from common.curve import CurveKeys
+from common.net.curve import CurveKeys
 from kvtransfer import KVTransferConfig, TransferStatus, create_receiver, create_sender
 from kvtransfer.layout import CacheLayout
 from kvtransfer.wire import FetchRequest

@@ -11,8 +11,8 @@ import queue
 import time
 
 from common.config import EngineConfig
-from common.messages import DecodeRequest, Message, PrefillRequest, TokenBatch, TokenOutput
-from common.sampling_params import SamplingParams
+from common.wire.messages import DecodeRequest, Message, PrefillRequest, TokenBatch, TokenOutput
+from common.wire.sampling_params import SamplingParams
 from common.worker.config import WorkerConfig
 from common.worker.engine_factory import build_engine
 from common.worker.role import LoadReport, WorkerContext, WorkerRole

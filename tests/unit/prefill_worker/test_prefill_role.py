@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from common.hashing import block_hashes
-from common.kv_events import BlockStored
-from common.messages import (
+from common.wire.hashing import block_hashes
+from common.wire.kv_events import BlockStored
+from common.wire.messages import (
     Abort,
     DecodeRequest,
     KVEventBatch,

@@ -10,8 +10,8 @@ import torch
 
 from common import LLM, SamplingParams
 from common.config import EngineConfig
-from common.draft_proposer import DraftModelProposer
-from common.speculative import NgramProposer
+from common.spec_decode.draft_proposer import DraftModelProposer
+from common.spec_decode.speculative import NgramProposer
 from common.worker.engine_factory import SharedGpuRunner, build_engine
 
 PROMPTS = [[5, 6, 7, 8] * 6, [40, 41, 42] * 5 + [9]]

@@ -18,7 +18,7 @@ def _tokenizer_only_dir(target: Path) -> Path:
     Converting only the tokenizer takes seconds, whereas preparing the full model dequantizes weights;
     router tests need nothing but tokenizer files.
     """
-    from common.default_model import default_model_cache_dir, gguf_path, is_prepared
+    from common.tools.default_model import default_model_cache_dir, gguf_path, is_prepared
 
     cached = default_model_cache_dir()
     target.mkdir(parents=True, exist_ok=True)

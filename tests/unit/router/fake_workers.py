@@ -1,4 +1,4 @@
-"""Scripted prefill/decode/mixed workers speaking the real wire protocol (ZMQ + common.messages).
+"""Scripted prefill/decode/mixed workers speaking the real wire protocol (ZMQ + common.wire.messages).
 
 They "generate" a fixed reply (a list of token ids) so the router can be tested end to end without a
 model: registration, heartbeats, PrefillRequest -> first token -> DecodeRequest -> remaining tokens,
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from common.hashing import block_hashes, probe_hash
-from common.kv_events import BlockStored
-from common.logprobs import TokenLogprob
-from common.messages import (
+from common.wire.hashing import block_hashes, probe_hash
+from common.wire.kv_events import BlockStored
+from common.wire.logprobs import TokenLogprob
+from common.wire.messages import (
     Abort,
     DecodeRequest,
     GenerateRequest,
@@ -36,7 +36,7 @@ from common.messages import (
     decode,
     encode,
 )
-from common.sampling_params import SamplingParams
+from common.wire.sampling_params import SamplingParams
 
 
 @dataclass

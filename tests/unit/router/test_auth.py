@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from common.curve import CurveKeys
+from common.net.curve import CurveKeys
 from deploy import launch
 from router.__main__ import parse_args
 from router.config import API_KEY_ENV, RouterConfig

@@ -10,7 +10,7 @@ import asyncio
 import json
 from typing import NamedTuple
 
-from common.messages import PrefillRequest
+from common.wire.messages import PrefillRequest
 from router.protocol import ChatCompletionRequest, CompletionRequest
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router

@@ -1,4 +1,4 @@
-"""An authenticated router inbox (common/curve.py): a rogue process without the cluster's keys, or with
+"""An authenticated router inbox (common/net/curve.py): a rogue process without the cluster's keys, or with
 keys of its own, can neither register as a worker nor inject token outputs into a request's stream; the
 same messages from a process holding the keys get through (real sockets, real separate processes)."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from common.curve import CurveKeys
-from common.messages import TokenOutput, encode
+from common.net.curve import CurveKeys
+from common.wire.messages import TokenOutput, encode
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
 from router.prefix_index import PrefixIndex

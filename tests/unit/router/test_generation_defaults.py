@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from common.generation_config import GenerationDefaults, load_generation_defaults
-from common.messages import PrefillRequest
-from common.sampling_params import SamplingParams
+from common.wire.generation_config import GenerationDefaults, load_generation_defaults
+from common.wire.messages import PrefillRequest
+from common.wire.sampling_params import SamplingParams
 from router.__main__ import parse_args
 from router.errors import APIError
 from router.protocol import ChatCompletionRequest, CompletionRequest

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from common.detokenizer import IncrementalDetokenizer
-from common.messages import FinishReason
-from common.sampling_params import SamplingParams
+from common.wire.detokenizer import IncrementalDetokenizer
+from common.wire.messages import FinishReason
+from common.wire.sampling_params import SamplingParams
 from router.fanout import ChoiceUpdate
 from router.openai_responses import DONE, ChatFormatter, CompletionFormatter
 from router.request_builder import GenerationPlan

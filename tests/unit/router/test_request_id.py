@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from common.messages import PrefillRequest
+from common.wire.messages import PrefillRequest
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router
 
@@ -85,7 +85,7 @@ def test_answers_refused_before_the_app_carry_the_id_too(model_dir, tokenizer) -
 
 
 def test_the_id_travels_to_the_workers(model_dir, tokenizer) -> None:
-    """Workers name it in their log lines (common/request_log.py): every sub-request carries it."""
+    """Workers name it in their log lines (common/wire/request_log.py): every sub-request carries it."""
     reply = tokenizer.encode(" Hi", add_special_tokens=False) + [2]
     specs = [("prefill-0", "prefill", Script(reply=reply)), ("decode-0", "decode", Script(reply=reply))]
 

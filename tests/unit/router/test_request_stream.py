@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from common.messages import RequestFailed, TokenOutput
+from common.wire.messages import RequestFailed, TokenOutput
 from router.request_stream import RequestStream, StreamTimeout
 from router.token_stream import SequenceUpdate
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from common.messages import Abort, DecodeRequest, GenerateRequest, PrefillRequest
+from common.wire.messages import Abort, DecodeRequest, GenerateRequest, PrefillRequest
 from router.live_rates import EWMA_ALPHA
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router, wait_for

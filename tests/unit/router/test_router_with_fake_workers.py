@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 
-from common.messages import Abort, PrefillRequest, SnapshotRequest
+from common.wire.messages import Abort, PrefillRequest, SnapshotRequest
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router, wait_for
 

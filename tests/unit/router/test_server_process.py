@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from common.messages import Abort
+from common.wire.messages import Abort
 from tests.unit.router.fake_workers import Script, start_workers
 from tests.unit.router.harness import wait_for
 
@@ -25,11 +25,11 @@ ROUTER_MODULES = [
     "router.cluster_client",
     "router.request_lifecycle",
     "router.tokenizer",
-    "common.detokenizer",
-    "common.blocks",
+    "common.wire.detokenizer",
+    "common.wire.blocks",
     "router.prefix_index",
     "router.policy",
-    "common.messages",
+    "common.wire.messages",
 ]
 
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from common.messages import PrefillRequest
-from common.structured_output import GuidedRequest, json_schema_grammar, regex_grammar
+from common.wire.messages import PrefillRequest
+from common.wire.structured_output import GuidedRequest, json_schema_grammar, regex_grammar
 from router.protocol import ChatCompletionRequest, CompletionRequest
 from router.request_builder import RequestBuilder
 from tests.helpers.structured_cases import CASES, PERSON

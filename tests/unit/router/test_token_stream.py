@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from common.detokenizer import IncrementalDetokenizer
-from common.messages import TokenOutput
-from common.sampling_params import SamplingParams
+from common.wire.detokenizer import IncrementalDetokenizer
+from common.wire.messages import TokenOutput
+from common.wire.sampling_params import SamplingParams
 from router.token_stream import SequenceOutput, TokenReorderBuffer
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.hashing import probe_hash
-from common.messages import WorkerHeartbeat, WorkerRegister
+from common.wire.hashing import probe_hash
+from common.wire.messages import WorkerHeartbeat, WorkerRegister
 from router.load_tracker import Assignment, LoadTracker
 from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry, WorkerState
 

@@ -1,4 +1,5 @@
-"""The one-launch decode attention's in-kernel merge of its splits (last-arrival, common/split_arrival.py).
+"""The one-launch decode attention's in-kernel merge of its splits (last-arrival,
+common/layers/split_arrival.py).
 
 Each case is checked against the torch reference backend and against the two-kernel path's math
 (per-split normalised partials and log2-sum-exps, merged by weights 2^(lse - max)), written out in
@@ -25,7 +26,7 @@ from common.attention.triton_kernels.decode_attention import (  # noqa: E402
     decode_tile_n,
     paged_decode_attention,
 )
-from common.split_arrival import ArrivalCounters  # noqa: E402
+from common.layers.split_arrival import ArrivalCounters  # noqa: E402
 
 pytestmark = [] if INTERPRET else [pytest.mark.gpu]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from common.core.sequence import Sequence
 from common.runner.inputs import flat_sources
-from common.sampling_params import SamplingParams
-from common.sequence import Sequence
+from common.wire.sampling_params import SamplingParams
 
 
 def _scheduled(n_tokens: int, cached: int) -> Sequence:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from common.core.sequence import Sequence
 from common.runner.graph_inputs import (
     RowViews,
     fill_rows,
@@ -15,8 +16,7 @@ from common.runner.graph_inputs import (
     sampled_rows,
 )
 from common.runner.inputs import flat_sources, plan_step
-from common.sampling_params import SamplingParams
-from common.sequence import Sequence
+from common.wire.sampling_params import SamplingParams
 
 BLOCK = 4
 

@@ -7,11 +7,11 @@ import contextlib
 import pytest
 import torch
 
+from common.core.sequence import Sequence
 from common.runner.inputs import prepare_sampling, sampling_rows
 from common.runner.sampler import Sampler
 from common.runner.step_handle import HostTokens, StepHandle
-from common.sampling_params import SamplingParams
-from common.sequence import Sequence
+from common.wire.sampling_params import SamplingParams
 
 
 def _seqs(*params: SamplingParams) -> list[Sequence]:

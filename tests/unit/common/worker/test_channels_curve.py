@@ -1,4 +1,4 @@
-"""A worker's authenticated sockets (common/curve.py): a rogue process without the cluster's keys, or
+"""A worker's authenticated sockets (common/net/curve.py): a rogue process without the cluster's keys, or
 with keys of its own, cannot put a command on a worker's command socket; a process holding the keys can
 (real sockets, the rogue a real separate process)."""
 
@@ -8,8 +8,8 @@ import queue
 
 import pytest
 
-from common.curve import CurveKeys
-from common.messages import Abort, Shutdown, encode
+from common.net.curve import CurveKeys
+from common.wire.messages import Abort, Shutdown, encode
 from common.worker.channels import WorkerChannels
 from tests.helpers.rogues import run_rogue
 

@@ -14,8 +14,10 @@ import zmq
 
 from common.config import EngineConfig
 from common.engine_args import add_engine_args, engine_argv, engine_config_from_args, engine_overrides
-from common.hashing import probe_hash
-from common.messages import (
+from common.net.addresses import resolve_host, split_tcp_address
+from common.net.waker import Waker
+from common.wire.hashing import probe_hash
+from common.wire.messages import (
     Abort,
     PrefillRequest,
     RequestFailed,
@@ -26,14 +28,12 @@ from common.messages import (
     decode,
     encode,
 )
-from common.sampling_params import SamplingParams
+from common.wire.sampling_params import SamplingParams
 from common.worker.aborts import AbortBook
 from common.worker.channels import WorkerChannels
 from common.worker.config import WorkerConfig, parse_worker_args
-from common.worker.net import resolve_host, split_tcp_address
 from common.worker.role import LoadReport
 from common.worker.service import WorkerService
-from common.worker.waker import Waker
 from prefill_worker.role import PrefillRole
 
 

@@ -1,0 +1,305 @@
+"""Iteration-level continuous batching with chunked prefill, prefix reuse and preemption.
+
+Each step first gives every running sequence its next tokens (one for a decoding sequence, the
+next chunk for one still prefilling), then admits waiting sequences into the remaining token
+budget. Any prompt may be split into chunks, not only the first of a batch. When the KV cache runs
+out, the most recently admitted running sequence is preempted: its blocks are freed and it goes back
+to the head of the queue to be recomputed (its cached prefix usually survives in the LRU).
+
+Roles: `mixed` runs a request from prompt to finish. `prefill` hands a sequence off as soon as its
+first token is sampled, keeping its blocks pinned until `release`. `decode` receives sequences
+whose prompt KV arrives by transfer (`reserve_for_transfer` / `complete_transfer`), and recomputes
+them locally if the transfer fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from itertools import count
+from typing import NamedTuple
+
+from common.core.block_manager import BlockManager
+from common.core.sequence import FinishReason, Sequence, SequenceStatus
+from common.core.stopping import finishes_in_flight, first_stop
+from common.runner.output import RunnerOutput
+from common.spec_decode.speculative import SpecStats, accept_drafts
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    role: str = "mixed"
+    eos_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class ScheduledBatch:
+    """Sequences to run this step; each carries `num_scheduled_tokens`."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative proposals verified this step (counted in decode tokens)
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence computes exactly its last token (the CUDA-graph-friendly case)."""
+        return bool(self.seqs) and self.num_prefill_tokens == 0 and self.num_draft_tokens == 0
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class SeqUpdate(NamedTuple):  # a tuple: one is made per sequence per step, and tuples build fastest
+    """What happened to one sequence in a step."""
+
+    seq: Sequence
+    new_token_id: int | None
+    finished: bool
+    handed_off: bool = False
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.transferring: dict[int, Sequence] = {}
+        self.handed_off: dict[int, Sequence] = {}
+        self._admit_counter = count()
+        self.proposer = None  # speculative decoding: a `Proposer`, whose `plan` adds drafts each step
+        self.spec_stats = SpecStats()
+        self._deferred_free: list[Sequence] = []  # finished while a launched step writes their KV
+
+    # ---- intake --------------------------------------------------------------------------------
+    def validate(self, seq: Sequence) -> None:
+        """Reject a sequence that could never run (raises ValueError)."""
+        if len(seq) == 0:
+            raise ValueError("prompt must contain at least one token")
+        if len(seq) > self.config.max_model_len:
+            raise ValueError(
+                f"prompt has {len(seq)} tokens, more than max_model_len={self.config.max_model_len}"
+            )
+        if seq.num_blocks_needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"prompt needs {seq.num_blocks_needed} KV blocks but the cache has "
+                f"{self.block_manager.num_blocks}"
+            )
+
+    def add(self, seq: Sequence) -> None:
+        self.validate(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.transferring)
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        tokens = sum(s.num_uncomputed_tokens for s in self.waiting)
+        return tokens + sum(s.num_uncomputed_tokens - 1 for s in self.running if s.num_uncomputed_tokens > 1)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        if not batch.preempted:
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
+        if self.proposer is not None:
+            self.proposer.plan(self.running, budget)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            i += 1
+            if seq.num_pending_tokens and finishes_in_flight(seq, self.config.max_model_len):
+                continue  # its in-flight token is its last: the step's resolve finishes it
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.grow(seq, seq.num_cached_tokens + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    return budget
+            self._put(batch, seq, n)
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            match = self.block_manager.match_prefix(seq)
+            n = min(len(seq) - match.num_tokens, budget)
+            if not self.block_manager.can_admit(seq, match, match.num_tokens + n):
+                break
+            self.waiting.popleft()
+            self.block_manager.admit(seq, match, match.num_tokens + n)
+            if seq.num_preemptions == 0 and seq.admit_order < 0:
+                seq.num_prefix_hit_tokens = match.num_tokens
+                seq.first_scheduled_at = time.monotonic()
+            seq.admit_order = next(self._admit_counter)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._put(batch, seq, n)
+            budget -= n
+
+    @staticmethod
+    def _put(batch: ScheduledBatch, seq: Sequence, n: int) -> None:
+        seq.schedule(n)
+        batch.seqs.append(seq)
+        if seq.num_draft_tokens:
+            batch.num_decode_tokens += n
+            batch.num_draft_tokens += seq.num_draft_tokens
+        elif n == 1 and seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0:
+            batch.num_decode_tokens += 1
+        else:
+            batch.num_prefill_tokens += n
+
+    def _preempt(self, seq: Sequence) -> None:
+        seq.drop_drafts()
+        if self.proposer is not None:
+            self.proposer.release(seq)
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ---- after the model ran -------------------------------------------------------------------
+    def update_from_output(
+        self, seqs: list[Sequence], output: RunnerOutput, in_flight: Collection[int] = ()
+    ) -> list[SeqUpdate]:
+        """Apply one launched step's output to its sequences (batch order): the only place sampled
+        tokens are applied, stops checked, blocks committed and finished sequences' blocks freed.
+
+        A synchronous step's sequences commit their scheduled tokens here; a verifying sequence keeps
+        the drafts its samples confirm; a run-ahead step's token fills its placeholder (its cache was
+        committed at launch). A sequence finished while the step ran (aborted) drops its tokens.
+        `in_flight`: ids of sequences in a step launched after this one. One of them that finishes
+        here keeps its blocks, which the device is still writing, until the next call: that call's
+        output comes from that step or a later one, so the step has completed by then.
+        """
+        self._free_deferred()
+        updates: list[SeqUpdate] = []
+        for seq, tokens, logprobs in zip(seqs, output.sampled, output.logprobs, strict=True):
+            if seq.is_finished:
+                seq.truncate(seq.num_known_tokens)
+                continue
+            new_tokens = self._place(seq, tokens)
+            self.block_manager.commit(seq)
+            if new_tokens and logprobs is not None:
+                seq.logprobs.append(logprobs)
+            updates += self._check_stops(seq, new_tokens, defer_free=seq.seq_id in in_flight)
+        return updates
+
+    def _place(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        """Advance `seq`'s cache past this step and put the sampled tokens in; returns the new ones."""
+        if seq.num_pending_tokens:
+            seq.resolve_placeholder(tokens[0])
+            return tokens
+        if seq.num_draft_tokens:
+            return accept_drafts(seq, tokens, self.spec_stats)
+        seq.commit_scheduled()
+        seq.append_tokens(tokens)
+        return tokens
+
+    def _check_stops(self, seq: Sequence, new_tokens: list[int], defer_free: bool) -> list[SeqUpdate]:
+        """One update per new token; the first stop ends `seq` there (later tokens are dropped)."""
+        cfg = self.config
+        length = seq.num_known_tokens - len(new_tokens)  # before the first new token (drafts may follow)
+        stop = first_stop(seq, new_tokens, length, cfg.eos_token_ids, cfg.max_model_len)
+        if stop is None and len(new_tokens) == 1 and cfg.role != "prefill":
+            return [SeqUpdate(seq, new_tokens[0], False)]  # the common case, without the general walk
+        kept = new_tokens if stop is None else new_tokens[: stop.index + 1]
+        updates = [SeqUpdate(seq, token, finished=False) for token in kept]
+        if stop is not None:
+            seq.truncate(length + len(kept))
+            self.finish(seq, stop.reason, defer_free)
+            updates[-1] = SeqUpdate(seq, kept[-1], finished=True)
+        elif updates and cfg.role == "prefill":
+            self.running.remove(seq)
+            seq.status = SequenceStatus.HANDED_OFF
+            self.handed_off[seq.seq_id] = seq
+            updates[-1] = SeqUpdate(seq, updates[-1].new_token_id, finished=False, handed_off=True)
+        return updates
+
+    def finish(self, seq: Sequence, reason: FinishReason, defer_free: bool = False) -> None:
+        """Finish a sequence wherever it is. `defer_free`: a launched step still writes its KV, so its
+        blocks are freed by the next `update_from_output`."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        if defer_free:
+            self._deferred_free.append(seq)
+        else:
+            self.block_manager.free(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _free_deferred(self) -> None:
+        for seq in self._deferred_free:
+            self.block_manager.free(seq)
+        self._deferred_free = []
+
+    # ---- aborts and hand-offs ------------------------------------------------------------------
+    def abort(self, request_ids: Iterable[str]) -> list[Sequence]:
+        """Finish every sequence of these requests wherever it is; returns the aborted ones."""
+        wanted = set(request_ids)
+        aborted = [s for s in self._all_live() if s.request_id in wanted]
+        for seq in aborted:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self.transferring.pop(seq.seq_id, None)
+            self.handed_off.pop(seq.seq_id, None)
+            self.finish(seq, FinishReason.ABORT)
+        return aborted
+
+    def _all_live(self) -> list[Sequence]:
+        return [*self.waiting, *self.running, *self.transferring.values(), *self.handed_off.values()]
+
+    def release(self, seq: Sequence) -> None:
+        """Prefill role: the decode side has its copy; unpin the blocks (they stay cached)."""
+        if self.handed_off.pop(seq.seq_id, None) is not None:
+            self.finish(seq, FinishReason.STOP if seq.finish_reason is None else seq.finish_reason)
+
+    def reserve_for_transfer(self, seq: Sequence) -> bool:
+        """Decode role: allocate blocks for the prompt's KV; False if the cache is full right now."""
+        self.validate(seq)
+        if not self.block_manager.grow(seq, seq.num_prompt_tokens):
+            return False
+        seq.status = SequenceStatus.TRANSFERRING
+        self.transferring[seq.seq_id] = seq
+        return True
+
+    def complete_transfer(self, seq: Sequence) -> None:
+        """The prompt's KV arrived: the sequence joins the running batch at its first decode step."""
+        self.transferring.pop(seq.seq_id)
+        seq.set_cached_prefix(seq.num_prompt_tokens)
+        self.block_manager.commit(seq)
+        seq.status = SequenceStatus.RUNNING
+        seq.admit_order = next(self._admit_counter)
+        self.running.append(seq)
+
+    def fail_transfer(self, seq: Sequence) -> None:
+        """The transfer failed: recompute the prompt (and the first token's KV) locally."""
+        self.transferring.pop(seq.seq_id)
+        self.block_manager.free(seq)
+        seq.reset_for_recompute()
+        self.waiting.append(seq)

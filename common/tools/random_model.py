@@ -1,0 +1,151 @@
+"""Writes an HF-format model directory with fixed-seed random weights (no download needed).
+
+GPU benchmarks and tests use it to build, e.g., Qwen3-0.6B-architecture weights on a machine
+without a model hub, then load them through the normal safetensors path.
+
+    python -m common.tools.random_model --preset qwen3-0.6b --out /tmp/qwen3-0.6b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+PRESETS: dict[str, dict] = {
+    "qwen3-0.6b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
+    "smollm2-135m": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+}
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
+
+
+def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Checkpoint tensor names and shapes of a Llama/Qwen2/Qwen3-style decoder."""
+    h, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    qwen2 = cfg["architectures"][0] == "Qwen2ForCausalLM"
+    qwen3 = cfg["architectures"][0] == "Qwen3ForCausalLM"
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h), "model.norm.weight": (h,)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        }
+        if qwen2 or cfg.get("attention_bias"):
+            shapes |= {
+                p + "self_attn.q_proj.bias": (q,),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.bias": (kv,),
+            }
+        if qwen3:
+            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    if not cfg.get("tie_word_embeddings"):
+        shapes["lm_head.weight"] = (vocab, h)
+    return shapes
+
+
+def write_random_model(
+    out: str | Path,
+    preset: str = "qwen3-0.6b",
+    seed: int = 0,
+    dtype: str = "bfloat16",
+    tokenizer_from: str | None = None,
+) -> Path:
+    """Write the preset's config and fixed-seed weights; optionally copy a matching tokenizer in
+    (e.g. the default model's for `smollm2-135m`, so the router can serve the random model)."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = dict(PRESETS[preset], torch_dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    torch_dtype = getattr(torch, dtype)
+    tensors = {}
+    for name, shape in tensor_shapes(cfg).items():
+        if len(shape) == 1:  # norms near 1, biases near 0
+            base = 0.0 if name.endswith("bias") else 1.0
+            t = base + 0.02 * torch.randn(shape, generator=gen)
+        else:
+            t = torch.randn(shape, generator=gen) * (0.5 / shape[1] ** 0.5)
+        tensors[name] = t.to(torch_dtype).contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if tokenizer_from is not None:
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer_from) / name).is_file():
+                shutil.copy(Path(tokenizer_from) / name, out / name)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="qwen3-0.6b", choices=sorted(PRESETS))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--tokenizer-from", default=None, help="copy tokenizer files from this model dir")
+    args = parser.parse_args()
+    print(write_random_model(args.out, args.preset, args.seed, args.dtype, args.tokenizer_from))
+
+
+if __name__ == "__main__":
+    main()

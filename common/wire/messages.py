@@ -1,0 +1,400 @@
+"""Typed wire messages between the router and the workers (msgpack, never pickle), and their protocol.
+
+Every message is a dataclass with a class-level `TYPE` tag. `encode(msg)` packs `{"type": TYPE, **fields}`
+with msgpack; `decode(data)` checks the tag, the field names and every field's type and raises
+`MessageError` -- a `ValueError` naming the field -- for anything malformed, whatever the bytes.
+Constructing a message validates it the same way, so a bad message fails where it is built rather than
+on the far side of a socket.
+
+Conventions: block hashes are uint64 ints (see `common.wire.hashing`); times (`sent_at`, `deadline`) are
+absolute Unix times from `time.time()` because they cross processes and hosts; `kv_endpoint` is opaque
+to the router and owned by `kvtransfer`. Nested values are typed, one definition each, shared by
+every process: `sampling` is a `SamplingParams`, `events` are `common.wire.kv_events.KVEvent`s, `logprobs`
+are `common.wire.logprobs.TokenLogprob`s, `finish_reason` is a `FinishReason`, `role` a `common.config.Role`
+(how they travel: `common.wire.wire_fields`).
+
+The protocol -- who sends what, on which socket, and when -- is written out in
+`docs/protocol.md`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Annotated, ClassVar
+
+import msgpack
+
+from common.wire.kv_events import KVEvent
+from common.wire.logprobs import TokenLogprob
+from common.wire.roles import Role
+from common.wire.sampling_params import FinishReason, SamplingParams
+from common.wire.wire_fields import (  # noqa: F401 - TIMING_STAGES is re-exported
+    TIMING_STAGES,
+    Count,
+    Hash,
+    Hashes,
+    Id,
+    MessageError,
+    Positive,
+    Prompt,
+    TokenIds,
+    at_least,
+    check_timings,
+    field_checkers,
+    wire_form,
+)
+
+
+class Message:
+    """Base of all wire messages. Subclasses are dataclasses that set `TYPE`."""
+
+    TYPE: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for name, check in field_checkers(type(self)):
+            object.__setattr__(self, name, check(getattr(self, name), name))
+        self.validate()
+
+    def validate(self) -> None:
+        """Invariants across fields; raise MessageError naming the field."""
+
+
+class WorkRequest(Message):
+    """Base of the commands that make a worker take on a request. Workers only ever see n == 1 (the
+    router fans a request out into n); a malformed one that still names its request is answered with
+    `RequestFailed` rather than silence (see `decode`)."""
+
+    request_id: str
+    sampling: SamplingParams
+    # The client's X-Request-Id (or the router's generated one): what every log line about the
+    # request names (common/wire/request_log.py). Optional, so older senders still validate.
+    log_id: str | None
+
+    @property
+    def log_name(self) -> str:
+        return self.log_id or self.request_id
+
+    def validate(self) -> None:
+        if self.sampling.n != 1:
+            raise MessageError(f"sampling.n must be 1 on the wire, got {self.sampling.n}")
+
+
+@dataclass
+class WorkerRegister(Message):
+    """Worker -> router inbox, once at start (re-sending it unchanged is an idempotent refresh)."""
+
+    TYPE: ClassVar[str] = "worker_register"
+    worker_id: Id
+    role: Role
+    host: str
+    pid: Count
+    command_addr: Id
+    events_addr: str | None
+    kv_endpoint: dict
+    block_size: Positive
+    probe_hash: Hash
+    num_kv_blocks: Positive
+    max_model_len: Positive
+    max_num_batched_tokens: Positive
+    model_name: str
+
+
+@dataclass
+class WorkerHeartbeat(Message):
+    """Worker -> router inbox, every ~0.5 s: the load figures the routing policy uses."""
+
+    TYPE: ClassVar[str] = "worker_heartbeat"
+    worker_id: Id
+    num_free_blocks: Count
+    num_total_blocks: Count
+    num_waiting: Count
+    num_running: Count
+    queued_prefill_tokens: Count  # prompt tokens accepted but not yet computed
+    sent_at: float
+
+
+@dataclass
+class PrefillRequest(WorkRequest):
+    """Router -> prefill worker command socket: compute the prompt's KV and the first token."""
+
+    TYPE: ClassVar[str] = "prefill_request"
+    request_id: Id
+    prompt_token_ids: Prompt
+    sampling: SamplingParams
+    decode_worker_id: Id
+    decode_command_addr: Id
+    deadline: float | None
+    log_id: str | None = None
+
+
+@dataclass
+class GenerateRequest(WorkRequest):
+    """Router -> decode or mixed worker command socket: prefill the prompt here, then decode it.
+
+    The worker computes the prompt itself (no KV transfer) and streams every completion token,
+    starting at index 0, exactly as a prefill worker and a decode worker would together. The router
+    sends it when it decides against disaggregating a request (`--disagg never|auto`)."""
+
+    TYPE: ClassVar[str] = "generate_request"
+    request_id: Id
+    prompt_token_ids: Prompt
+    sampling: SamplingParams
+    deadline: float | None
+    log_id: str | None = None
+
+
+@dataclass
+class DecodeRequest(WorkRequest):
+    """Prefill worker -> decode worker command socket: continue a sequence whose KV is being sent."""
+
+    TYPE: ClassVar[str] = "decode_request"
+    request_id: Id
+    prompt_token_ids: Prompt
+    first_token_id: Count
+    sampling: SamplingParams
+    kv_endpoint: dict
+    src_block_ids: Annotated[list[int], at_least(0)]
+    prefill_worker_id: Id
+    deadline: float | None
+    log_id: str | None = None
+
+
+@dataclass
+class TokenOutput(Message):
+    """Any worker -> router inbox: generated tokens of one request.
+
+    `index` is the completion position of token_ids[0] (prefill sends 0, decode 1..). A message with
+    `finish_reason` set is the request's last; only then may token_ids be empty. `logprobs`, when the
+    request asked for them, has one entry per token.
+    """
+
+    TYPE: ClassVar[str] = "token_output"
+    request_id: Id
+    worker_id: Id
+    index: Count
+    token_ids: TokenIds
+    finish_reason: FinishReason | None
+    num_prompt_tokens: Count
+    cached_tokens: Count
+    logprobs: list[TokenLogprob] | None = None
+    kv_transfer_bytes: Count = 0
+    kv_transfer_seconds: Annotated[float, at_least(0)] = 0.0
+    # Stage -> seconds spent there (keys from TIMING_STAGES), sent at most once per worker per request.
+    timings: dict[str, float] | None = None
+
+    def validate(self) -> None:
+        if not self.token_ids and self.finish_reason is None:
+            raise MessageError("token_ids must not be empty unless finish_reason is set")
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            n, got = len(self.token_ids), len(self.logprobs)
+            raise MessageError(f"logprobs must have one entry per token ({n}), got {got}")
+        if self.timings is not None:
+            check_timings(self.timings)
+
+
+@dataclass
+class TokenBatch(Message):
+    """Any worker -> router inbox: one engine step's plain tokens for many requests, as columns.
+
+    Row i means what `TokenOutput(request_ids[i], worker_id, indexes[i], token_ids[i], None,
+    num_prompt_tokens[i], 0)` means. Only such mid-stream rows travel here; a request's first and last
+    message, and any with logprobs, timings or transfer figures, stay TokenOutputs. One message per step
+    instead of one per request is what lets a decode worker stream a few hundred sequences at a few
+    milliseconds per step without its engine thread spending that step building messages."""
+
+    TYPE: ClassVar[str] = "token_batch"
+    worker_id: Id
+    request_ids: list[str]
+    indexes: Annotated[list[int], at_least(0)]
+    token_ids: list[list[int]]
+    num_prompt_tokens: Annotated[list[int], at_least(0)]
+
+    def validate(self) -> None:
+        n = len(self.request_ids)
+        for name in ("indexes", "token_ids", "num_prompt_tokens"):
+            if len(getattr(self, name)) != n:
+                raise MessageError(f"{name} must have one entry per request id ({n})")
+        if not all(self.request_ids):
+            raise MessageError("request_ids must not contain an empty id")
+        for ids in self.token_ids:
+            if not ids or min(ids) < 0:
+                raise MessageError("token_ids rows must be non-empty lists of ids >= 0")
+
+    def outputs(self) -> list[TokenOutput]:
+        """The rows as TokenOutputs. The batch was checked as a whole, so the rows skip the per-message
+        checks (this is the router's hot path)."""
+        out = []
+        for rid, index, ids, prompt in zip(
+            self.request_ids, self.indexes, self.token_ids, self.num_prompt_tokens, strict=True
+        ):
+            row = TokenOutput.__new__(TokenOutput)
+            row.__dict__.update(_ROW_DEFAULTS)
+            row.request_id, row.worker_id, row.index, row.token_ids = rid, self.worker_id, index, ids
+            row.num_prompt_tokens = prompt
+            out.append(row)
+        return out
+
+
+# A TokenBatch row's other fields: TokenOutput's defaults, and those of a plain mid-stream token.
+_ROW_DEFAULTS = {f.name: f.default for f in fields(TokenOutput) if f.default is not MISSING}
+_ROW_DEFAULTS.update(finish_reason=None, cached_tokens=0)
+
+
+@dataclass
+class RequestFailed(Message):
+    """Any worker -> router inbox: the request cannot complete on this worker.
+
+    `retryable` means another worker may succeed (e.g. out of blocks, shutting down); the router
+    retries only if the client has not seen any token yet.
+    """
+
+    TYPE: ClassVar[str] = "request_failed"
+    request_id: Id
+    worker_id: Id
+    error: str
+    retryable: bool
+
+
+@dataclass
+class Abort(Message):
+    """Router -> worker command socket: drop the request and free its blocks (idempotent)."""
+
+    TYPE: ClassVar[str] = "abort"
+    request_id: Id
+
+
+@dataclass
+class KVEventBatch(Message):
+    """Prefill (or mixed) worker PUB socket -> router SUB: the block manager's cache events, applied in
+    order; `seq` = previous batch's seq + 1 (the first batch after the process starts is 1)."""
+
+    TYPE: ClassVar[str] = "kv_event_batch"
+    worker_id: Id
+    seq: Positive
+    events: list[KVEvent]
+
+
+@dataclass
+class SnapshotRequest(Message):
+    """Router -> prefill worker command socket: send a Snapshot of every block hash you hold."""
+
+    TYPE: ClassVar[str] = "snapshot_request"
+    worker_id: Id
+
+
+@dataclass
+class Snapshot(Message):
+    """Prefill worker -> router inbox: all cached hashes; `seq` = last event batch reflected (0: none)."""
+
+    TYPE: ClassVar[str] = "snapshot"
+    worker_id: Id
+    seq: Count
+    hashes: Hashes
+
+
+@dataclass
+class KVProbeRequest(Message):
+    """Router -> prefill worker command socket: measure the KV path to a decode target by moving about
+    `num_bytes` of (scratch) blocks there; sent once per prefill/decode pair when the pair forms."""
+
+    TYPE: ClassVar[str] = "kv_probe_request"
+    probe_id: Id
+    decode_worker_id: Id
+    decode_command_addr: Id
+    num_bytes: Positive
+
+
+@dataclass
+class KVProbe(Message):
+    """Prefill worker -> decode worker command socket: fetch these published blocks into scratch memory
+    (never the engine's cache), time it and report a KVProbeResult to the router."""
+
+    TYPE: ClassVar[str] = "kv_probe"
+    probe_id: Id
+    prefill_worker_id: Id
+    kv_endpoint: dict
+    src_block_ids: Annotated[list[int], at_least(0)]
+
+
+@dataclass
+class KVProbeResult(Message):
+    """Decode worker (or, when it cannot publish, the prefill worker) -> router inbox: how the probe
+    went. `transport` is the one the pair uses; `error` is set when the probe failed."""
+
+    TYPE: ClassVar[str] = "kv_probe_result"
+    probe_id: Id
+    prefill_worker_id: Id
+    decode_worker_id: Id
+    transport: str
+    num_bytes: Count
+    seconds: Annotated[float, at_least(0)]
+    error: str | None = None
+
+    @property
+    def gbps(self) -> float:
+        """Measured GB/s (0 for a failed probe)."""
+        return self.num_bytes / self.seconds / 1e9 if self.error is None and self.seconds > 0 else 0.0
+
+
+@dataclass
+class Shutdown(Message):
+    """Router -> worker command socket: finish nothing more and exit."""
+
+    TYPE: ClassVar[str] = "shutdown"
+    reason: str = ""
+
+
+def _concrete(base: type[Message]) -> list[type[Message]]:
+    below = base.__subclasses__()
+    return [c for c in below if c.TYPE] + [c for sub in below for c in _concrete(sub)]
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in _concrete(Message)}
+
+
+def encode(msg: Message) -> bytes:
+    """msgpack of {"type": tag, **fields}; the message was validated when it was built."""
+    if not isinstance(msg, Message) or MESSAGE_TYPES.get(msg.TYPE) is not type(msg):
+        raise MessageError(f"not a wire message: {type(msg).__name__}")
+    payload = {"type": msg.TYPE, **{name: getattr(msg, name) for name, _ in field_checkers(type(msg))}}
+    try:
+        return msgpack.packb(payload, use_bin_type=True, default=wire_form)
+    except (TypeError, ValueError, OverflowError) as e:  # a field mutated after construction
+        raise MessageError(f"cannot encode {msg.TYPE}: {e}") from None
+
+
+def decode(data: bytes) -> Message:
+    """Parse and validate one message; any malformed input raises MessageError, nothing else.
+
+    When a malformed command that starts work still carries a usable `request_id`, the error's
+    `request_id` is set, so the receiver can fail that request instead of leaving it hanging."""
+    try:
+        payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several unrelated types for garbage input
+        raise MessageError(f"not a msgpack message: {type(e).__name__}") from None
+    if not isinstance(payload, dict):
+        raise MessageError("message must be a msgpack map")
+    tag = payload.pop("type", None)
+    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise MessageError(f"type: unknown message type {tag!r}")
+    try:
+        return _build(cls, payload)
+    except MessageError as e:
+        request_id = payload.get("request_id")
+        if issubclass(cls, WorkRequest) and type(request_id) is str and request_id:
+            e.request_id = request_id
+        raise
+
+
+def _build(cls: type[Message], payload: dict) -> Message:
+    names = {name for name, _ in field_checkers(cls)}
+    unknown = [k for k in payload if k not in names]
+    if unknown:
+        raise MessageError(f"{cls.TYPE}: unknown field {unknown[0]!r}")
+    try:
+        return cls(**payload)
+    except MessageError:
+        raise
+    except TypeError as e:  # a required field is missing
+        raise MessageError(f"{cls.TYPE}: {e}") from None

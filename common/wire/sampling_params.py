@@ -1,0 +1,120 @@
+"""Per-request sampling parameters, validated with ValueError naming the field, and why a sequence stopped.
+
+Torch-free: the router builds these, and wire messages carry them as typed values (`common.wire.messages`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+
+class FinishReason(enum.StrEnum):
+    """Why a sequence stopped. The values are what the wire and the OpenAI API carry (a StrEnum, so a
+    reason equals its string)."""
+
+    STOP = "stop"  # EOS, a stop token id, or a stop string (applied by the detokenizing layer)
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    ABORT = "abort"
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    temperature 0 means greedy. top_k 0 or -1 disables top-k; top_p 1 and min_p 0 disable those.
+    repetition_penalty follows the CTRL/HF definition (>1 discourages repeats of any prompt or output
+    token); presence/frequency penalties follow OpenAI's (output tokens only). `logprobs` asks for
+    the chosen token's log-probability plus that many top alternatives (0 = chosen token only).
+    `grammar` is an llguidance grammar text (`common.wire.structured_output` builds it from a JSON schema,
+    regex, choice list or grammar): every sampled token is one the grammar allows next.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    n: int = 1
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        _number("temperature", self.temperature, 0.0, 100.0)
+        _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _number("min_p", self.min_p, 0.0, 1.0)
+        _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _number("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
+        _integer("top_k", self.top_k, -1, None)
+        _integer("max_tokens", self.max_tokens, 1, None)
+        _integer("min_tokens", self.min_tokens, 0, None)
+        _integer("n", self.n, 1, 128)
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs, 0, 20)
+        if self.seed is not None:
+            _integer("seed", self.seed, None, None)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        if not isinstance(self.stop_token_ids, list):
+            raise ValueError("stop_token_ids must be a list of ints")
+        for t in self.stop_token_ids:
+            _integer("stop_token_ids", t, 0, None)
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar):
+            raise ValueError("grammar must be a non-empty grammar text or None")
+        if self.grammar is not None and self.min_tokens:
+            # The grammar decides where the output ends (only EOS once it is complete); banning EOS
+            # until min_tokens would leave no token to sample.
+            raise ValueError(
+                "min_tokens cannot be combined with structured output (the grammar ends the output)"
+            )
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: every token is the argmax (the one "is greedy" test of the project)."""
+        return self.temperature == 0.0
+
+    @property
+    def reads_token_history(self) -> bool:
+        """Sampling reads the tokens generated so far on the host at every step (penalties, logprobs),
+        so run-ahead steps and speculative drafts cannot be used for this request. A grammar's mask
+        for a token depends on the token before it, so it is one of them."""
+        penalties = self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+        return self.logprobs is not None or bool(penalties) or self.grammar is not None
+
+    def to_dict(self) -> dict:
+        """The field map (the same map a wire message carries for its `sampling` value)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SamplingParams:
+        return cls(**data)
+
+
+def _number(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
+
+
+def _integer(name: str, value: object, low: int | None, high: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")

@@ -1,0 +1,115 @@
+"""Incremental detokenization on SmolLM2's byte-level BPE: split characters and stop strings."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.tools.default_model import prepare_default_model
+from common.wire.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from router.tokenizer import ModelTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> ModelTokenizer:
+    return ModelTokenizer.from_dir(prepare_default_model(progress=False))
+
+
+TEXTS = [
+    "Hello 😀 world",
+    "世界你好，今天天气很好。",
+    "emoji 👨‍👩‍👧‍👦 family and flags 🇫🇷🇯🇵",
+    "mixed: naïve café — “quotes” ½ ∑ 𝄞",
+    "  leading spaces\n\nand\ttabs  ",
+]
+
+
+def _stream(
+    tok: ModelTokenizer, ids: list[int], stop=(), step: int = 1
+) -> tuple[list[str], IncrementalDetokenizer]:
+    detok = IncrementalDetokenizer(tok.backend, stop=stop)
+    deltas = []
+    for i in range(0, len(ids), step):
+        deltas.append(detok.add(ids[i : i + step]).text)
+        if detok.stopped:
+            break
+    deltas.append(detok.finish().text)
+    return deltas, detok
+
+
+def test_fixture_really_splits_characters_across_tokens(tokenizer: ModelTokenizer) -> None:
+    ids = tokenizer.encode("😀", add_special_tokens=False)
+    assert len(ids) > 1 and REPLACEMENT_CHAR in tokenizer.decode(ids[:1])
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_stream_equals_full_decode_and_never_splits_a_character(tokenizer, text: str, step: int) -> None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    deltas, detok = _stream(tokenizer, ids, step=step)
+    assert "".join(deltas) == tokenizer.decode(ids) == text
+    assert not any(REPLACEMENT_CHAR in d for d in deltas)
+    assert detok.text == text
+
+
+def test_incomplete_character_is_held_then_released(tokenizer) -> None:
+    ids = tokenizer.encode("a😀", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer.backend)
+    out = [detok.add([t]).text for t in ids]
+    assert out[-1].endswith("😀") and all(REPLACEMENT_CHAR not in o for o in out)
+
+
+def test_unresolved_bytes_are_released_at_finish(tokenizer) -> None:
+    first_byte = tokenizer.encode("😀", add_special_tokens=False)[:1]
+    detok = IncrementalDetokenizer(tokenizer.backend)
+    assert detok.add(first_byte).text == ""
+    assert detok.finish().text.endswith(REPLACEMENT_CHAR)
+
+
+def test_stop_string_spanning_tokens_cuts_the_output(tokenizer) -> None:
+    text = "The answer is 42. Done, really."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    deltas, detok = _stream(tokenizer, ids, stop=["42. Do"])
+    assert "".join(deltas) == "The answer is "
+    assert detok.stopped == "42. Do"
+    assert detok.add(ids[:1]).text == ""  # nothing after a stop
+
+
+def test_tail_that_may_start_a_stop_string_is_held_back(tokenizer) -> None:
+    stop = "STOPNOW"
+    ids = tokenizer.encode("go STOP go", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer.backend, stop=[stop])
+    seen = ""
+    for i, t in enumerate(ids):
+        seen += detok.add([t]).text
+        full = tokenizer.decode(ids[: i + 1])
+        held = max((k for k in range(len(stop)) if k and full.endswith(stop[:k])), default=0)
+        assert seen == full[: len(full) - held]
+    assert seen + detok.finish().text == "go STOP go"
+
+
+def test_earliest_stop_string_wins_and_emoji_stop(tokenizer) -> None:
+    ids = tokenizer.encode("abc 😀 xyz end", add_special_tokens=False)
+    deltas, detok = _stream(tokenizer, ids, stop=["end", "😀"])
+    assert "".join(deltas) == "abc " and detok.stopped == "😀"
+
+
+def test_stop_inside_one_token_batch(tokenizer) -> None:
+    ids = tokenizer.encode("first line\nsecond line", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer.backend, stop=["\n"])
+    delta = detok.add(ids)
+    assert delta.text == "first line" and delta.stop == "\n"
+
+
+def test_special_tokens_are_skipped_by_default(tokenizer) -> None:
+    ids = tokenizer.encode("hi", add_special_tokens=False) + [2]  # <|im_end|>
+    assert "".join(_stream(tokenizer, ids)[0]) == "hi"
+    detok = IncrementalDetokenizer(tokenizer.backend, skip_special_tokens=False)
+    assert detok.add(ids).text + detok.finish().text == "hi<|im_end|>"
+
+
+def test_prompt_context_does_not_leak_into_output(tokenizer) -> None:
+    prompt = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    ids = tokenizer.encode(" Sure 世界", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer.backend, prompt_token_ids=prompt)
+    out = "".join(detok.add([t]).text for t in ids) + detok.finish().text
+    assert out == " Sure 世界"
