@@ -7,6 +7,11 @@
   reaches torch: the closure of what importing them runs (package `__init__`s and module-level
   imports, not imports inside functions or under `if TYPE_CHECKING:`) is torch-free.
 
+Folder rules for the rooms of `common/` (docs/architecture.md):
+- `router` and `kvtransfer` take from `common` only its `wire` and `net` rooms;
+- `common.wire` and `common.net` load nothing heavy (no torch, no transformers) when imported;
+- `common`'s root holds at most 12 modules: composition and platform; everything else is in a room.
+
 tests/unit/router/test_server_process.py checks the last rule at run time as well.
 """
 
@@ -144,10 +149,50 @@ def test_router_uses_only_the_torch_free_part_of_common() -> None:
     assert {name: found for name, found in heavy.items() if found} == {}
 
 
+# The rooms of `common` each package may import (the package's own room aside).
+COMMON_ROOMS_ALLOWED = {
+    "router": ("common.wire", "common.net"),
+    "kvtransfer": ("common.wire", "common.net"),
+}
+TORCH_FREE_ROOMS = ("common.wire", "common.net")
+MAX_ROOT_MODULES = 12
+
+
+def _in_rooms(name: str, rooms: tuple[str, ...]) -> bool:
+    return any(name == room or name.startswith(room + ".") for room in rooms)
+
+
+@pytest.mark.parametrize("package", sorted(COMMON_ROOMS_ALLOWED))
+def test_package_takes_only_its_rooms_of_common(package: str) -> None:
+    rooms = COMMON_ROOMS_ALLOWED[package]
+    outside = sorted(
+        f"{module} imports {name}"
+        for module in modules(package)
+        for name in imports(module)
+        if top(name) == "common" and name != "common" and not _in_rooms(name, rooms)
+    )
+    assert outside == []
+
+
+@pytest.mark.parametrize("room", TORCH_FREE_ROOMS)
+def test_torch_free_room_loads_nothing_heavy(room: str) -> None:
+    heavy = {
+        module: sorted(n for n in loaded_by(module) if top(n) in HEAVY)
+        for module in modules(room.replace(".", "/"))
+    }
+    assert {module: found for module, found in heavy.items() if found} == {}
+
+
+def test_common_root_keeps_only_composition_and_platform() -> None:
+    root = sorted(p.name for p in (ROOT / "common").glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
 def test_the_checker_sees_what_it_must_forbid() -> None:
     # The rules above would pass vacuously if the walk missed imports: these are known to load torch.
     assert "torch" in loaded_by("common.llm_engine")
     assert "torch" not in loaded_by("common.wire.messages")
     assert "common.net.addresses" in imports("kvtransfer.config")
+    assert modules("common/wire") and modules("common/net")
     assert "kvtransfer.device" in imports("kvtransfer.receiver")  # a relative import
     assert "torch" in imports("common.worker.engine_factory")
