@@ -13,7 +13,7 @@ import torch
 from common import LLM, SamplingParams
 from common.tools.chat import build_chat_prompt
 from common.tools.default_model import prepare_default_model
-from tests.unit.common.test_speculative import two_sample_total_variation
+from tests.unit.common.spec_decode.test_speculative import two_sample_total_variation
 
 pytestmark = pytest.mark.gpu
 
