@@ -13,6 +13,7 @@ import time
 
 import zmq
 
+from common.net.sockets import last_endpoint, open_sockets
 from common.wire.hashing import probe_hash
 from common.wire.messages import (
     Abort,
@@ -50,13 +51,10 @@ class FirehoseWorker:
         self.active: dict[str, list[int]] = {}  # request id -> [next index, max_tokens, prompt length]
 
     def run(self, stop) -> None:
-        ctx = zmq.Context()
-        push, cmd = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-        push.setsockopt(zmq.LINGER, 0)
-        cmd.setsockopt(zmq.LINGER, 0)
-        push.connect(self.inbox)
-        cmd.bind("tcp://127.0.0.1:*")
-        reg = self._registration(cmd.getsockopt_string(zmq.LAST_ENDPOINT))
+        sockets = open_sockets(None, self.worker_id)
+        push = sockets.dial(zmq.PUSH, self.inbox)
+        cmd = sockets.bind(zmq.PULL, "127.0.0.1")
+        reg = self._registration(last_endpoint(cmd))
         now = time.monotonic()
         next_step, next_beat, next_reg = now, now, now
         try:
@@ -75,7 +73,7 @@ class FirehoseWorker:
                     self._step(push)
                     next_step = max(next_step + self.step_s, now) if self.step_s else now
         finally:
-            ctx.destroy(linger=0)
+            sockets.close()
 
     def _take_commands(self, cmd: zmq.Socket) -> bool:
         while True:

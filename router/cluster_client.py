@@ -27,7 +27,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from common.net import curve
+from common.net.sockets import SocketOptions, Sockets, last_endpoint, open_async_sockets
 from common.wire.messages import (
     KVEventBatch,
     KVProbeResult,
@@ -52,7 +52,8 @@ from router.request_stream import RequestStream
 from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry, WorkerState
 
 log = logging.getLogger(__name__)
-SEND_HWM = 100_000  # queued commands per worker before sends fail fast instead of blocking the router
+# Queued commands per worker before sends fail fast instead of blocking the router.
+COMMAND_OPTIONS = SocketOptions(send_hwm=100_000)
 # Inbox messages taken per event-loop turn before request tasks run. Large on purpose: a router that
 # falls behind then hands each request several tokens at once, which become one SSE chunk (the
 # per-chunk cost, not the per-token one, is what saturates the router); an idle router takes each
@@ -75,8 +76,7 @@ class ClusterClient:
         self.index = index
         self.pairs = PairProber(probes or KVProbes(num_bytes=0), registry, rates or LiveRates(), self.send)
         self._clock = clock
-        self._ctx: zmq.asyncio.Context | None = None
-        self._guard: curve.CurveGuard | None = None
+        self._sockets: Sockets[zmq.asyncio.Socket] | None = None
         self._inbox: zmq.asyncio.Socket | None = None
         self._commands: dict[str, zmq.asyncio.Socket] = {}
         self._events: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}
@@ -89,16 +89,11 @@ class ClusterClient:
 
     async def start(self) -> str:
         """Bind the inbox and start the receive and liveness loops; returns the inbox address."""
-        self._ctx = zmq.asyncio.Context()
-        keys = self._config.curve
-        self._guard = curve.guard(self._ctx, keys, "router")
-        if keys is None:
+        self._sockets = open_async_sockets(self._config.curve, "router")
+        if self._config.curve is None:
             log.warning("no CURVE keys: any process that reaches the inbox can register as a worker")
-        address = f"tcp://{_bracket(self._config.inbox_host)}:{self._config.inbox_port or '*'}"
-        self._inbox = self._socket(zmq.PULL, address)
-        curve.serve(self._inbox, keys)
-        self._inbox.bind(address)
-        self.inbox_addr = self._inbox.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._inbox = self._sockets.bind(zmq.PULL, self._config.inbox_host, self._config.inbox_port)
+        self.inbox_addr = last_endpoint(self._inbox)
         self._tasks = [asyncio.create_task(self._inbox_loop()), asyncio.create_task(self._liveness_loop())]
         log.info("router inbox listening on %s", self.inbox_addr)
         return self.inbox_addr
@@ -112,11 +107,9 @@ class ClusterClient:
                 await task
         for worker_id in list(self._commands):
             self._disconnect(worker_id)
-        curve.close_guard(self._guard)
-        self._guard = None
-        if self._ctx is not None:
-            self._ctx.destroy(linger=0)
-            self._ctx = None
+        if self._sockets is not None:
+            self._sockets.close()
+            self._sockets = None
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -243,28 +236,13 @@ class ClusterClient:
     # ---- worker sockets ------------------------------------------------------------------------
 
     def _connect(self, reg: WorkerRegister) -> None:
-        push = self._socket(zmq.PUSH, reg.command_addr)
-        push.setsockopt(zmq.SNDHWM, SEND_HWM)
-        curve.dial(push, self._config.curve)
-        push.connect(reg.command_addr)
-        self._commands[reg.worker_id] = push
+        assert self._sockets is not None, "start() first"
+        self._commands[reg.worker_id] = self._sockets.dial(zmq.PUSH, reg.command_addr, COMMAND_OPTIONS)
         if reg.events_addr is None:
             return
-        sub = self._socket(zmq.SUB, reg.events_addr)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        curve.dial(sub, self._config.curve)
-        sub.connect(reg.events_addr)
+        sub = self._sockets.dial(zmq.SUB, reg.events_addr)
         self.index.add_worker(reg.worker_id)
         self._events[reg.worker_id] = (sub, asyncio.create_task(self._events_loop(reg.worker_id, sub)))
-
-    def _socket(self, kind: int, address: str) -> zmq.asyncio.Socket:
-        assert self._ctx is not None, "start() first"
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)  # never block shutdown on unsent commands to a dead worker
-        # Only for IPv6 literals: with IPV6 on, an IPv4 bind reports an IPv4-mapped address
-        # ("[::ffff:...]") that IPv4-only peers cannot use.
-        sock.setsockopt(zmq.IPV6, int("[" in address))
-        return sock
 
     def _disconnect(self, worker_id: str) -> None:
         push = self._commands.pop(worker_id, None)
@@ -336,8 +314,3 @@ class ClusterClient:
             stream = self._streams.get(request_id)
             if stream is not None:
                 stream.put(RequestFailed(request_id, worker_id, reason, retryable=True))
-
-
-def _bracket(host: str) -> str:
-    """IPv6 literals need brackets in a ZMQ tcp endpoint."""
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import uvicorn
 from fastapi import FastAPI
 
+from common.net.addresses import bracket
 from common.wire.generation_config import GenerationDefaults, load_generation_defaults
 from router.app import create_app
 from router.cluster_client import ClusterClient
@@ -137,9 +138,7 @@ def _bind_http(host: str, port: int) -> socket.socket:
 def _http_url(host: str, port: int) -> str:
     """A URL a local client can use: wildcard binds are reached through loopback."""
     shown = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    if ":" in shown:
-        shown = f"[{shown}]"
-    return f"http://{shown}:{port}"
+    return f"http://{bracket(shown)}:{port}"
 
 
 def _announce_ready(config: RouterConfig, http_url: str, inbox: str) -> None:

@@ -1,4 +1,5 @@
-"""Address helpers: which local address to advertise, and the host part of a tcp:// endpoint."""
+"""Address helpers: which local address to advertise, tcp:// endpoints and the IPv6 bracket rule (the one
+copy of it: ZMQ endpoints and HTTP URLs both write IPv6 literals in brackets)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,16 @@ def resolve_host(host: str, router_addr: str) -> str:
         return "127.0.0.1" if family == socket.AF_INET else "::1"
 
 
+def bracket(host: str) -> str:
+    """`host` as it goes into an endpoint or URL: IPv6 literals need brackets (given once)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def names_ipv6_literal(endpoint: str) -> bool:
+    """Whether a tcp:// endpoint (or URL) names an IPv6 literal host, i.e. carries brackets."""
+    return "[" in endpoint
+
+
 def tcp_endpoint(host: str, port: int | str = "*") -> str:
-    """A ZMQ tcp endpoint; IPv6 literals need brackets."""
-    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"tcp://{shown}:{port}"
+    """A ZMQ tcp endpoint ("*": an ephemeral port when binding)."""
+    return f"tcp://{bracket(host)}:{port}"

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import zmq
 
-from common.net import curve
-from common.net.addresses import tcp_endpoint
 from common.net.curve import CurveKeys
+from common.net.sockets import SocketOptions, last_endpoint, open_sockets
 from common.net.waker import Waker
 from common.wire.messages import (
     Message,
@@ -39,8 +38,10 @@ from common.worker.role import LoadReport
 log = logging.getLogger(__name__)
 
 ROUTER, EVENTS = "\0router", "\0events"  # outbox destinations; any other is a peer's command address
-MAX_COMMAND_BYTES = 256 << 20  # bigger frames are dropped by ZMQ before they reach memory
-ROUTER_SNDHWM = 100_000  # queued messages while the router is unreachable, then sends are dropped
+# Bigger command frames are dropped by ZMQ before they reach memory.
+COMMAND_OPTIONS = SocketOptions(max_message_bytes=256 << 20)
+# Queued messages while the router (or a peer) is unreachable, then sends are dropped.
+OUTBOUND_OPTIONS = SocketOptions(send_hwm=100_000)
 
 
 @dataclass(frozen=True)
@@ -81,23 +82,12 @@ class WorkerChannels:
         """Bind the command (and events) socket, connect to the router, start the I/O thread."""
         if self._thread is not None:
             raise RuntimeError("WorkerChannels can be started once")
-        self._ctx = zmq.Context()
-        self._guard = curve.guard(self._ctx, self.curve, self.worker_id)
+        self._sockets = open_sockets(self.curve, self.worker_id)
         self._waker = Waker()
-        self._commands = self._socket(zmq.PULL)
-        self._commands.setsockopt(zmq.MAXMSGSIZE, MAX_COMMAND_BYTES)
-        curve.serve(self._commands, self.curve)
-        self._commands.bind(tcp_endpoint(self.host))
-        self._router = self._socket(zmq.PUSH)
-        self._router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
-        curve.dial(self._router, self.curve)
-        self._router.connect(self.router_addr)
-        self._events = None
-        if self.with_events:
-            self._events = self._socket(zmq.PUB)
-            curve.serve(self._events, self.curve)
-            self._events.bind(tcp_endpoint(self.host))
-        bound = BoundAddresses(_last_endpoint(self._commands), self._events and _last_endpoint(self._events))
+        self._commands = self._sockets.bind(zmq.PULL, self.host, options=COMMAND_OPTIONS)
+        self._router = self._sockets.dial(zmq.PUSH, self.router_addr, OUTBOUND_OPTIONS)
+        self._events = self._sockets.bind(zmq.PUB, self.host) if self.with_events else None
+        bound = BoundAddresses(last_endpoint(self._commands), self._events and last_endpoint(self._events))
         # Sockets made here move to the I/O thread; Thread.start() is the memory barrier ZMQ asks for.
         self._thread = threading.Thread(target=self._run, name=f"{self.worker_id}-io", daemon=True)
         self._thread.start()
@@ -124,11 +114,7 @@ class WorkerChannels:
         self._stop.set()
         self._waker.wake()
         self._thread.join(timeout=5.0)
-        for sock in [self._commands, self._router, self._events, *self._peers.values()]:
-            if sock is not None:
-                sock.close(linger=0)
-        curve.close_guard(self._guard)
-        self._ctx.term()
+        self._sockets.close()
         self._waker.close()
 
     def _put(self, destination: str, msg: Message) -> None:
@@ -218,16 +204,7 @@ class WorkerChannels:
             return self._events
         sock = self._peers.get(destination)
         if sock is None:
-            sock = self._socket(zmq.PUSH)
-            sock.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
-            curve.dial(sock, self.curve)
-            sock.connect(destination)
-            self._peers[destination] = sock
-        return sock
-
-    def _socket(self, kind: int) -> zmq.Socket:
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
+            sock = self._peers[destination] = self._sockets.dial(zmq.PUSH, destination, OUTBOUND_OPTIONS)
         return sock
 
 
@@ -253,7 +230,3 @@ class _Timers:
     def wait_ms(self) -> int:
         wait = min(self.next_heartbeat, self.next_register) - time.monotonic()
         return max(1, min(int(wait * 1000) + 1, 1000))
-
-
-def _last_endpoint(sock: zmq.Socket) -> str:
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
