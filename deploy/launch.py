@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import signal
 import sys
 import tempfile
@@ -34,9 +33,17 @@ from pathlib import Path
 
 from common.engine_args import add_engine_args, engine_overrides
 from common.net.curve import CurveKeys
+from common.net.flags import add_log_level
 from deploy.base import WorkerBackend, WorkerHandle
 from deploy.local_backend import signal_group, spawn, stop_processes
-from deploy.passthrough import ROUTER_FLAGS, WORKER_FLAGS, add_passthrough_args, passthrough_argv
+from deploy.passthrough import (
+    ROUTER_PASSTHROUGH,
+    WORKER_PASSTHROUGH,
+    add_launcher_read_args,
+    add_passthrough_args,
+    launcher_read_values,
+    passthrough_argv,
+)
 from deploy.plan import BACKENDS, LaunchPlan, worker_specs
 from router.config import API_KEY_ENV
 
@@ -97,7 +104,7 @@ class Cluster:
         p = self.plan
         ready_file = Path(self._tmp.name) / "router-ready.json"
         argv = [sys.executable, "-m", "router", "--model", p.model, "--host", p.host, "--port", str(p.port)]
-        argv += ["--inbox-host", p.inbox_host, "--routing", p.routing, "--ready-file", str(ready_file)]
+        argv += ["--inbox-host", p.inbox_host, "--ready-file", str(ready_file)]
         argv += ["--log-level", p.log_level, *(["--protect-status"] if p.protect_status else [])]
         argv += list(p.router_argv)
         if "kvcache_block_size" in p.engine:
@@ -187,18 +194,14 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
     p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
     p.add_argument("--mixed", type=int, default=0, help="number of mixed (prefill + decode) workers")
-    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
     p.add_argument("--advertise-host", default=None, help="address workers use to reach the router")
     p.add_argument("--backend", choices=BACKENDS, default="ray", help="Ray actors or local subprocesses")
     p.add_argument("--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or local)")
-    p.add_argument("--kv-transport", choices=("auto", "ipc", "nccl", "tcp"), default="auto")
-    p.add_argument("--routing", choices=("prefix", "round_robin"), default="prefix")
     p.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per worker (default: even)")
     p.add_argument("--log-dir", default=None, help="write router and worker logs here (default: stdout)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
-    _add_auth_args(p)
+    add_log_level(p)
+    add_launcher_read_args(p)
     add_passthrough_args(p)
     add_engine_args(p)
     args = p.parse_args(argv)
@@ -207,18 +210,16 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
 
     try:
         model = resolve_model(args.model)
-        if args.generation_config is not None:  # fail here, before anything starts, on a bad file
-            load_generation_defaults(args.generation_config, model)
+        router_argv = passthrough_argv(args, ROUTER_PASSTHROUGH)
+        generation_config = ROUTER_PASSTHROUGH.given(args).get("generation_config")
+        if generation_config is not None:  # fail here, before anything starts, on a bad file
+            load_generation_defaults(generation_config, model)
         return LaunchPlan(
             model=model,
             num_prefill=args.prefill,
             num_decode=args.decode,
             num_mixed=args.mixed,
-            host=args.host,
-            port=args.port,
             backend=args.backend,
-            kv_transport=args.kv_transport,
-            routing=args.routing,
             gpus_per_worker=args.gpus_per_worker,
             engine=engine_overrides(args),
             advertise_host=args.advertise_host,
@@ -226,25 +227,12 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
             log_dir=args.log_dir,
             log_level=args.log_level,
             startup_timeout_s=args.startup_timeout,
-            api_key=args.api_key,
-            protect_status=args.protect_status,
-            router_argv=passthrough_argv(args, ROUTER_FLAGS),
-            worker_argv=passthrough_argv(args, WORKER_FLAGS),
+            router_argv=router_argv,
+            worker_argv=passthrough_argv(args, WORKER_PASSTHROUGH),
+            **launcher_read_values(args),
         )
     except ValueError as e:
         p.error(str(e))
-
-
-def _add_auth_args(p: argparse.ArgumentParser) -> None:
-    # The key reaches the router through its environment, never its argv (see Cluster._start_router).
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get(API_KEY_ENV) or None,
-        help=f"router requires 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})",
-    )
-    p.add_argument(
-        "--protect-status", action="store_true", help="router also requires the key on /health etc."
-    )
 
 
 def _catch_stop_signals(stop: threading.Event) -> None:

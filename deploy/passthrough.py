@@ -1,61 +1,58 @@
-"""Launcher flags that are handed on unchanged to the router or to every worker.
+"""The launcher's router and worker flags, derived from the router's and the workers' own flag tables
+(router/flags.py, common/worker/config.py): a flag is written once, where its config is.
 
-Each is left out of the child's command line unless the user gave it, so the child's own default
-stays the single source of truth.
+Every router or worker flag is one of three kinds here:
+- set by the launcher: it fills the value itself (the inbox it advertises, each worker's id, ...);
+- read by the launcher: offered under the child's name and read into the LaunchPlan, because the
+  launcher needs the value too and hands it on its own way (the API key through the environment);
+- passed through: offered, and handed on unchanged only when given, so the child's own default stays
+  the single source of truth. A flag both take (--served-model-name) reaches the router and the workers.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from typing import Any
 
-from router.disagg import DISAGG_MODES
+from common.net.flags import FlagTable
+from common.worker.config import WORKER_FLAGS
+from router.flags import ROUTER_FLAGS
+
+# --model is the launcher's own (it resolves the default model); --block-size follows the engine's
+# --kvcache-block-size.
+ROUTER_SET = ("model", "inbox_host", "ready_file", "block_size")
+ROUTER_READ = ROUTER_FLAGS.only(("host", "port", "api_key", "protect_status"))
+ROUTER_PASSTHROUGH = ROUTER_FLAGS.without((*ROUTER_SET, *ROUTER_READ.fields))
+
+WORKER_SET = ("router_addr", "host", "worker_id")
+WORKER_READ = WORKER_FLAGS.only(("kv_transport",))
+WORKER_PASSTHROUGH = WORKER_FLAGS.without((*WORKER_SET, *WORKER_READ.fields))
 
 
-@dataclass(frozen=True)
-class PassThrough:
-    option: str
-    type: type
-    help: str
-    choices: tuple[str, ...] | None = None  # checked by the launcher too, so a typo fails before any start
-
-    @property
-    def dest(self) -> str:
-        return self.option.removeprefix("--").replace("-", "_")
+def add_launcher_read_args(parser: argparse.ArgumentParser) -> None:
+    ROUTER_READ.add_to(parser, "router: ")
+    WORKER_READ.add_to(parser, "workers: ")
 
 
-ROUTER_FLAGS = (
-    PassThrough("--request-timeout", float, "router: end-to-end seconds per request (0 = no limit)"),
-    PassThrough("--heartbeat-timeout", float, "router: worker silence before it is marked down"),
-    PassThrough("--max-running-requests", int, "router: requests in progress before answering 429"),
-    PassThrough("--balance-threshold-tokens", int, "router: queue imbalance under which cache hits decide"),
-    PassThrough("--disagg", str, "router: where prompts are prefilled (see router/disagg.py)", DISAGG_MODES),
-    PassThrough("--disagg-stall-weight", float, "router (auto): cost of stalling each decoding sequence"),
-    PassThrough("--kv-probe-mb", float, "router: MiB of each prefill/decode pair's probe transfer (0: none)"),
-    PassThrough("--kv-probe-min-gbps", float, "router: probe GB/s below which a pair is degraded"),
-    PassThrough(
-        "--generation-config",
-        str,
-        "router: sampling defaults of requests that leave them out: auto (the model's "
-        "generation_config.json, the default), vllm (the engine's own) or a directory",
-    ),
-)
-WORKER_FLAGS = (
-    PassThrough("--kv-lease-s", float, "workers: seconds blocks stay pinned waiting for the decode side"),
-    PassThrough("--kv-fetch-timeout-s", float, "workers: seconds a KV fetch may take before recompute"),
-)
+def launcher_read_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The LaunchPlan fields these flags give (absent when not given: the plan's default stays)."""
+    return {**ROUTER_READ.given(args), **WORKER_READ.given(args)}
 
 
 def add_passthrough_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("passed to the router and workers")
-    for flag in ROUTER_FLAGS + WORKER_FLAGS:
-        group.add_argument(flag.option, type=flag.type, default=None, help=flag.help, choices=flag.choices)
+    shared = set(_options(ROUTER_PASSTHROUGH)) & set(_options(WORKER_PASSTHROUGH))
+    for flag in ROUTER_PASSTHROUGH.flags:
+        flag.add_to(group, "router and workers: " if flag.name in shared else "router: ")
+    for flag in WORKER_PASSTHROUGH.flags:
+        if flag.name not in shared:
+            flag.add_to(group, "workers: ")
 
 
-def passthrough_argv(args: argparse.Namespace, flags: tuple[PassThrough, ...]) -> tuple[str, ...]:
-    argv: list[str] = []
-    for flag in flags:
-        value = getattr(args, flag.dest, None)
-        if value is not None:
-            argv += [flag.option, str(value)]
-    return tuple(argv)
+def passthrough_argv(args: argparse.Namespace, flags: FlagTable) -> tuple[str, ...]:
+    """The flags of `flags` the user gave, as the child's command line."""
+    return tuple(flags.argv(flags.given(args)))
+
+
+def _options(table: FlagTable) -> list[str]:
+    return [flag.name for flag in table.flags]

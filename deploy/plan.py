@@ -34,7 +34,6 @@ class LaunchPlan:
     port: int = 8000
     backend: str = "ray"
     kv_transport: str = "auto"
-    routing: str = "prefix"
     gpus_per_worker: float | None = None
     engine: dict = field(default_factory=dict)  # explicit engine flags, forwarded to every worker
     advertise_host: str | None = None  # where workers reach the router (default: host, or loopback)

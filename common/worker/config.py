@@ -20,8 +20,8 @@ from common.config import EngineConfig
 from common.engine_args import add_engine_args, engine_config_from_args
 from common.net.addresses import WILDCARD_HOSTS
 from common.net.curve import CurveKeys
-
-KV_TRANSPORTS = ("auto", "tcp", "ipc", "nccl")
+from common.net.flags import Flag, FlagTable, add_log_level
+from common.net.transports import KV_TRANSPORT_CHOICES
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ class WorkerConfig:
             raise ValueError(f"host must be an address peers can dial (or 'auto'), got {self.host!r}")
         if self.curve is not None and not isinstance(self.curve, CurveKeys):
             raise ValueError("curve must be CurveKeys or None")
-        if self.kv_transport not in KV_TRANSPORTS:
-            raise ValueError(f"kv_transport must be one of {KV_TRANSPORTS}, got {self.kv_transport!r}")
+        if self.kv_transport not in KV_TRANSPORT_CHOICES:
+            raise ValueError(f"kv_transport must be one of {KV_TRANSPORT_CHOICES}, got {self.kv_transport!r}")
         for name in ("kv_lease_s", "kv_fetch_timeout_s", "heartbeat_interval_s", "register_interval_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
@@ -75,23 +75,31 @@ class WorkerConfig:
         return self.model_name or os.path.basename(os.path.normpath(self.engine.model))
 
 
+# WorkerConfig's fields as flags (common/net/flags.py); the launcher derives its worker flags from here
+# (deploy/passthrough.py). Not flags: `engine` (the engine flags), `register_interval_s`, `curve`.
+WORKER_FLAGS = FlagTable(
+    "worker",
+    (
+        Flag("router_addr", str, "the router's inbox, tcp://host:port", required=True),
+        Flag("host", str, "address to bind and advertise ('auto': the route to the router)"),
+        Flag("worker_id", str, "unique id (default: ROLE-HOSTNAME-PID)"),
+        Flag("kv_transport", str, "how KV blocks move", KV_TRANSPORT_CHOICES),
+        Flag("kv_lease_s", float, "prefill: pin handed-off blocks this long"),
+        Flag("kv_fetch_timeout_s", float, "decode: give up a transfer after"),
+        Flag("heartbeat_interval_s", float, "seconds between heartbeats", option="--heartbeat-interval"),
+        Flag("model_name", str, "model name reported at registration", option="--served-model-name"),
+    ),
+)
+
+
 def build_worker_parser(roles: Sequence[str]) -> argparse.ArgumentParser:
     """The command line of a worker module serving `roles` (the first is the default)."""
     module = f"{roles[0]}_worker"
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=f"pdserve {'/'.join(roles)} worker")
     p.add_argument("--role", choices=roles, default=roles[0], help="the role this worker serves")
     p.add_argument("--model", default=None, help="HF model directory (default: the default model)")
-    p.add_argument("--router-addr", required=True, help="the router's inbox, tcp://host:port")
-    p.add_argument(
-        "--host", default="auto", help="address to bind and advertise ('auto': the route to the router)"
-    )
-    p.add_argument("--worker-id", default=None, help="unique id (default: ROLE-HOSTNAME-PID)")
-    p.add_argument("--kv-transport", choices=KV_TRANSPORTS, default="auto", help="how KV blocks move")
-    p.add_argument("--kv-lease-s", type=float, default=60.0, help="prefill: pin handed-off blocks this long")
-    p.add_argument("--kv-fetch-timeout-s", type=float, default=30.0, help="decode: give up a transfer after")
-    p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between heartbeats")
-    p.add_argument("--served-model-name", default=None, help="model name reported at registration")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    WORKER_FLAGS.add_to(p)
+    add_log_level(p)
     add_engine_args(p)
     return p
 
@@ -103,19 +111,15 @@ def parse_worker_args(argv: Sequence[str] | None, roles: Sequence[str]) -> tuple
     parser = build_worker_parser(roles)
     args = parser.parse_args(argv)
     role = args.role
+    values = WORKER_FLAGS.config_values(args)
+    if not values.get("worker_id"):
+        values["worker_id"] = f"{role}-{socket.gethostname()}-{os.getpid()}"
     try:
         args.model = resolve_model(args.model)
         config = WorkerConfig(
-            worker_id=args.worker_id or f"{role}-{socket.gethostname()}-{os.getpid()}",
-            router_addr=args.router_addr,
             engine=engine_config_from_args(args, role),
-            host=args.host,
-            kv_transport=args.kv_transport,
-            kv_lease_s=args.kv_lease_s,
-            kv_fetch_timeout_s=args.kv_fetch_timeout_s,
-            heartbeat_interval_s=args.heartbeat_interval,
-            model_name=args.served_model_name,
             curve=CurveKeys.from_env(pop=True),  # out of the environment: children do not inherit it
+            **values,
         )
     except ValueError as e:
         parser.error(str(e))

@@ -1,12 +1,23 @@
-"""Launcher flags handed on to the router and to every worker, and only when given."""
+"""Launcher flags handed on to the router and to every worker, and only when given; all of them derived
+from the router's and the workers' flag tables."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.tools.default_model import prepare_default_model
+from common.worker.config import WORKER_FLAGS
 from deploy.launch import parse_args
+from deploy.passthrough import (
+    ROUTER_PASSTHROUGH,
+    ROUTER_READ,
+    ROUTER_SET,
+    WORKER_PASSTHROUGH,
+    WORKER_READ,
+    WORKER_SET,
+)
 from deploy.plan import worker_specs
+from router.flags import ROUTER_FLAGS
 
 
 def test_given_flags_reach_router_and_workers():
@@ -55,3 +66,34 @@ def test_generation_config_reaches_the_router_and_a_bad_one_fails_in_the_launche
         with pytest.raises(SystemExit) as exc:
             parse_args(["--model", model, "--generation-config", choice])
         assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_launcher_derives_every_router_and_worker_flag_from_their_tables(capsys):
+    tables = (
+        (ROUTER_FLAGS, ROUTER_SET, ROUTER_READ, ROUTER_PASSTHROUGH),
+        (WORKER_FLAGS, WORKER_SET, WORKER_READ, WORKER_PASSTHROUGH),
+    )
+    for table, set_by_launcher, read, passed in tables:
+        kinds = [set(set_by_launcher), set(read.fields), set(passed.fields)]
+        assert sum(map(len, kinds)) == len(table.fields) and set.union(*kinds) == set(table.fields)
+        assert all(
+            passed[f] is table[f] and (f not in read.fields or read[f] is table[f]) for f in passed.fields
+        )
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = capsys.readouterr().out
+    offered = [*ROUTER_READ.flags, *ROUTER_PASSTHROUGH.flags, *WORKER_READ.flags, *WORKER_PASSTHROUGH.flags]
+    assert all(f"  {flag.name}" in shown for flag in offered)
+    router_options = {f.name: f for f in ROUTER_PASSTHROUGH.flags}
+    both = [f for f in WORKER_PASSTHROUGH.flags if f.name in router_options]  # one value for both
+    assert [f.name for f in both] == ["--served-model-name"]
+    assert all(f.type == router_options[f.name].type for f in both)
+
+
+def test_a_flag_both_take_reaches_router_and_workers_and_routing_passes_through():
+    model = str(prepare_default_model(progress=False))
+    plan = parse_args(["--model", model, "--served-model-name", "m", "--routing", "round_robin"])
+    assert plan.router_argv == ("--served-model-name", "m", "--routing", "round_robin")
+    assert plan.worker_argv == ("--served-model-name", "m")
+    plan = parse_args(["--model", model, "--kv-transport", "tcp", "--host", "::1", "--port", "0"])
+    assert (plan.kv_transport, plan.host, plan.port, plan.router_argv) == ("tcp", "::1", 0, ())
