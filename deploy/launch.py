@@ -46,6 +46,7 @@ from deploy.passthrough import (
 )
 from deploy.plan import BACKENDS, LaunchPlan, worker_specs
 from router.config import API_KEY_ENV
+from router.flags import ROUTER_FLAGS
 
 log = logging.getLogger("deploy.launch")
 
@@ -103,12 +104,17 @@ class Cluster:
     def _start_router(self, deadline: float, secret_env: dict[str, str]) -> dict:
         p = self.plan
         ready_file = Path(self._tmp.name) / "router-ready.json"
-        argv = [sys.executable, "-m", "router", "--model", p.model, "--host", p.host, "--port", str(p.port)]
-        argv += ["--inbox-host", p.inbox_host, "--ready-file", str(ready_file)]
-        argv += ["--log-level", p.log_level, *(["--protect-status"] if p.protect_status else [])]
+        launcher_set = {
+            "model": p.model,
+            "host": p.host,
+            "port": p.port,
+            "inbox_host": p.inbox_host,
+            "ready_file": str(ready_file),
+            "protect_status": p.protect_status,
+            "block_size": p.engine.get("kvcache_block_size"),
+        }
+        argv = [sys.executable, "-m", "router", *ROUTER_FLAGS.argv(launcher_set), "--log-level", p.log_level]
         argv += list(p.router_argv)
-        if "kvcache_block_size" in p.engine:
-            argv += ["--block-size", str(p.engine["kvcache_block_size"])]
         log_path = str(Path(p.log_dir) / "router.log") if p.log_dir else None
         if p.log_dir:
             Path(p.log_dir).mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from common.engine_args import engine_argv
 from common.net.addresses import WILDCARD_HOSTS
+from common.worker.config import WORKER_FLAGS
 from deploy.base import WorkerSpec
 
 BACKENDS = ("ray", "local")
@@ -98,9 +99,14 @@ def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec
         engine = dict(plan.engine)
         if share:
             engine["gpu_memory_utilization"] = round(base_util * share, 4)
-        argv = ["--role", role, "--model", plan.model, "--router-addr", inbox, "--host", host]
-        argv += ["--worker-id", worker_id]
-        argv += ["--kv-transport", plan.kv_transport, "--log-level", plan.log_level, *engine_argv(engine)]
+        launcher_set = {
+            "router_addr": inbox,
+            "host": host,
+            "worker_id": worker_id,
+            "kv_transport": plan.kv_transport,
+        }
+        argv = ["--role", role, "--model", plan.model, *WORKER_FLAGS.argv(launcher_set)]
+        argv += ["--log-level", plan.log_level, *engine_argv(engine)]
         argv += list(plan.worker_argv)
         local_gpu = plan.backend == "local" and gpu is not None
         env = {"CUDA_VISIBLE_DEVICES": visible_devices(gpu, num_gpus)} if local_gpu else {}
