@@ -38,6 +38,8 @@ from deploy.base import WorkerBackend, WorkerHandle
 from deploy.local_backend import signal_group, spawn, stop_processes
 from deploy.passthrough import ROUTER_FLAGS, WORKER_FLAGS, add_passthrough_args, passthrough_argv
 from deploy.plan import BACKENDS, LaunchPlan, worker_specs
+from deploy.ray_logs import use_readable_ray_logs
+from router.access_log import LAUNCHER_AGENT
 from router.config import API_KEY_ENV
 
 log = logging.getLogger("deploy.launch")
@@ -48,6 +50,7 @@ def make_backend(plan: LaunchPlan) -> WorkerBackend:
         from deploy.local_backend import LocalBackend
 
         return LocalBackend(plan.log_dir)
+    use_readable_ray_logs(sys.stdout.isatty())  # before `import ray`, which reads these settings
     try:
         from deploy.ray_backend import RayBackend
     except ImportError as e:
@@ -138,9 +141,12 @@ class Cluster:
 
     def healthy(self) -> bool:
         """/health is 200 and lists every worker started as live (200 alone means one of each role)."""
-        auth = {"Authorization": f"Bearer {self.plan.api_key}"} if self.plan.api_key else {}
+        # The User-Agent keeps these polls out of the router's access log (router/access_log.py).
+        headers = {"User-Agent": LAUNCHER_AGENT}
+        if self.plan.api_key:
+            headers["Authorization"] = f"Bearer {self.plan.api_key}"
         try:
-            request = urllib.request.Request(f"{self.url}/health", headers=auth)
+            request = urllib.request.Request(f"{self.url}/health", headers=headers)
             with urllib.request.urlopen(request, timeout=2) as resp:
                 report = json.loads(resp.read())
         except (OSError, ValueError):  # URLError / HTTPError (503 while workers join) / refused / garbage
