@@ -58,12 +58,9 @@ def make_backend(plan: LaunchPlan) -> WorkerBackend:
     return RayBackend(plan.ray_address)
 
 
-def count_gpus(plan: LaunchPlan) -> int:
-    if plan.engine.get("device") == "cpu":
-        return 0
-    import torch  # late: only the GPU plan needs it
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+def count_gpus(plan: LaunchPlan, backend: WorkerBackend) -> int:
+    """The GPUs the default shares split: none with `--device cpu`, else all the backend can reach."""
+    return 0 if plan.engine.get("device") == "cpu" else backend.cluster_gpus()
 
 
 class Interrupted(Exception):
@@ -91,7 +88,7 @@ class Cluster:
         self._secret_env = CurveKeys.generate().to_env()
         ready = self._start_router(deadline, self._secret_env)
         self.url, self.inbox = ready["http"], ready["inbox"]
-        for spec in worker_specs(self.plan, ready["inbox"], count_gpus(self.plan)):
+        for spec in worker_specs(self.plan, ready["inbox"], count_gpus(self.plan, self.backend)):
             self.workers.append(self.backend.start(replace(spec, secret_env=self._secret_env)))
         self._wait_healthy(deadline)
         return self.url

@@ -268,6 +268,12 @@ class RayBackend(WorkerBackend):
         self._handles.append(handle)
         return handle
 
+    def cluster_gpus(self) -> int:
+        """The GPUs of every live node of the Ray cluster, not only the launcher's (on a `ray up`
+        cluster the head may have one GPU, or none, and the workers' nodes the rest)."""
+        self._connect()
+        return int(ray.cluster_resources().get("GPU", 0))
+
     def shutdown(self, grace_s: float = 10.0) -> None:
         if ray.is_initialized():
             _stop_all(self._handles, grace_s)
