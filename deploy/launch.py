@@ -184,8 +184,11 @@ class Cluster:
             self._tmp.cleanup()
 
 
-def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
-    p = argparse.ArgumentParser(prog="python -m deploy.launch", description="start a pdserve cluster")
+PROG = "python -m deploy.launch"
+
+
+def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPlan:
+    p = argparse.ArgumentParser(prog=prog, description="start a pdserve cluster")
     p.add_argument("--model", default=None, help="HF model directory (default: the default model)")
     p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
@@ -255,8 +258,9 @@ def _catch_stop_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    plan = parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """`prog`: the command the usage line names (`pdserve serve` when run through the console script)."""
+    plan = parse_args(argv, prog)
     logging.basicConfig(level=plan.log_level.upper(), format="%(asctime)s %(levelname)s launch: %(message)s")
     stop = threading.Event()
     _catch_stop_signals(stop)
