@@ -59,6 +59,13 @@ class WorkerBackend(ABC):
     def start(self, spec: WorkerSpec) -> WorkerHandle:
         """Start one worker; returns at once."""
 
+    def cluster_gpus(self) -> int:
+        """How many GPUs the workers can be placed on (the default GPU shares split these): here,
+        this host's; a backend spanning several hosts counts theirs."""
+        import torch  # late: a CPU-only plan never asks
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stop every worker this backend started (and anything it brought up, e.g. a local Ray)."""

@@ -22,13 +22,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def _serve(argv: list[str]) -> int:
     from deploy.launch import main
 
-    return main(argv)
+    return main(argv, prog="pdserve serve")
 
 
 def _chat(argv: list[str]) -> int:
     from common.tools.chat import main
 
-    return main(argv)
+    return main(argv, prog="pdserve chat")
 
 
 def _bench(argv: list[str]) -> int:

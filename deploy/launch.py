@@ -45,6 +45,8 @@ from deploy.passthrough import (
     passthrough_argv,
 )
 from deploy.plan import BACKENDS, LaunchPlan, worker_specs
+from deploy.ray_logs import use_readable_ray_logs
+from router.access_log import LAUNCHER_AGENT
 from router.config import API_KEY_ENV
 from router.flags import ROUTER_FLAGS
 
@@ -56,6 +58,7 @@ def make_backend(plan: LaunchPlan) -> WorkerBackend:
         from deploy.local_backend import LocalBackend
 
         return LocalBackend(plan.log_dir)
+    use_readable_ray_logs(sys.stdout.isatty())  # before `import ray`, which reads these settings
     try:
         from deploy.ray_backend import RayBackend
     except ImportError as e:
@@ -63,12 +66,9 @@ def make_backend(plan: LaunchPlan) -> WorkerBackend:
     return RayBackend(plan.ray_address)
 
 
-def count_gpus(plan: LaunchPlan) -> int:
-    if plan.engine.get("device") == "cpu":
-        return 0
-    import torch  # late: only the GPU plan needs it
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+def count_gpus(plan: LaunchPlan, backend: WorkerBackend) -> int:
+    """The GPUs the default shares split: none with `--device cpu`, else all the backend can reach."""
+    return 0 if plan.engine.get("device") == "cpu" else backend.cluster_gpus()
 
 
 class Interrupted(Exception):
@@ -96,7 +96,7 @@ class Cluster:
         self._secret_env = CurveKeys.generate().to_env()
         ready = self._start_router(deadline, self._secret_env)
         self.url, self.inbox = ready["http"], ready["inbox"]
-        for spec in worker_specs(self.plan, ready["inbox"], count_gpus(self.plan)):
+        for spec in worker_specs(self.plan, ready["inbox"], count_gpus(self.plan, self.backend)):
             self.workers.append(self.backend.start(replace(spec, secret_env=self._secret_env)))
         self._wait_healthy(deadline)
         return self.url
@@ -151,9 +151,12 @@ class Cluster:
 
     def healthy(self) -> bool:
         """/health is 200 and lists every worker started as live (200 alone means one of each role)."""
-        auth = {"Authorization": f"Bearer {self.plan.api_key}"} if self.plan.api_key else {}
+        # The User-Agent keeps these polls out of the router's access log (router/access_log.py).
+        headers = {"User-Agent": LAUNCHER_AGENT}
+        if self.plan.api_key:
+            headers["Authorization"] = f"Bearer {self.plan.api_key}"
         try:
-            request = urllib.request.Request(f"{self.url}/health", headers=auth)
+            request = urllib.request.Request(f"{self.url}/health", headers=headers)
             with urllib.request.urlopen(request, timeout=2) as resp:
                 report = json.loads(resp.read())
         except (OSError, ValueError):  # URLError / HTTPError (503 while workers join) / refused / garbage
@@ -194,8 +197,11 @@ class Cluster:
             self._tmp.cleanup()
 
 
-def parse_args(argv: Sequence[str] | None = None) -> LaunchPlan:
-    p = argparse.ArgumentParser(prog="python -m deploy.launch", description="start a pdserve cluster")
+PROG = "python -m deploy.launch"
+
+
+def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPlan:
+    p = argparse.ArgumentParser(prog=prog, description="start a pdserve cluster")
     p.add_argument("--model", default=None, help="HF model directory (default: the default model)")
     p.add_argument("--prefill", type=int, default=1, help="number of prefill workers")
     p.add_argument("--decode", type=int, default=1, help="number of decode workers")
@@ -246,8 +252,9 @@ def _catch_stop_signals(stop: threading.Event) -> None:
         signal.signal(sig, lambda *_: stop.set())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    plan = parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """`prog`: the command the usage line names (`pdserve serve` when run through the console script)."""
+    plan = parse_args(argv, prog)
     logging.basicConfig(level=plan.log_level.upper(), format="%(asctime)s %(levelname)s launch: %(message)s")
     stop = threading.Event()
     _catch_stop_signals(stop)

@@ -93,8 +93,10 @@ class _Supervisor:
         self._proc: subprocess.Popen | None = None
         self._restarts = 0
 
-    def __repr__(self) -> str:  # Ray prefixes the actor's log lines (the worker's output) with this
-        return f"worker {self._config.worker_id}"
+    def __repr__(self) -> str:
+        # Ray prefixes the actor's log lines (the worker's output too) with "(REPR pid=ACTOR_PID)": say
+        # that this pid is the actor's; the worker process's pid is the one the router logs.
+        return f"ray actor of {self._config.worker_id}"
 
     def run(self) -> dict:
         """Spawn the worker, re-spawn it after crashes; return when it has exited for good."""
@@ -147,6 +149,8 @@ class _Supervisor:
                 start_new_session=True,  # own process group: stop can kill the worker's children too
                 preexec_fn=lambda: _set_pdeathsig(parent, libc),
             )
+            # print, not log: Ray forwards the actor's stdout to the launcher; its loggers stop at WARNING.
+            print(f"{self._config.worker_id}: worker process pid {self._proc.pid} started", flush=True)
             return self._proc
 
     def _child_env(self) -> dict[str, str]:
@@ -160,6 +164,8 @@ class _Supervisor:
             env["CUDA_VISIBLE_DEVICES"] = ""
         # Ray forces OMP_NUM_THREADS=1 on actors reserving < 1 CPU; the worker sizes its own threads.
         env.pop("OMP_NUM_THREADS", None)
+        # The worker's stdout is a file Ray tails: unbuffered, its lines reach the launcher as written.
+        env.setdefault("PYTHONUNBUFFERED", "1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE_ROOT, env.get("PYTHONPATH")) if p)
         env.update(self._config.env)
         env.update(self._config.secret_env)
@@ -261,6 +267,12 @@ class RayBackend(WorkerBackend):
         handle = RayWorkerHandle(spec, actor, actor.run.remote())
         self._handles.append(handle)
         return handle
+
+    def cluster_gpus(self) -> int:
+        """The GPUs of every live node of the Ray cluster, not only the launcher's (on a `ray up`
+        cluster the head may have one GPU, or none, and the workers' nodes the rest)."""
+        self._connect()
+        return int(ray.cluster_resources().get("GPU", 0))
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         if ray.is_initialized():

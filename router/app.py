@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from router.access_log import LauncherProbeMiddleware
 from router.auth import APIKeyAuth
 from router.body_limit import BodyGuard
 from router.errors import APIError, install_error_handlers, shorten
@@ -116,6 +117,7 @@ def create_app(router: Router) -> FastAPI:
         app.add_middleware(
             APIKeyAuth, api_key=router.config.api_key, protect_status=router.config.protect_status
         )
+    app.add_middleware(LauncherProbeMiddleware)  # outside the key check: a refused poll is quiet too
     app.add_middleware(RequestIdMiddleware)  # outermost: even a 401 or 413 carries X-Request-Id
     install_error_handlers(app)
     _add_generation_routes(app, router)

@@ -223,11 +223,12 @@ class ClusterClient:
         if result.outcome is RegistrationOutcome.REFRESHED:
             return
         if result.outcome is RegistrationOutcome.REPLACED:
-            log.warning("worker %s restarted (pid %d)", reg.worker_id, reg.pid)
+            log.warning("worker %s restarted (worker process pid %d)", reg.worker_id, reg.pid)
             self._disconnect(reg.worker_id)
             self._fail_requests_on(reg.worker_id, "worker restarted")
         self._connect(reg)
-        log.info("registered %s worker %s at %s (pid %d)", reg.role, reg.worker_id, reg.host, reg.pid)
+        role, worker_id = reg.role, reg.worker_id
+        log.info("registered %s worker %s at %s (worker process pid %d)", role, worker_id, reg.host, reg.pid)
         self.pairs.probes.forget_worker(reg.worker_id)
         if reg.events_addr is not None:
             await self._refresh_index(reg.worker_id)

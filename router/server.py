@@ -24,6 +24,7 @@ from fastapi import FastAPI
 
 from common.net.addresses import bracket
 from common.wire.generation_config import GenerationDefaults, load_generation_defaults
+from router.access_log import quiet_launcher_probes
 from router.app import create_app
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
@@ -113,6 +114,7 @@ async def serve(config: RouterConfig, log_level: str = "info") -> None:
     """Run until cancelled or interrupted (uvicorn handles SIGINT/SIGTERM)."""
     app, router = build_router(config)
     sock = _bind_http(config.host, config.port)
+    quiet_launcher_probes()
     server = uvicorn.Server(
         uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=30, log_config=None)
     )

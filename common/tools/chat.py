@@ -31,8 +31,11 @@ def answer(model: str, question: str, params, system: str | None = None) -> str:
     return llm.generate([prompt], params, use_tqdm=False)[0]["text"].strip()
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m common.tools.chat", description=__doc__.splitlines()[0])
+PROG = "python -m common.tools.chat"
+
+
+def _parse_args(argv: list[str] | None, prog: str = PROG) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("question", help="the question to answer")
     parser.add_argument("--model", default=None, help="HF-format model directory (default: SmolLM2-135M)")
     parser.add_argument("--max-tokens", type=int, default=128, help="answer length limit (default 128)")
@@ -41,8 +44,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """`prog`: the command the usage line names (`pdserve chat` when run through the console script)."""
+    args = _parse_args(argv, prog)
     from common.tools.default_model import resolve_model
     from common.wire.sampling_params import SamplingParams
 

@@ -117,4 +117,13 @@ def _integer(name: str, value: object, low: int | None, high: int | None) -> Non
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an int, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
+        raise ValueError(f"{name} must be {_integer_range(low, high)}, got {value!r}")
+
+
+def _integer_range(low: int | None, high: int | None) -> str:
+    """The allowed range as a person writes it: ">= 1", "<= 5", "in [1, 128]"."""
+    if high is None:
+        return f">= {low}"
+    if low is None:
+        return f"<= {high}"
+    return f"in [{low}, {high}]"

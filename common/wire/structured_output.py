@@ -6,6 +6,13 @@ or regex before anything is dispatched and answers a 400 naming the field; the e
 the token matcher from the same text (`common/runner/grammar.py`). Every error is a ValueError whose
 message starts with the request field it is about (`router.errors.from_value_error` takes that word
 as the OpenAI error's `param`).
+
+JSON schemas compile strictly, as vLLM's default backend (xgrammar) and OpenAI's structured outputs
+do: an object schema that lists `properties` and says nothing about `additionalProperties` allows
+those properties only. JSON Schema's own reading (any further property of any value) lets a model
+add fields until max_tokens; a schema that wants extras says so with `"additionalProperties"`, and a
+request asks for the lenient reading of a whole schema with OpenAI's `"strict": false`
+(`response_format.json_schema.strict`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,21 @@ from llguidance import LLMatcher, grammar_from
 # a small model emit newlines and spaces until max_tokens instead of closing the object.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+# Keywords whose value is one subschema, a list of subschemas, or a name -> subschema map.
+_SUBSCHEMA = (
+    "additionalProperties",
+    "unevaluatedProperties",
+    "items",
+    "additionalItems",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
 @dataclass(frozen=True)
@@ -47,7 +69,9 @@ class GuidedRequest:
         return check_grammar(_BUILDERS[field](getattr(self, field), field), field)
 
 
-def json_schema_grammar(schema: dict[str, Any] | str, field: str = "guided_json") -> str:
+def json_schema_grammar(schema: dict[str, Any] | str, field: str = "guided_json", strict: bool = True) -> str:
+    """The grammar of a JSON schema; `strict` (the default) closes every object that lists its
+    properties and does not say `additionalProperties` (see the module's docstring)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -55,6 +79,8 @@ def json_schema_grammar(schema: dict[str, Any] | str, field: str = "guided_json"
             raise ValueError(f"{field} is not valid JSON: {e}") from None
     if not isinstance(schema, dict):
         raise ValueError(f"{field} must be a JSON schema object, got {type(schema).__name__}")
+    if strict:
+        schema = closed_objects(schema)
     try:
         text = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
     except (ValueError, TypeError) as e:
@@ -98,7 +124,33 @@ def response_format_grammar(response_format: dict[str, Any], field: str = "respo
         schema = {k: v for k, v in spec.items() if k not in ("name", "description", "strict")}
     if not schema:
         raise ValueError(f"{field}.json_schema.schema is required")
-    return json_schema_grammar(schema, field)
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ValueError(f"{field}.json_schema.strict must be true or false, got {strict!r}")
+    return json_schema_grammar(schema, field, strict=strict is not False)
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of `schema` in which every object schema with `properties` or `patternProperties` and
+    no `additionalProperties` / `unevaluatedProperties` gets `"additionalProperties": false`."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema  # true / false schemas, or a malformed one llguidance will name
+    closed = dict(schema)
+    for key in _SUBSCHEMA:
+        if key in closed:
+            closed[key] = closed_objects(closed[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(closed.get(key), list):
+            closed[key] = [closed_objects(s) for s in closed[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(closed.get(key), dict):
+            closed[key] = {name: closed_objects(s) for name, s in closed[key].items()}
+    lists_properties = "properties" in closed or "patternProperties" in closed
+    if lists_properties and not {"additionalProperties", "unevaluatedProperties"} & closed.keys():
+        closed["additionalProperties"] = False
+    return closed
 
 
 def check_grammar(text: str, field: str = "grammar") -> str:

@@ -37,6 +37,20 @@ def test_sampling_params_name_the_field(kwargs, field):
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+        ({"top_k": -2}, "top_k must be >= -1, got -2"),
+        ({"n": 200}, "n must be in [1, 128], got 200"),
+    ],
+)
+def test_integer_ranges_read_as_written(kwargs, message):
+    with pytest.raises(ValueError) as error:
+        SamplingParams(**kwargs)
+    assert str(error.value) == message
+
+
 def test_sampling_params_accept_greedy_and_single_stop_string():
     assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=1e-6).greedy
     assert SamplingParams(stop="###").stop == ["###"]

@@ -32,6 +32,8 @@ def test_each_command_shows_its_modules_options(command: str, own_option: str) -
     )
     assert out.returncode == 0, out.stderr
     assert own_option in out.stdout
+    if command != "bench":  # benchmarks/serving.py names itself
+        assert out.stdout.startswith(f"usage: pdserve {command} ")
 
 
 def test_usage_and_unknown_commands(capsys) -> None:

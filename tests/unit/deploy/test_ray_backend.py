@@ -12,12 +12,15 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import ray
 
 from deploy.base import WorkerSpec
+from deploy.launch import count_gpus
+from deploy.plan import LaunchPlan, worker_specs
 from deploy.ray_backend import RayBackend, SupervisorConfig, _Supervisor
 
 SLEEPER = "tests.unit.deploy.sleeper_worker"
@@ -204,3 +207,27 @@ def test_ray_backend_lifecycle(tmp_path, monkeypatch):
         backend.shutdown(grace_s=1.0)  # p0 ignores SIGTERM: killed after the grace period
     assert not ray.is_initialized() and not backend.owns_ray
     assert [pid for pid in pids if running(pid)] == []
+
+
+@pytest.mark.timeout(180)
+def test_default_gpu_shares_count_every_node_of_the_ray_cluster(monkeypatch):
+    """A 1-GPU head and a 3-GPU worker node: 1 prefill + 3 decode get a whole GPU each, not a
+    quarter of the launcher's one GPU (Ray's GPU bookkeeping; the GPUs are logical)."""
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already open in this process")
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1})
+    try:
+        cluster.add_node(num_cpus=1, num_gpus=3)
+        cluster.wait_for_nodes()
+        backend = RayBackend(address=cluster.address)
+        plan = LaunchPlan(model="m", num_prefill=1, num_decode=3, backend="ray")
+        specs = worker_specs(plan, "tcp://127.0.0.1:1", count_gpus(plan, backend))
+        assert backend.cluster_gpus() == 4 and [s.num_gpus for s in specs] == [1.0] * 4
+        cpu_plan = replace(plan, engine={"device": "cpu"})
+        assert count_gpus(cpu_plan, backend) == 0
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

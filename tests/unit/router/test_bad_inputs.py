@@ -211,6 +211,11 @@ STRUCTURED = [
             "response_format",
             {"response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "#/nope"}}}},
         ),
+        (
+            "json_schema strict not a bool",
+            "response_format",
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {}, "strict": "no"}}},
+        ),
         ("guided_json bad type", "guided_json", {"guided_json": BAD_SCHEMA}),
         ("guided_json not JSON", "guided_json", {"guided_json": "{not json"}),
         ("guided_json a list", "guided_json", {"guided_json": "[1, 2]"}),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import llguidance
 import pytest
 
 from common.wire.messages import PrefillRequest
@@ -19,6 +20,14 @@ from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router
 
 MSGS = [{"role": "user", "content": "hi"}]
+# The README's example schema: it lists its properties and says nothing of additionalProperties.
+OPEN_PERSON = {
+    "type": "object",
+    "required": ["name", "age"],
+    "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
+}
+EXACT = '{"name": "Mike", "age": 25}'
+WITH_EXTRA = '{"name": "Mike", "age": 25, "city": "Paris"}'
 
 
 @pytest.mark.parametrize("case", CASES, ids=[next(iter(c.request)) + str(i) for i, c in enumerate(CASES)])
@@ -59,3 +68,58 @@ def test_the_grammar_reaches_the_prefill_worker(model_dir, tokenizer) -> None:
 
     (sent,) = asyncio.run(main())
     assert sent.sampling.grammar == json_schema_grammar(PERSON)
+
+
+@pytest.fixture(scope="module")
+def ll_tokenizer(model_dir) -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(str(model_dir / "tokenizer.json"))
+
+
+def _accepts(grammar: str | None, text: str, ll_tokenizer: llguidance.LLTokenizer) -> bool:
+    """Whether llguidance's matcher takes `text` (as the model's tokens) and may end there."""
+    assert grammar is not None
+    matcher = llguidance.LLMatcher(ll_tokenizer, grammar)
+    tokens = ll_tokenizer.tokenize_str(text)
+    return (
+        matcher.validate_tokens(tokens) == len(tokens)
+        and matcher.consume_tokens(tokens)
+        and (matcher.is_accepting())
+    )
+
+
+def _schema_format(schema: dict, **extra) -> dict:
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": schema, **extra}}
+    }
+
+
+@pytest.mark.parametrize(
+    "request_fields",
+    [_schema_format(OPEN_PERSON), _schema_format(OPEN_PERSON, strict=True), {"guided_json": OPEN_PERSON}],
+    ids=["response_format", "strict_true", "guided_json"],
+)
+def test_schemas_are_strict_by_default(request_fields, ll_tokenizer) -> None:
+    grammar = GuidedRequest(**request_fields).grammar()
+    assert _accepts(grammar, EXACT, ll_tokenizer)
+    assert not _accepts(grammar, WITH_EXTRA, ll_tokenizer)
+
+
+def test_strict_false_and_additional_properties_allow_extra_fields(ll_tokenizer) -> None:
+    lenient = GuidedRequest(**_schema_format(OPEN_PERSON, strict=False)).grammar()
+    allowing = GuidedRequest(guided_json=OPEN_PERSON | {"additionalProperties": True}).grammar()
+    for grammar in (lenient, allowing):
+        assert _accepts(grammar, EXACT, ll_tokenizer)
+        assert _accepts(grammar, WITH_EXTRA, ll_tokenizer)
+
+
+def test_nested_objects_are_closed_too(ll_tokenizer) -> None:
+    schema = {"type": "object", "properties": {"who": OPEN_PERSON}, "required": ["who"]}
+    grammar = GuidedRequest(guided_json=schema).grammar()
+    assert _accepts(grammar, '{"who": ' + EXACT + "}", ll_tokenizer)
+    assert not _accepts(grammar, '{"who": ' + WITH_EXTRA + "}", ll_tokenizer)
+    assert not _accepts(grammar, '{"who": ' + EXACT + ', "x": 1}', ll_tokenizer)
+
+
+def test_json_object_still_takes_any_object(ll_tokenizer) -> None:
+    grammar = GuidedRequest(response_format={"type": "json_object"}).grammar()
+    assert _accepts(grammar, WITH_EXTRA, ll_tokenizer)
