@@ -75,6 +75,16 @@ class Sampler:
             tokens = self._torch(logits, batch)
         return SamplerOutput(tokens, _logprobs(logits, tokens, batch.num_logprobs))
 
+    def warm_up(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Compile the kernel's variants now (start-up) when this sampler may take it, so the first
+        sampled step of a run does not stall on Triton's compiler."""
+        probe = torch.empty(0, device=device)
+        if self.fused is False or (self.fused is None and self._mode == "0") or not use_fused(probe):
+            return
+        from common.runner import sampling_kernel
+
+        sampling_kernel.warm_up(device, vocab, dtype)
+
     def _use_kernel(self, logits: torch.Tensor, batch: SamplingBatch) -> bool:
         if self.fused is not None:
             return self.fused
