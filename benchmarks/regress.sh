@@ -3,7 +3,8 @@
 # the ratio per figure. Run it before a GPU-path change lands, and record the table with the change.
 #   bash benchmarks/regress.sh BASE [MODEL_DIR]        (logs and JSON go to ${OUT:-/tmp/pdserve-gpu}/regress)
 # BASE: a folder holding the base tree (made here: `git archive COMMIT | tar -x -C DIR`, carried with the
-# call) or a commit (where git and the repository are there). MODEL_DIR: the real default model (default:
+# call), a commit (where git and the repository are there), or `-` (only this tree's arms, the first the
+# reference). MODEL_DIR: the real default model (default:
 # `python3 -m common.tools.default_model`, i.e. after `source benchmarks/device_prep.sh`); its tokenizer
 # also serves the random-weight Qwen3-0.6B shape. Both trees run THIS tree's benchmarks/ scripts, so a
 # figure measures the engine, not a changed measuring script.
@@ -13,7 +14,8 @@
 #   mixed  the real default model: 256 prompts of 128-512 random tokens, 128-512 out, T=0.6
 #   lat    Qwen3-0.6B shape: decode step at 1,000 context for 1 and 64 rows; prefill 8 x 2,048
 # Env: ROUNDS (2); FIGURES ("std mixed lat"); ARMS ("base new"): more arms of this tree are written
-# NAME=VAR=VALUE (e.g. torch=PDSERVE_FUSED_SAMPLING=0) and run EXTRA_FIGURES ("mixed std").
+# NAME=VAR=VALUE (e.g. torch=PDSERVE_FUSED_SAMPLING=0) and run EXTRA_FIGURES ("mixed std"); LAT_MODEL
+# (the lat figure's model, default the Qwen3-0.6B shape). The table compares each arm with the first.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NEW=$PWD
@@ -22,7 +24,9 @@ mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
 BASE=/tmp/pdserve-regress-base
 rm -rf $BASE && mkdir -p $BASE
-if [ -d "${1:?usage: regress.sh BASE_DIR_OR_COMMIT [MODEL_DIR]}" ]; then
+if [ "${1:?usage: regress.sh BASE_DIR_OR_COMMIT|- [MODEL_DIR]}" = - ]; then
+  :  # no base tree: the arms are this tree's, compared with the first
+elif [ -d "$1" ]; then
   cp -r "$1"/. $BASE/
 else
   git archive "$1" | tar -x -C $BASE || exit 1
@@ -38,7 +42,7 @@ figure() {  # figure NAME JSON: run one figure in the current directory's tree
     std) python3 benchmarks/offline.py --model $Q --quiet --engine-kwargs '{"max_num_seqs": 256}' --json-out "$2" ;;
     mixed) python3 benchmarks/offline.py --model "$REAL" --quiet --input-len 128 512 --output-len 128 512 \
       --json-out "$2" ;;
-    lat) python3 benchmarks/latency.py --model $Q --decode-batches 1 64 --json-out "$2" ;;
+    lat) python3 benchmarks/latency.py --model "${LAT_MODEL:-$Q}" --decode-batches 1 64 --json-out "$2" ;;
   esac 2>&1 | grep -v "Loading\|it/s\]" | tail -3
 }
 
@@ -56,4 +60,5 @@ for round in $(seq "${ROUNDS:-2}"); do
     done
   done
 done 2>&1 | tee "$LOG/runs.txt"
-python3 benchmarks/regress_table.py "$LOG"
+ARMS="${ARMS:-base new}"
+python3 benchmarks/regress_table.py "$LOG" --ref "${ARMS%% *}"

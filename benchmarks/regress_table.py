@@ -1,17 +1,17 @@
 """The table of benchmarks/regress.sh: each figure per arm and round, and each arm against the base.
 
-    python benchmarks/regress_table.py LOG_DIR      (reads FIGURE_ARM_rROUND.json written by regress.sh)
+    python benchmarks/regress_table.py LOG_DIR [--ref ARM]   (FIGURE_ARM_rROUND.json written by regress.sh)
 
-`vs base` is the speed ratio of the arm's best round to the base's best round (> 1: faster than the
-base, for a latency too), marked `~` when it is inside the spread of the two arms' own rounds (the
-larger of their best/worst ratios): such a difference is noise, not a regression.
+`vs ref` is the speed ratio of the arm's best round to the reference arm's best round (`base` unless
+--ref names another; > 1: faster, for a latency too), marked `~` when it is inside the spread of the
+two arms' own rounds (the larger of their best/worst ratios): such a difference is noise.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,22 +54,23 @@ def _speed(value: float, fig: Figure) -> float:
     return value if fig.higher_is_better else 1.0 / value
 
 
-def rows(runs: dict[tuple[str, str], list[dict]]) -> list[list[str]]:
-    arms = sorted({arm for _, arm in runs}, key=lambda a: (a != "base", a != "new", a))
+def rows(runs: dict[tuple[str, str], list[dict]], ref: str) -> list[list[str]]:
+    arms = sorted({arm for _, arm in runs}, key=lambda a: (a != ref, a != "new", a))
     table = []
     for fig in FIGURES:
-        base = [_speed(fig.read(j), fig) for j in runs.get((fig.file, "base"), [])]
+        base = [_speed(fig.read(j), fig) for j in runs.get((fig.file, ref), [])]
         for arm in arms:
             values = [fig.read(j) for j in runs.get((fig.file, arm), [])]
             if not values:
                 continue
             shown = " / ".join(f"{v:,.0f}" if v >= 100 else f"{v:.3f}" for v in values)
-            table.append([fig.name, arm, f"{shown} {fig.unit}", _versus(base, values, fig, arm)])
+            versus = "-" if arm == ref else _versus(base, values, fig)
+            table.append([fig.name, arm, f"{shown} {fig.unit}", versus])
     return table
 
 
-def _versus(base: list[float], values: list[float], fig: Figure, arm: str) -> str:
-    if arm == "base" or not base:
+def _versus(base: list[float], values: list[float], fig: Figure) -> str:
+    if not base:
         return "-"
     speeds = [_speed(v, fig) for v in values]
     ratio = max(speeds) / max(base)
@@ -78,9 +79,12 @@ def _versus(base: list[float], values: list[float], fig: Figure, arm: str) -> st
 
 
 def main() -> None:
-    log = Path(sys.argv[1])
-    table = rows(collect(log))
-    header = ["figure", "arm", "rounds", "vs base (best rounds)"]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--ref", default="base", help="the arm the others are compared with")
+    args = parser.parse_args()
+    table = rows(collect(args.log), args.ref)
+    header = ["figure", "arm", "rounds", f"vs {args.ref} (best rounds)"]
     widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
     for r in [header, ["-" * w for w in widths], *table]:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |")
