@@ -25,13 +25,17 @@ def _sync(llm: LLM) -> None:
     llm.engine.runner.platform.synchronize()
 
 
-def decode_tpot(llm: LLM, context: int, tokens: int) -> float:
-    """Seconds per output token for one sequence with `context` tokens already cached."""
+def decode_tpot(llm: LLM, context: int, tokens: int, rows: int = 1) -> float:
+    """Seconds per decode step for `rows` sequences with `context` tokens already cached each (one
+    output token per sequence per step). Timing starts once every prompt is in; the sequences whose
+    prompts went in a chunked step earlier end a step or two earlier, so the last steps are lighter."""
     engine = llm.engine
-    prompt = [random.Random(0).randrange(10000) for _ in range(context)]
-    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=tokens + 1, ignore_eos=True))
-    engine.step()  # prefill (and the first token)
-    for _ in range(8):  # warm-up decode steps
+    for row in range(rows):
+        rng = random.Random(row)
+        prompt = [rng.randrange(10000) for _ in range(context)]
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=tokens + 1, ignore_eos=True))
+    budget = engine.config.max_num_batched_tokens
+    for _ in range(-(-rows * context // budget) + 8):  # the prompts (and first tokens), then warm-up steps
         engine.step()
     _sync(llm)
     t0 = time.perf_counter()
@@ -64,6 +68,7 @@ def main() -> None:
     p.add_argument("--random-model", default=None)
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--decode-tokens", type=int, default=256)
+    p.add_argument("--decode-batches", type=int, nargs="+", default=[1], help="rows per decode step (<= 64)")
     p.add_argument("--prefill-prompts", type=int, default=8)
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--enforce-eager", action="store_true")
@@ -82,15 +87,17 @@ def main() -> None:
         max_num_batched_tokens=budget,
         max_num_seqs=64,
     )
-    tpot = decode_tpot(llm, args.context, args.decode_tokens)
+    tpots = {rows: decode_tpot(llm, args.context, args.decode_tokens, rows) for rows in args.decode_batches}
     prefill = prefill_throughput(llm, args.prefill_prompts, args.prefill_len)
     result = {
-        "tpot_ms": tpot * 1e3,
+        "tpot_ms": tpots[args.decode_batches[0]] * 1e3,
+        "tpot_ms_by_batch": {str(rows): t * 1e3 for rows, t in tpots.items()},
         "prefill_tok_per_s": prefill,
         "context": args.context,
         "eager": args.enforce_eager,
     }
-    print(f"batch-1 decode at {args.context} context: {tpot * 1e3:.3f} ms/token")
+    for rows, t in tpots.items():
+        print(f"batch-{rows} decode at {args.context} context: {t * 1e3:.3f} ms/token")
     print(f"prefill {args.prefill_prompts} x {args.prefill_len}: {prefill:,.0f} tok/s")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))

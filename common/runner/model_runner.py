@@ -120,7 +120,8 @@ class ModelRunner:
         return self.tp.group if self.tp is not None else None
 
     def warmup(self) -> None:
-        """Run a small two-sequence prefill so kernel compilation happens at start, not mid-request.
+        """Run a small two-sequence prefill, then the sampling kernel's variants, so kernel
+        compilation happens at start, not mid-request.
 
         The dummy sequences write KV into the first blocks, which the block manager later hands out
         as fresh blocks (their content is always rewritten before it is read).
@@ -134,6 +135,7 @@ class ModelRunner:
             next_block += blocks
             seqs.append(seq)
         self.run(seqs, is_decode=False)
+        self.sampler.warm_up(self.model_config.vocab_size, self.dtype, self.device)
 
     def capture_graphs(self) -> None:
         self.graphs = DecodeGraphs(

@@ -60,8 +60,20 @@ class Sampler:
     `PDSERVE_FUSED_SAMPLING` says, on CUDA with Triton usable only (common.layers.fused.use_fused), so
     the CPU never imports Triton: `auto` (default) for batches with a sampled row (all-greedy batches
     keep torch's one argmax kernel, whose launch costs the host less), `1` for every batch, `0` never.
-    On the H200 the kernel made the offline workload (temperature 0.6) 5-7% faster (docs/benchmarks.md).
-    The choice never depends on the batch's size, so a seeded row draws the same tokens at any batch."""
+    The choice never depends on the batch's size, so a seeded row draws the same tokens at any batch.
+
+    The rule, measured on one H200 (benchmarks/sampling.py, synchronised wall us per call, kernel vs
+    torch; docs/benchmarks.md "Defaults by measurement"), at the default model's vocabulary (49,152)
+    and Qwen3's (151,936), batch 1 / 8 / 64 / 256:
+      T=0.6,  49,152:  65 / 46 / 55 / 70 vs 93 / 65 / 84 / 217
+      T=0.6,  151,936: 65 / 54 / 51 / 87 vs 97 / 82 / 207 / 633
+      greedy, 49,152:  47 / 54 / 50 / 55 vs 15 / 14 / 14 / 20
+      greedy, 151,936: 48 / 42 / 39 / 39 vs 18 / 15 / 23 / 54
+    so the kernel wins every sampling batch (1.4-7x) and torch every greedy one but 256 x 151,936.
+    Rows with top-k/top-p/min-p sort on the torch path either way (T=0.6, top_p 0.9: 0.34 ms at
+    batch 1, 1.8 ms at 256 x 49,152, 5.0 ms at 256 x 151,936). End to end the kernel and torch are
+    within noise on the real model (issue 27's workload: 75,148 vs 74,561 tok/s), now that the kernel
+    compiles at start-up (`warm_up`) instead of mid-run."""
 
     def __init__(self, fused: bool | None = None) -> None:
         self.fused = fused
@@ -74,6 +86,16 @@ class Sampler:
         else:
             tokens = self._torch(logits, batch)
         return SamplerOutput(tokens, _logprobs(logits, tokens, batch.num_logprobs))
+
+    def warm_up(self, vocab: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Compile the kernel's variants now (start-up) when this sampler may take it, so the first
+        sampled step of a run does not stall on Triton's compiler."""
+        probe = torch.empty(0, device=device)
+        if self.fused is False or (self.fused is None and self._mode == "0") or not use_fused(probe):
+            return
+        from common.runner import sampling_kernel
+
+        sampling_kernel.warm_up(device, vocab, dtype)
 
     def _use_kernel(self, logits: torch.Tensor, batch: SamplingBatch) -> bool:
         if self.fused is not None:

@@ -139,7 +139,11 @@ def _scan(
     return top, tl.min(tl.where(best == top, best_col, 2147483647), axis=0)
 
 
-@triton.jit
+# The per-call integers are not specialised: Triton compiles a variant for an int equal to 1 (and one
+# divisible by 16), and `chunks_per_split` is 1 at small batches and 2-6 at large ones for a 49,152
+# vocabulary (12 chunks), so a run that grew past ~22 rows compiled a second kernel mid-run (~0.5-1 s
+# of a stalled step loop; on the real default model that halved a short offline run's throughput).
+@triton.jit(do_not_specialize=["n_cols", "chunks_per_split", "n_chunks"])
 def _pick_kernel(
     logits_ptr,
     stride,
@@ -252,6 +256,19 @@ def num_splits(rows: int, n_cols: int, device: torch.device) -> int:
     """How many programs share one row by default."""
     n_chunks = triton.cdiv(n_cols, CHUNK)
     return triton.cdiv(n_chunks, _chunks_per_split(n_chunks, rows, None, _device(device).programs))
+
+
+def warm_up(device: torch.device, n_cols: int, dtype: torch.dtype) -> None:
+    """Compile every variant a run can reach (split or not, with or without a grammar mask), so no
+    step compiles one. One row of logits suffices (the engine calls this once the KV cache holds most
+    of the memory): `splits=1` scans the whole row, the variant of batches past `programs` rows."""
+    logits = torch.zeros(1, n_cols, dtype=dtype, device=device)
+    temperatures = torch.ones(1, dtype=torch.float32, device=device)
+    seeds = torch.zeros(1, dtype=torch.int64, device=device)
+    allowed = torch.ones(1, n_cols, dtype=torch.bool, device=device)
+    for mask in (None, allowed):
+        for splits in (None, 1):
+            pick_tokens(logits, temperatures, seeds, mask, splits)
 
 
 def pick_tokens(

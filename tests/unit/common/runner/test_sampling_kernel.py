@@ -195,3 +195,26 @@ def test_a_captured_sampler_draws_afresh_at_every_replay():
         draws.append(tokens.tolist())
     assert all(d[0] == int(logits[0].float().argmax()) for d in draws)
     assert len({tuple(d[1:]) for d in draws}) > 1
+
+
+def _compiled_variants() -> int:
+    """Kernels Triton has compiled for `_pick_kernel` on this device (its per-device cache)."""
+    return len(sampling_kernel._pick_kernel.device_caches[torch.cuda.current_device()][0])
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter compiles nothing")
+def test_after_warm_up_no_batch_size_compiles_a_kernel():
+    """The engine warms the kernel up at start; before that, a 49,152-column run compiled a second
+    variant mid-run once the batch passed 22 rows (chunks per program 1 -> 2: Triton specialises 1)."""
+    vocab = 49_152
+    sampling_kernel.warm_up(DEVICE, vocab, DTYPE)
+    sampling_kernel.warm_up(DEVICE, VOCAB, DTYPE)
+    before = _compiled_variants()
+    for rows in (1, 8, 23, 64, 256, 300, 600):
+        for width in (vocab, VOCAB):
+            logits = torch.randn(rows, width, device=DEVICE).to(DTYPE)
+            temps = torch.full((rows,), 0.7, device=DEVICE)
+            allowed = torch.rand(rows, width, device=DEVICE) < 0.5
+            sampling_kernel.pick_tokens(logits, temps, _seeds(rows))
+            sampling_kernel.pick_tokens(logits, temps, _seeds(rows), allowed)
+    assert _compiled_variants() == before
