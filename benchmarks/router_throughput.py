@@ -11,7 +11,8 @@ count from the final usage chunk, so one client process carries far more than th
 
 Reported: output tokens/s (completed requests' tokens over the wall time), SSE chunks/s, tokens per
 chunk (above 1 when the router coalesced tokens for a client that fell behind), requests/s, and the
-router process's CPU use (1.0 = one core busy: the router is the bottleneck).
+router process's CPU use (1.0 = one core busy: the router is the bottleneck) and its CPU time per token and
+per completed request.
 """
 
 from __future__ import annotations
@@ -241,15 +242,17 @@ def _measure(a: argparse.Namespace, ctx, http: str, router_pid: int) -> dict:
     if profiler is not None:
         profiler.wait(30)
     tokens, chunks = sum(r.tokens for r in results), sum(r.chunks for r in results)
+    requests = sum(r.requests for r in results)
     return {
         "output_tokens_per_s": tokens / wall,
         "sse_chunks_per_s": chunks / wall,
         "tokens_per_chunk": tokens / chunks if chunks else 0.0,
-        "requests_per_s": sum(r.requests for r in results) / wall,
+        "requests_per_s": requests / wall,
         "errors": sum(r.errors for r in results),
         "first_error": next((r.first_error for r in results if r.first_error), ""),
         "router_cpu_cores": cpu / wall,
         "router_cpu_us_per_token": 1e6 * cpu / tokens if tokens else 0.0,
+        "router_cpu_us_per_request": 1e6 * cpu / requests if requests else 0.0,
         "wall_s": wall,
         "args": vars(a),
     }

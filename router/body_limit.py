@@ -9,7 +9,8 @@
   too-deeply-nested body is a vague "error parsing the body". Checking here names the problem.
 
 The body is read before the app runs, which is fine at the sizes allowed here (the limit bounds the
-memory used); the app then parses it again, a small cost next to tokenization.
+memory used). The parsed object is left in the request's state (`PARSED_BODY`), so the generation
+routes (router/generation_routes.py) validate it without parsing the bytes again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from router.errors import APIError
 
 JSON_BODY_PATH_PREFIX = "/v1/"
+PARSED_BODY = "json_body"  # key in scope["state"]
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # any \uD800-\uDFFF escape, paired or not
 
 
@@ -49,7 +51,7 @@ class BodyGuard:
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break
         replay = _replay(messages, receive)
-        error = json_body_error(scope, b"".join(m.get("body", b"") for m in messages))
+        error = accept_json_body(scope, b"".join(m.get("body", b"") for m in messages))
         if error is not None:
             await error.response()(scope, replay, send)
             return
@@ -59,8 +61,9 @@ class BodyGuard:
         return APIError(413, f"request body exceeds {self.max_bytes} bytes", code="request_too_large")
 
 
-def json_body_error(scope: Scope, body: bytes) -> APIError | None:
-    """Why this request's body is unacceptable, or None (also None for requests that take no JSON)."""
+def accept_json_body(scope: Scope, body: bytes) -> APIError | None:
+    """Why this request's body is unacceptable, or None (also None for requests that take no JSON).
+    An accepted JSON body is kept, parsed, in scope["state"][PARSED_BODY]."""
     if scope.get("method") != "POST" or not scope.get("path", "").startswith(JSON_BODY_PATH_PREFIX):
         return None
     media_error = _content_type_error(_header(scope, b"content-type"))
@@ -74,6 +77,7 @@ def json_body_error(scope: Scope, body: bytes) -> APIError | None:
         return APIError(
             400, f"request body must be a JSON object, got {_json_kind(value)}", code="invalid_json"
         )
+    scope.setdefault("state", {})[PARSED_BODY] = value
     return None
 
 

@@ -30,7 +30,9 @@ class RouterConfig:
     common/wire/generation_config.py). `kv_probe_mb` is the size of the probe transfer each prefill/decode
     pair runs when it forms (0: no probes) and `kv_probe_min_gbps` the floor below which a pair is
     degraded (0: none; see router/kv_probes.py). `curve`: the cluster's CURVE keys (common/net/curve.py),
-    from the environment; None leaves the inbox open to anyone who can reach it.
+    from the environment; None leaves the inbox open to anyone who can reach it. `max_running_requests`
+    bounds the generation requests in flight (router/inflight.py); `stream_interval` is how many tokens a
+    streamed choice gathers per SSE chunk after its first (1: a chunk per token message, as before).
     """
 
     model: str
@@ -46,6 +48,7 @@ class RouterConfig:
     snapshot_retry_interval: float = 2.0
     block_size: int | None = None
     max_running_requests: int = 4096
+    stream_interval: int = 1
     max_body_bytes: int = 8 * 1024 * 1024
     max_retries: int = 1
     ready_file: str | None = None
@@ -75,7 +78,7 @@ class RouterConfig:
         for name in ("heartbeat_timeout", "snapshot_retry_interval"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("max_running_requests", "max_body_bytes"):
+        for name in ("max_running_requests", "max_body_bytes", "stream_interval"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not isinstance(self.max_retries, int) or self.max_retries < 0:

@@ -7,6 +7,8 @@ unexpected exception a 500 that does not leak a traceback to the client.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,6 +55,13 @@ class APIError(Exception):
             self.status, "invalid_request_error" if self.status < 500 else "internal_error"
         )
 
+    @property
+    def outcome(self) -> str:
+        """The request counter's status label for a request that ended with this error."""
+        if self.status == 504:
+            return "timeout"
+        return "client_error" if self.status < 500 else "server_error"
+
     def body(self) -> dict:
         return {
             "error": {
@@ -83,8 +92,9 @@ def from_value_error(error: ValueError) -> APIError:
     return bad_request(message, param=first if first.isidentifier() else None)
 
 
-def from_validation_error(error: RequestValidationError) -> APIError:
-    errors = error.errors()
+def from_validation_errors(errors: Sequence[Any]) -> APIError:
+    """The 400 for pydantic's errors of a request body (FastAPI's, located under "body", or the
+    model's own): the first error, naming the client's field."""
     if not errors:
         return bad_request("invalid request")
     first = errors[0]
@@ -127,7 +137,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return from_validation_error(exc).response()
+        return from_validation_errors(exc.errors()).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

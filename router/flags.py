@@ -67,7 +67,16 @@ ROUTER_FLAGS = FlagTable(
         Flag("max_retries", int, "times a request that failed retryably is tried again on another worker"),
         Flag("snapshot_retry_interval", float, "seconds before an unanswered cache snapshot is asked again"),
         Flag("block_size", int, "KV block size (default: the workers')"),
-        Flag("max_running_requests", int, "beyond this, answer 429"),
+        Flag(
+            "max_running_requests",
+            int,
+            "generation requests in flight beyond which a new one gets 429 before its body is read",
+        ),
+        Flag(
+            "stream_interval",
+            int,
+            "tokens a streamed choice gathers per SSE chunk after its first (as vLLM's; 1: every message)",
+        ),
         Flag("max_body_bytes", int, "beyond this, answer 413"),
         Flag("ready_file", str, 'write {"http": url, "inbox": addr} here when ready'),
         # The environment variable is the safer way to give the key: a command line is visible to every

@@ -28,7 +28,7 @@ from router.protocol import (
     Usage,
 )
 from router.request_builder import GenerationPlan
-from router.token_stream import SequenceOutput, SequenceUpdate
+from router.token_stream import SequenceOutput, SequenceUpdate, StreamInterval
 from router.tokenizer import ModelTokenizer
 
 DONE = "data: [DONE]\n\n"
@@ -41,7 +41,13 @@ def sse(payload: dict) -> str:
 
 class _Formatter:
     def __init__(
-        self, request_id: str, model: str, created: int, plan: GenerationPlan, tok: ModelTokenizer
+        self,
+        request_id: str,
+        model: str,
+        created: int,
+        plan: GenerationPlan,
+        tok: ModelTokenizer,
+        stream_interval: int = 1,
     ) -> None:
         self.request_id = request_id
         self.model = model
@@ -50,6 +56,7 @@ class _Formatter:
         self.tokenizer = tok
         self.outputs: dict[int, SequenceOutput] = {}
         self._templates: dict[int, tuple[str, str]] = {}
+        self._interval = StreamInterval(stream_interval)
 
     @property
     def num_choices(self) -> int:
@@ -72,7 +79,9 @@ class _Formatter:
             yield sse(payload)
         async for item in updates:
             self.outputs[item.choice_index] = item.output
-            u = item.update
+            u = self._interval.push(item.choice_index, item.update)
+            if u is None:
+                continue
             if u.text and u.finish_reason is None and u.logprobs is None:
                 yield self._text_line(item.choice_index, u.text)  # the common chunk, without models
             elif u.text or u.finish_reason is not None or u.logprobs:  # an empty update sends nothing

@@ -1,7 +1,7 @@
 """Assemble the router and serve it with uvicorn.
 
 `build_router(config)` wires every part together (in-process use: tests, launchers) and returns the
-FastAPI app plus the `Router` holding the parts; the app's lifespan binds the ZMQ inbox. `serve`
+ASGI app plus the `Router` holding the parts; the app's lifespan binds the ZMQ inbox. `serve`
 binds the HTTP socket itself so `--port 0` works, and once both sockets listen it writes the ready
 file `{"http": url, "inbox": addr}` (atomically) and prints the same JSON on one stdout line that
 starts with READY_PREFIX.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from common.net.addresses import bracket
 from common.wire.generation_config import GenerationDefaults, load_generation_defaults
@@ -28,6 +28,7 @@ from router.access_log import quiet_launcher_probes
 from router.app import create_app
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
+from router.inflight import InflightBound
 from router.kv_probes import KVProbes
 from router.live_rates import LiveRates
 from router.policy import RoutingPolicy, make_policy
@@ -45,7 +46,7 @@ READY_PREFIX = "PDSERVE_ROUTER_READY "
 
 @dataclass
 class Router:
-    """Every long-lived part of one router. `running` counts generation requests in progress."""
+    """Every long-lived part of one router."""
 
     config: RouterConfig
     tokenizer: ModelTokenizer
@@ -56,7 +57,12 @@ class Router:
     cluster: ClusterClient
     lifecycle: RequestLifecycle
     builder: RequestBuilder
-    running: int = 0
+    inflight: InflightBound
+
+    @property
+    def running(self) -> int:
+        """Generation requests in flight (admitted, not yet answered in full)."""
+        return self.inflight.count
 
     async def start(self) -> str:
         """Bind the inbox; returns its address (what workers must push to)."""
@@ -71,7 +77,7 @@ class Router:
 
 
 class RouterHandles(NamedTuple):
-    app: FastAPI
+    app: ASGIApp
     router: Router
 
 
@@ -100,6 +106,7 @@ def build_router(config: RouterConfig, tokenizer: ModelTokenizer | None = None) 
         cluster,
         lifecycle,
         RequestBuilder(tokenizer, defaults),
+        InflightBound(config.max_running_requests, metrics),
     )
     return RouterHandles(create_app(router), router)
 

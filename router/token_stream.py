@@ -72,6 +72,33 @@ class SequenceUpdate:
         )
 
 
+class StreamInterval:
+    """Holds each choice's updates until `k` tokens are pending, so a stream sends one chunk per `k`
+    tokens (vLLM's --stream-interval). A choice's first tokens and its finish go out at once: TTFT and
+    the end of the stream are unchanged. k == 1 passes every update through."""
+
+    def __init__(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"stream_interval must be a positive int, got {k!r}")
+        self.k = k
+        self._held: dict[int, SequenceUpdate] = {}
+        self._started: set[int] = set()
+
+    def push(self, choice: int, update: SequenceUpdate) -> SequenceUpdate | None:
+        """The update to send now (merged with what was held), or None: held back."""
+        if self.k == 1:
+            return update
+        held = self._held.pop(choice, None)
+        if held is not None:
+            update = held.merged(update)  # a held update never finished, so it merges
+        if choice in self._started and update.finish_reason is None and len(update.token_ids) < self.k:
+            self._held[choice] = update
+            return None
+        if update.token_ids or update.text:
+            self._started.add(choice)
+        return update
+
+
 class SequenceOutput:
     """Accumulated output of one sequence, fed with in-order TokenOutputs."""
 

@@ -1,0 +1,200 @@
+"""POST /v1/completions and /v1/chat/completions as a lean ASGI path in front of FastAPI.
+
+These two routes carry all the traffic, and FastAPI's per-request machinery (its middleware stack,
+dependency solving, a second JSON parse, Starlette's StreamingResponse and its task group) cost
+about as much router CPU as everything else a request needs. Here a request is parsed once (by
+BodyGuard, which must run before this: it leaves the parsed body in the request's state), validated
+once (the same pydantic models FastAPI would use, with the same 400 answers) and answered straight
+through ASGI `send`. Every other route, and the OpenAPI schema of these two, is FastAPI's.
+
+Long text prompts are tokenized in a worker thread, so one huge prompt does not stall the event loop
+that streams every other request's tokens; short ones are cheaper to tokenize in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Awaitable
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ValidationError
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from router.body_limit import PARSED_BODY
+from router.client_watch import ClientWatch
+from router.errors import APIError, from_validation_errors, shorten
+from router.fanout import run_sequences
+from router.openai_responses import DONE, ChatFormatter, CompletionFormatter, sse
+from router.protocol import ChatCompletionRequest, CompletionRequest, new_id, now
+from router.request_builder import GenerationPlan
+from router.request_lifecycle import SequenceRequest
+from router.route_planner import RETRY_AFTER
+
+if TYPE_CHECKING:
+    from router.server import Router
+
+log = logging.getLogger(__name__)
+CLIENT_CLOSED_REQUEST = 499
+# Prompt text (characters) above which tokenizing moves to a worker thread: below it, the thread hop
+# costs more than the tokenizer.
+INLINE_TOKENIZE_CHARS = 4096
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+class GenerationRoutes:
+    """ASGI: serves the two generation routes itself and hands every other request to `app`."""
+
+    def __init__(self, app: ASGIApp, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = scope.get("path") if scope["type"] == "http" and scope.get("method") == "POST" else None
+        if route == "/v1/completions":
+            await self._answer(scope, receive, send, CompletionRequest)
+        elif route == "/v1/chat/completions":
+            await self._answer(scope, receive, send, ChatCompletionRequest)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, model: type[BaseModel]) -> None:
+        try:
+            await self._serve(scope, receive, send, model)
+        except APIError as e:
+            await e.response()(scope, receive, send)
+        except Exception:
+            log.exception("unhandled error on POST %s", scope.get("path"))
+            await _internal_error().response()(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, model: type[BaseModel]) -> None:
+        router = self.router
+        state = scope["state"]
+        try:
+            body = model.model_validate(state.pop(PARSED_BODY))
+        except ValidationError as e:
+            raise from_validation_errors(e.errors()) from None
+        _check_model(router, body.model)  # type: ignore[attr-defined]
+        plan = await _plan(router, body)
+        _check_capacity(router)
+        chat = isinstance(body, ChatCompletionRequest)
+        request_id = new_id("chatcmpl" if chat else "cmpl")
+        # The one line that ties the client's X-Request-Id to the id every other log line uses.
+        log.debug("X-Request-Id %s is %s", state.get("request_id"), request_id)
+        formatter = (ChatFormatter if chat else CompletionFormatter)(
+            request_id, router.config.model_name, now(), plan, router.tokenizer, router.config.stream_interval
+        )
+        updates = run_sequences(router.lifecycle, _sequences(request_id, plan))
+        watch = ClientWatch(receive)
+        try:
+            if plan.stream:
+                status = await _stream(send, formatter.stream(updates), watch)
+            else:
+                status = await _respond(scope, receive, send, formatter.collect(updates), watch)
+        finally:
+            watch.close()
+            await updates.aclose()
+        router.metrics.requests.inc(status=status)
+
+
+async def _plan(router: Router, body: BaseModel) -> GenerationPlan:
+    max_model_len = router.registry.max_model_len()
+    if isinstance(body, ChatCompletionRequest):
+        chars = sum(len(m.text()) for m in body.messages)
+        build = router.builder.chat
+    else:
+        assert isinstance(body, CompletionRequest)
+        prompt = body.prompt
+        chars = len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))
+        build = router.builder.completion  # type: ignore[assignment]
+    if chars <= INLINE_TOKENIZE_CHARS:
+        return build(body, max_model_len)  # type: ignore[arg-type]
+    return await asyncio.to_thread(build, body, max_model_len)  # type: ignore[arg-type]
+
+
+def _check_model(router: Router, model: str | None) -> None:
+    if not router.config.accepts_model(model):
+        message = f"The model `{shorten(model or '')}` does not exist."
+        raise APIError(404, message, param="model", code="model_not_found")
+
+
+def _check_capacity(router: Router) -> None:
+    if not router.registry.can_serve():
+        router.metrics.requests.inc(status="rejected")
+        raise APIError(503, "no live workers can serve requests", code="no_workers", headers=RETRY_AFTER)
+
+
+def _sequences(request_id: str, plan: GenerationPlan) -> list[SequenceRequest]:
+    n = plan.sampling.n
+    return [
+        SequenceRequest(
+            f"{request_id}-{p * n + i}",
+            prompt,
+            plan.sequence_params(i),
+            plan.skip_special_tokens,
+            timeout=plan.timeout,
+        )
+        for p, prompt in enumerate(plan.prompts)
+        for i in range(n)
+    ]
+
+
+async def _stream(send: Send, lines: AsyncGenerator[str], watch: ClientWatch) -> str:
+    """Send the SSE lines; a failure after the first byte ends the stream with an error event and
+    [DONE]. Returns the outcome for the request counter."""
+    status = "success"
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        try:
+            async with contextlib.aclosing(lines):
+                async for line in lines:
+                    await send({"type": "http.response.body", "body": line.encode(), "more_body": True})
+        except APIError as e:
+            status = e.outcome
+            await _send_lines(send, sse(e.body()), DONE)
+        except Exception:
+            log.exception("stream failed")
+            status = "server_error"
+            await _send_lines(send, sse(_internal_error().body()), DONE)
+        await send(_END)
+    except asyncio.CancelledError:
+        if not watch.disconnected:
+            raise
+        return "cancelled"  # nobody is left to send to
+    return status
+
+
+async def _send_lines(send: Send, *lines: str) -> None:
+    for line in lines:
+        await send({"type": "http.response.body", "body": line.encode(), "more_body": True})
+
+
+async def _respond(scope: Scope, receive: Receive, send: Send, work: Awaitable[dict], watch: ClientWatch) -> str:
+    """One JSON answer; the work is cancelled (aborting its workers) if the client disconnects."""
+    try:
+        body = await work
+        watch.close()  # the answer goes out whole now, even if the client is leaving
+    except APIError as e:
+        watch.close()
+        await e.response()(scope, receive, send)
+        return e.outcome
+    except asyncio.CancelledError:
+        if not watch.disconnected:
+            raise
+        watch.close()
+        await Response(status_code=CLIENT_CLOSED_REQUEST)(scope, receive, send)  # nginx's code, for the log
+        return "cancelled"
+    except Exception:
+        watch.close()
+        log.exception("request failed")
+        await _internal_error().response()(scope, receive, send)
+        return "server_error"
+    await JSONResponse(body)(scope, receive, send)
+    return "success"
+
+
+def _internal_error() -> APIError:
+    return APIError(500, "internal server error", code="internal_error")
