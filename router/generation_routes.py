@@ -42,7 +42,6 @@ CLIENT_CLOSED_REQUEST = 499
 # costs more than the tokenizer.
 INLINE_TOKENIZE_CHARS = 4096
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-_END = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 class GenerationRoutes:
@@ -145,31 +144,33 @@ def _sequences(request_id: str, plan: GenerationPlan) -> list[SequenceRequest]:
 async def _stream(send: Send, lines: AsyncGenerator[str], watch: ClientWatch) -> str:
     """Send the SSE lines; a failure after the first byte ends the stream with an error event and
     [DONE]. Returns the outcome for the request counter."""
-    status = "success"
     try:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         try:
             async with contextlib.aclosing(lines):
                 async for line in lines:
-                    await send({"type": "http.response.body", "body": line.encode(), "more_body": True})
+                    # [DONE] ends every stream: it goes out with the end of the response, in one write.
+                    more = not line.endswith(DONE)
+                    await send({"type": "http.response.body", "body": line.encode(), "more_body": more})
+                    if not more:
+                        return "success"
         except APIError as e:
-            status = e.outcome
-            await _send_lines(send, sse(e.body()), DONE)
+            await _send_last(send, sse(e.body()) + DONE)
+            return e.outcome
         except Exception:
             log.exception("stream failed")
-            status = "server_error"
-            await _send_lines(send, sse(_internal_error().body()), DONE)
-        await send(_END)
+            await _send_last(send, sse(_internal_error().body()) + DONE)
+            return "server_error"
+        await _send_last(send, DONE)  # not reached: the formatter always ends with [DONE]
+        return "success"
     except asyncio.CancelledError:
         if not watch.disconnected:
             raise
         return "cancelled"  # nobody is left to send to
-    return status
 
 
-async def _send_lines(send: Send, *lines: str) -> None:
-    for line in lines:
-        await send({"type": "http.response.body", "body": line.encode(), "more_body": True})
+async def _send_last(send: Send, text: str) -> None:
+    await send({"type": "http.response.body", "body": text.encode(), "more_body": False})
 
 
 async def _respond(scope: Scope, receive: Receive, send: Send, work: Awaitable[dict], watch: ClientWatch) -> str:

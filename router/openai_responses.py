@@ -75,20 +75,32 @@ class _Formatter:
         )
 
     async def stream(self, updates: AsyncIterator[ChoiceUpdate]) -> AsyncIterator[str]:
-        for payload in self._opening_chunks():
-            yield sse(payload)
+        """The SSE text, in pieces that are each sent as one write: the chunk that finishes the last
+        choice goes out together with the usage chunk and [DONE], which always end the stream."""
+        opening = "".join(sse(payload) for payload in self._opening_chunks())
+        if opening:
+            yield opening
+        last, finished = "", 0
         async for item in updates:
             self.outputs[item.choice_index] = item.output
             u = self._interval.push(item.choice_index, item.update)
             if u is None:
                 continue
-            if u.text and u.finish_reason is None and u.logprobs is None:
-                yield self._text_line(item.choice_index, u.text)  # the common chunk, without models
-            elif u.text or u.finish_reason is not None or u.logprobs:  # an empty update sends nothing
-                yield sse(self._chunk(item.choice_index, u))
-        if self.plan.include_usage:
-            yield sse(self._envelope([], usage=self.usage().model_dump()))
-        yield DONE
+            line = self._line(item.choice_index, u)
+            finished += u.finish_reason is not None
+            if finished == self.num_choices:
+                last = line  # nothing follows but the trailer
+            elif line:
+                yield line
+        usage = sse(self._envelope([], usage=self.usage().model_dump())) if self.plan.include_usage else ""
+        yield last + usage + DONE
+
+    def _line(self, choice_index: int, u: SequenceUpdate) -> str:
+        if u.text and u.finish_reason is None and u.logprobs is None:
+            return self._text_line(choice_index, u.text)  # the common chunk, without models
+        if u.text or u.finish_reason is not None or u.logprobs:
+            return sse(self._chunk(choice_index, u))
+        return ""  # an empty update sends nothing
 
     def _text_line(self, choice_index: int, text: str) -> str:
         """The SSE line of a chunk carrying only text: the one per-token chunk, so it is built from a

@@ -23,7 +23,8 @@ AWKWARD_TEXT = 'a "quoted" \\ line\nhé 日本 \x01'
 def _stream_lines(
     formatter_cls, tokenizer, updates: list[tuple[int, SequenceUpdate]], n: int = 1
 ) -> list[str]:
-    """Every SSE line the formatter streams for (choice index, update) pairs of one prompt."""
+    """Every SSE line the formatter streams for (choice index, update) pairs of one prompt (the
+    formatter hands several lines over as one piece where they are sent together)."""
     sampling = SamplingParams(max_tokens=8, n=n)
     plan = GenerationPlan([[1, 2, 3]], sampling, stream=True, include_usage=False, skip_special_tokens=True)
     formatter = formatter_cls("req-1", "model", 1700000000, plan, tokenizer)
@@ -36,7 +37,8 @@ def _stream_lines(
     async def collect() -> list[str]:
         return [line async for line in formatter.stream(items())]
 
-    return asyncio.run(collect())
+    text = "".join(asyncio.run(collect()))
+    return [event + "\n\n" for event in text.split("\n\n") if event]
 
 
 def _payload(line: str) -> dict:
