@@ -10,6 +10,9 @@ Requests arrive by a Poisson process (`--request-rate R`, or `inf`: all at once)
         --num-prefixes 4 --prefix-len 2048 --suffix-len 64 --max-concurrency 32 --json-out out.json
 
 Metrics: TTFT = time to the first chunk with text; TPOT = (latency - TTFT) / (output tokens - 1);
+ITL (inter-token latency) = every gap between two consecutive chunks with text, over all requests
+(mean, p50, p99, max; as vLLM's, a chunk that carries several tokens is one gap), which shows the
+stalls an average such as TPOT hides;
 output tokens and cached prompt tokens come from the final usage chunk (`stream_options.include_usage`,
 `usage.prompt_tokens_details.cached_tokens`); throughputs divide by the wall time of the whole run;
 goodput counts the requests meeting every SLO given (`--goodput-ttft-ms`, `--goodput-tpot-ms`).
@@ -67,6 +70,8 @@ __all__ = [  # re-exported: the benchmark's one import for its callers and tests
 # Chunks after the first text that carry neither are not parsed at all (one process then keeps up with
 # far more chunks per second); JSON strings escape their quotes, so text can never match.
 _USAGE_OR_ERROR = re.compile(rb'"usage"\s*:\s*\{|"error"\s*:')
+# A chunk without text (a finish, or chat's role chunk) is no token: it opens no inter-token gap.
+_NO_TEXT = re.compile(rb'"(?:text|content)"\s*:\s*(?:""|null)|"delta"\s*:\s*\{\s*\}')
 
 # Fixed for every request: streamed, with a usage chunk at the end, and exactly max_tokens generated.
 FIXED_FIELDS = {"ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -99,19 +104,25 @@ async def send_request(session, url: str, model: str, req: WorkloadRequest, temp
 async def _read_stream(resp: aiohttp.ClientResponse, result: RequestResult, t0: float) -> dict | None:
     """Consume the SSE stream: TTFT into `result`; returns the usage (None after an error event)."""
     usage = None
+    last_text_at = 0.0
     async for raw in resp.content:
         if not raw.startswith(b"data:"):
             continue  # blank separators, SSE comments (keep-alives)
         if raw.removeprefix(b"data:").strip() == b"[DONE]":
             break
         if result.ttft_s is not None and not _USAGE_OR_ERROR.search(raw):
-            continue  # a plain text chunk after the first: nothing to measure, so no JSON parse
+            if not _NO_TEXT.search(raw):  # a text chunk after the first: its gap, and no JSON parse
+                now = time.perf_counter()
+                result.itl_s.append(now - last_text_at)
+                last_text_at = now
+            continue
         chunk = json.loads(raw.removeprefix(b"data:"))
         if "error" in chunk:
             result.error = str(chunk["error"])[:200]
             return None
         if result.ttft_s is None and any(c.get("text") for c in chunk.get("choices") or []):
-            result.ttft_s = time.perf_counter() - t0
+            last_text_at = time.perf_counter()
+            result.ttft_s = last_text_at - t0
         usage = chunk.get("usage") or usage
     return usage
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -14,6 +14,7 @@ class RequestResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str = ""  # empty: the request succeeded
+    itl_s: list[float] = field(default_factory=list)  # every gap between two text chunks, in order
 
     @property
     def ok(self) -> bool:
@@ -49,6 +50,11 @@ def _stats_ms(values_s: list[float]) -> dict:
     return {"mean": mean, "p50": percentile(ms, 50), "p99": percentile(ms, 99)}
 
 
+def _itl_stats_ms(results: list[RequestResult]) -> dict:
+    gaps = [g for r in results for g in r.itl_s]
+    return _stats_ms(gaps) | {"max": max(gaps) * 1e3 if gaps else math.nan}
+
+
 def summarize(results: list[RequestResult], duration_s: float, ttft_ms=None, tpot_ms=None) -> dict:
     ok = [r for r in results if r.ok]
     duration_s = max(duration_s, 1e-9)
@@ -69,6 +75,7 @@ def summarize(results: list[RequestResult], duration_s: float, ttft_ms=None, tpo
         "cached_token_ratio": cached / prompt_tokens if prompt_tokens else 0.0,
         "ttft_ms": _stats_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
         "tpot_ms": _stats_ms([t for r in ok if (t := r.tpot_s) is not None]),
+        "itl_ms": _itl_stats_ms(ok),
         "goodput_per_s": good / duration_s if slo_given else None,
         "goodput_slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
     }

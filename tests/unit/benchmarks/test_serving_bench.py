@@ -100,14 +100,17 @@ def test_summarize_aggregates():
     results = [
         RequestResult(latency_s=1.1, ttft_s=0.1, output_tokens=11, prompt_tokens=100, cached_tokens=64),
         RequestResult(latency_s=2.2, ttft_s=0.2, output_tokens=11, prompt_tokens=100, cached_tokens=0),
-        RequestResult(error="HTTP 503: busy"),
+        RequestResult(error="HTTP 503: busy", itl_s=[9.0]),  # a failed request's gaps do not count
     ]
+    results[0].itl_s, results[1].itl_s = [0.1, 0.1], [0.2, 0.4]
     s = summarize(results, duration_s=2.0, ttft_ms=150, tpot_ms=None)
     assert (s["completed"], s["failed"]) == (2, 1)
     assert s["request_throughput_per_s"] == 1.0 and s["output_tokens_per_s"] == 11.0
     assert (s["total_prompt_tokens"], s["total_cached_tokens"], s["cached_token_ratio"]) == (200, 64, 0.32)
     assert s["ttft_ms"] == pytest.approx({"mean": 150.0, "p50": 150.0, "p99": 199.0})
     assert s["tpot_ms"] == pytest.approx({"mean": 150.0, "p50": 150.0, "p99": 199.0})
+    # every gap of every request, pooled: 100, 100, 200, 400 ms
+    assert s["itl_ms"] == pytest.approx({"mean": 200.0, "p50": 150.0, "p99": 394.0, "max": 400.0})
     assert s["goodput_per_s"] == 0.5  # only the first meets TTFT <= 150 ms
     assert summarize(results, 2.0)["goodput_per_s"] is None  # no SLO given
     table = serving.format_table(s)
@@ -214,6 +217,7 @@ def test_streams_measures_and_counts_cached_tokens(fake_server):
     for r in results:
         assert (r.output_tokens, r.prompt_tokens) == (5, 36)
         assert FIRST_TOKEN_DELAY_S <= r.ttft_s <= r.latency_s and r.tpot_s > 0
+        assert len(r.itl_s) == 4 and min(r.itl_s) >= 0.004  # 5 text chunks, the server sleeps 5 ms between
     body = state.bodies[0]
     assert body["model"] == "fake-model"  # taken from /v1/models
     assert body["ignore_eos"] is True and body["max_tokens"] == 5 and body["stream"] is True
@@ -222,6 +226,8 @@ def test_streams_measures_and_counts_cached_tokens(fake_server):
     summary = summarize(results, duration)
     assert summary["total_cached_tokens"] == CACHE_PROBE * (12 - 3)  # every prefix but its first use
     assert summary["total_output_tokens"] == 60 and summary["ttft_ms"]["p50"] >= 1e3 * FIRST_TOKEN_DELAY_S
+    itl = summary["itl_ms"]
+    assert itl["max"] >= itl["p99"] >= itl["p50"] >= 4.0
 
 
 def test_failed_requests_are_counted_not_fatal(fake_server):
