@@ -10,8 +10,10 @@
 #   1p3d     1 prefill + 3 decode, 2p2d: 2 prefill + 2 decode, KV over KV (default auto), every request
 #            disaggregated (four GPUs: see benchmarks/gpu_four.sh)
 # BACKEND=ray places the workers through Ray's GPU resources (default local processes).
-# Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving.py; REPEAT=N runs
-# each N times on the same cluster (short runs vary by 10-20%: judge small differences on several).
+# Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving.py, each sized to
+# run >= 30 s on one H200 (RANDOM_PROMPTS, default 12288 requests of 512 in / 128 out, also the offline
+# reference's count; INTERF_S, default 30; MT_CONVERSATIONS, default 768): runs of 2-4 s differed by up to
+# 1.8x. REPEAT=N (default 3) runs each N times on the same cluster; the table gives median and min-max.
 # Logs and JSON go to ${OUT:-/tmp/pdserve-cluster}/$TAG; the table comes last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,6 +24,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 MODEL="${1:-$(python3 -c 'from common.tools.default_model import resolve_model; print(resolve_model(None))')}"
 SETUPS="${SETUPS:-offline mixed nccl ipc auto}"
 WORKLOADS="${WORKLOADS:-random interference multiturn}"
+RANDOM_PROMPTS="${RANDOM_PROMPTS:-12288}"
 BENCH="${BENCH:-python3 benchmarks/serving.py --client-procs ${CLIENT_PROCS:-4}}"
 # The device machine's copy of .git may lag the working tree: the caller passes PDSERVE_COMMIT.
 echo "${PDSERVE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}" > "$LOG/commit.txt"
@@ -40,11 +43,11 @@ setup_flags() {
 
 workload() {  # $1 workload, $2 json path
   case $1 in
-    random) $BENCH --base-url "$URL" --num-prompts 512 --input-len 512 --output-len 128 \
+    random) $BENCH --base-url "$URL" --num-prompts "$RANDOM_PROMPTS" --input-len 512 --output-len 128 \
         --max-concurrency 256 --json-out "$2" ;;
     interference) $BENCH --base-url "$URL" --workload interference --duration ${INTERF_S:-30} --chat-concurrency 64 \
         --input-len 256 --output-len 256 --long-len 6000 --long-rate 1 --json-out "$2" ;;
-    multiturn) $BENCH --base-url "$URL" --workload multi-turn --num-conversations 64 --turns 4 \
+    multiturn) $BENCH --base-url "$URL" --workload multi-turn --num-conversations ${MT_CONVERSATIONS:-768} --turns 4 \
         --input-len 512 --output-len 128 --max-concurrency 64 --json-out "$2" ;;
   esac
 }
@@ -76,7 +79,7 @@ run_setup() {
   if [ -z "$URL" ]; then echo "$setup: cluster did not start"; tail -5 "$dir/launch.txt"; kill $launch; return; fi
   $BENCH --base-url "$URL" --num-prompts 32 --input-len 512 --output-len 16 >/dev/null 2>&1  # warm-up
   for w in $WORKLOADS; do
-    for r in $(seq 1 "${REPEAT:-1}"); do  # REPEAT > 1: runs named WORKLOAD.r2, .r3, ... in the table
+    for r in $(seq 1 "${REPEAT:-3}"); do  # REPEAT > 1: runs named WORKLOAD.r2, .r3, ... in the table
       local name="$w"
       [ "$r" -gt 1 ] && name="$w.r$r"
       curl -s "${URL%/v1}/metrics" > "$dir/$name.metrics.before"
@@ -91,7 +94,7 @@ run_setup() {
 
 for setup in $SETUPS; do
   if [ "$setup" = offline ]; then
-    python3 benchmarks/offline.py --model "$MODEL" --quiet --num-seqs 512 --input-len 512 512 \
+    python3 benchmarks/offline.py --model "$MODEL" --quiet --num-seqs "$RANDOM_PROMPTS" --input-len 512 512 \
         --output-len 128 128 --temperature 1.0 --engine-kwargs '{"max_num_seqs": 256}' \
         --json-out "$LOG/offline.json" > "$LOG/offline.txt" 2>&1
     tail -2 "$LOG/offline.txt"
