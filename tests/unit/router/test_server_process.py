@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -15,8 +14,7 @@ import pytest
 from common.wire.messages import Abort
 from tests.unit.router.fake_workers import Script, start_workers
 from tests.unit.router.harness import wait_for
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from tests.unit.router.router_process import REPO_ROOT, router_process
 ROUTER_MODULES = [
     "router",
     "router.__main__",
@@ -55,54 +53,22 @@ def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def router_process(model_dir: Path, tmp_path: Path):
-    ready = tmp_path / "ready.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "router",
-        "--model",
-        str(model_dir),
-        "--port",
-        "0",
-        "--inbox-port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--heartbeat-timeout",
-        "2",
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "router did not become ready"
-            time.sleep(0.05)
-        info = json.loads(ready.read_text())
-        assert info["http"].startswith("http://127.0.0.1:") and info["inbox"].startswith("tcp://127.0.0.1:")
+def router(model_dir: Path, tmp_path: Path):
+    with router_process(model_dir, tmp_path) as info:
         yield info
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
-def test_openai_client_streams_and_disconnect_aborts(router_process, tokenizer) -> None:
+def test_openai_client_streams_and_disconnect_aborts(router, tokenizer) -> None:
     openai = pytest.importorskip("openai")
     reply = tokenizer.encode(" one two three four five six seven eight", add_special_tokens=False)
     slow = Script(reply=reply, token_delay=0.05)
 
     async def main():
         workers = await start_workers(
-            router_process["inbox"], [("p0", "prefill", Script(reply=reply)), ("d0", "decode", slow)]
+            router["inbox"], [("p0", "prefill", Script(reply=reply)), ("d0", "decode", slow)]
         )
         try:
-            base = router_process["http"]
+            base = router["http"]
             async with httpx.AsyncClient(base_url=base) as http:
 
                 async def healthy() -> bool:
@@ -114,7 +80,7 @@ def test_openai_client_streams_and_disconnect_aborts(router_process, tokenizer) 
                     await asyncio.sleep(0.05)
             client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none")
             stream = await client.chat.completions.create(
-                model=router_process["model"],
+                model=router["model"],
                 messages=[{"role": "user", "content": "count"}],
                 max_tokens=len(reply),
                 stream=True,
@@ -122,11 +88,11 @@ def test_openai_client_streams_and_disconnect_aborts(router_process, tokenizer) 
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             assert text == tokenizer.decode(reply)
             completion = await client.completions.create(
-                model=router_process["model"], prompt="x", max_tokens=3
+                model=router["model"], prompt="x", max_tokens=3
             )
             assert completion.usage.completion_tokens == 3
             with pytest.raises(openai.BadRequestError) as bad:
-                await client.completions.create(model=router_process["model"], prompt="x", temperature=-1)
+                await client.completions.create(model=router["model"], prompt="x", temperature=-1)
             assert bad.value.body["param"] == "temperature"
             # disconnect mid-stream: the router must abort both workers
             async with httpx.AsyncClient(base_url=base) as http:
