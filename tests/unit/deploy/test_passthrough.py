@@ -31,6 +31,12 @@ def test_given_flags_reach_router_and_workers():
         assert spec.argv[-2:] == ["--kv-lease-s", "2.0"]
 
 
+def test_front_flags_reach_the_router():
+    model = str(prepare_default_model(progress=False))
+    plan = parse_args(["--model", model, "--max-inflight", "512", "--stream-interval", "4"])
+    assert plan.router_argv == ("--max-inflight", "512", "--stream-interval", "4")
+
+
 def test_absent_flags_leave_child_defaults_alone():
     plan = parse_args(["--model", str(prepare_default_model(progress=False))])
     assert plan.router_argv == () and plan.worker_argv == ()
