@@ -173,7 +173,9 @@ async def _send_last(send: Send, text: str) -> None:
     await send({"type": "http.response.body", "body": text.encode(), "more_body": False})
 
 
-async def _respond(scope: Scope, receive: Receive, send: Send, work: Awaitable[dict], watch: ClientWatch) -> str:
+async def _respond(
+    scope: Scope, receive: Receive, send: Send, work: Awaitable[dict], watch: ClientWatch
+) -> str:
     """One JSON answer; the work is cancelled (aborting its workers) if the client disconnects."""
     try:
         body = await work

@@ -8,7 +8,7 @@ prompt_tokens_details.cached_tokens is what the prefill workers reported for eac
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from router.fanout import ChoiceUpdate
 from router.logprobs import chat_logprobs, completion_logprobs
@@ -74,7 +74,7 @@ class _Formatter:
             prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
 
-    async def stream(self, updates: AsyncIterator[ChoiceUpdate]) -> AsyncIterator[str]:
+    async def stream(self, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[str]:
         """The SSE text, in pieces that are each sent as one write: the chunk that finishes the last
         choice goes out together with the usage chunk and [DONE], which always end the stream."""
         opening = "".join(sse(payload) for payload in self._opening_chunks())

@@ -15,6 +15,7 @@ from common.wire.messages import Abort
 from tests.unit.router.fake_workers import Script, start_workers
 from tests.unit.router.harness import wait_for
 from tests.unit.router.router_process import REPO_ROOT, router_process
+
 ROUTER_MODULES = [
     "router",
     "router.__main__",
@@ -87,9 +88,7 @@ def test_openai_client_streams_and_disconnect_aborts(router, tokenizer) -> None:
             )
             text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             assert text == tokenizer.decode(reply)
-            completion = await client.completions.create(
-                model=router["model"], prompt="x", max_tokens=3
-            )
+            completion = await client.completions.create(model=router["model"], prompt="x", max_tokens=3)
             assert completion.usage.completion_tokens == 3
             with pytest.raises(openai.BadRequestError) as bad:
                 await client.completions.create(model=router["model"], prompt="x", temperature=-1)
