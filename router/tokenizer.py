@@ -72,8 +72,9 @@ class ModelTokenizer:
         eos_ids = _eos_token_ids(path, tokenizer, special)
         return cls(tokenizer, special, template, eos_ids)
 
-    @property
+    @functools.cached_property
     def vocab_size(self) -> int:
+        # Cached: every token-id prompt is checked against it, and asking the backend is a call into Rust.
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     @functools.cached_property
