@@ -18,7 +18,7 @@ more). HF's `do_sample` is ignored, as vLLM ignores it: a file that sets a tempe
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,10 @@ class GenerationDefaults:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields that are set (what gets logged and applied)."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # Not dataclasses.asdict, whose deep copy cost more than the rest of a request's sampling
+        # setup (this runs for every request); lists are still copied, so no caller shares ours.
+        values = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return {k: list(v) if isinstance(v, list) else v for k, v in values if v is not None}
 
     def fill(self, given: dict[str, Any]) -> dict[str, Any]:
         """`given` (request values, None where the request left the field out) with the model's
