@@ -33,8 +33,8 @@ def test_given_flags_reach_router_and_workers():
 
 def test_front_flags_reach_the_router():
     model = str(prepare_default_model(progress=False))
-    plan = parse_args(["--model", model, "--max-inflight", "512", "--stream-interval", "4"])
-    assert plan.router_argv == ("--max-inflight", "512", "--stream-interval", "4")
+    plan = parse_args(["--model", model, "--max-running-requests", "512", "--stream-interval", "4"])
+    assert plan.router_argv == ("--max-running-requests", "512", "--stream-interval", "4")
 
 
 def test_absent_flags_leave_child_defaults_alone():

@@ -19,7 +19,7 @@ def test_past_the_bound_a_request_gets_429_before_its_body_is_read(
     model_dir: Path, tmp_path: Path, tokenizer
 ):
     reply = tokenizer.encode(" one two three four", add_special_tokens=False)
-    with router_process(model_dir, tmp_path, "--max-inflight", "1") as info:
+    with router_process(model_dir, tmp_path, "--max-running-requests", "1") as info:
         asyncio.run(_overload(info, reply))
 
 
