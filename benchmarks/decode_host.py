@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    from tests.helpers.tiny_models import write_tiny_model
+    from common.tools.tiny_models import write_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         room = args.context + args.steps + 1

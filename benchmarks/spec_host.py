@@ -274,7 +274,7 @@ def main() -> None:
     ap.add_argument("--acceptance", type=float, default=0.7, help="chance that each draft is right")
     ap.add_argument("--repeats", type=int, default=3, help="runs per case; each phase's fastest is shown")
     args = ap.parse_args()
-    from tests.helpers.tiny_models import write_tiny_model
+    from common.tools.tiny_models import write_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = str(write_tiny_model("llama", Path(tmp) / "llama"))

@@ -1,4 +1,6 @@
-"""Tiny random HF checkpoints written by the tests themselves (fixed seed, saved as safetensors)."""
+"""Tiny random HF checkpoints (fixed seed, saved as safetensors) and transformers' greedy answers on them.
+
+Shared by the tests and the CPU benchmarks (benchmarks/ imports no test code), hence here."""
 
 from __future__ import annotations
 
