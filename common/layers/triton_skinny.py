@@ -54,7 +54,7 @@ _MAX_SPLIT = 16
 
 
 def launch_for(n: int, k: int, rows: int) -> SkinnyLaunch:
-    """The launch for an [n, k] weight and `rows` input rows (benchmarks/skinny_gemm.py sweeps them):
+    """The launch for an [n, k] weight and `rows` input rows (benchmarks/engine/skinny_gemm.py sweeps them):
     the multiply-add path keeps about 8k products per iteration in registers."""
     if rows == 1:  # the H200 sweep's best for all four Qwen3-0.6B projections
         return SkinnyLaunch(block_n=8, block_k=1024)
