@@ -4,7 +4,7 @@
 
 The GPU hides the host's part of a decode step behind the step in flight only while that part is
 shorter than the GPU's step (on the H200 with Qwen3-0.6B shapes at 1,000 tokens of context: 0.81 ms
-at 1 row, 2.2 ms at 64, 6.3 ms at 256; docs/benchmarks.md). This measures the host's part where the
+at 1 row, 2.2 ms at 64, 6.3 ms at 256; docs/benchmarks-log.md). This measures the host's part where the
 model's cost is irrelevant: a tiny random model decodes `batch` prompts of `--context` tokens with
 run-ahead forced on and T=0.6 (so the sampler takes its sampling path), and the engine's phases are
 timed by wrapping its functions. Excluded, because the GPU path does not run them: the eager step

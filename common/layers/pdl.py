@@ -12,7 +12,7 @@ every kernel launched that way keeps:
   the next kernel's programs launch, which wait in their turn.
 
 `PDSERVE_PDL`: `auto` (the default) uses it on CUDA GPUs of compute capability 9.0 or newer, `0` never,
-`1` always (an error where it cannot work). Measured on one H200 (docs/benchmarks.md): batch-1 decode
+`1` always (an error where it cannot work). Measured on one H200 (docs/benchmarks-log.md): batch-1 decode
 0.889 against 1.042 ms per token without it, in the same run.
 """
 

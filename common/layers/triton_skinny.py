@@ -16,7 +16,7 @@ the parts, and the neighbours come along:
 
 Per layer this replaces two add+RMSNorm kernels, the SiLU*mul kernel and cuBLAS's split-K reduction.
 The engine sends it 1-row steps only (`SKINNY_MAX_ROWS`, where it was measured to win; see
-docs/benchmarks.md). Numerics: fp32 accumulation in another order than cuBLAS, so results agree with
+docs/benchmarks-log.md). Numerics: fp32 accumulation in another order than cuBLAS, so results agree with
 the eager layers within the dtype's rounding, not bit for bit. Float32 dots are exact (`ieee`).
 """
 

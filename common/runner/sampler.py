@@ -60,7 +60,7 @@ class Sampler:
     `PDSERVE_FUSED_SAMPLING` says, on CUDA with Triton usable only (common.layers.fused.use_fused), so
     the CPU never imports Triton: `auto` (default) for batches with a sampled row (all-greedy batches
     keep torch's one argmax kernel, whose launch costs the host less), `1` for every batch, `0` never.
-    On the H200 the kernel made the offline workload (temperature 0.6) 5-7% faster (docs/benchmarks.md).
+    On the H200 the kernel made the offline workload (temperature 0.6) 5-7% faster (docs/benchmarks-log.md).
     The choice never depends on the batch's size, so a seeded row draws the same tokens at any batch."""
 
     def __init__(self, fused: bool | None = None) -> None:
