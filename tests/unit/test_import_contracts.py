@@ -15,8 +15,9 @@ Folder rules for the rooms of `common/` (docs/architecture.md):
 tests/unit/router/test_server_process.py checks the last rule at run time as well.
 
 One-way rule for tool code: no module of a product package imports `benchmarks` or `tests`, names a
-module of theirs in a string (what `importlib` or an entry point would load) or edits `sys.path`; the
-fault injector `kvtransfer.faults` is loaded only by name, through the transport registry.
+module of theirs in a string (what `importlib` or an entry point would load) or edits `sys.path`;
+`benchmarks` imports nothing from `tests`; the fault injector `kvtransfer.faults` is loaded only by
+name, through the transport registry.
 """
 
 from __future__ import annotations
@@ -242,6 +243,11 @@ def test_product_names_no_tool_module_and_leaves_sys_path_alone(package: str) ->
     )
     assert named == []
     assert [module for module in modules(package) if edits_sys_path(module)] == []
+
+
+def test_benchmarks_import_no_test_code() -> None:
+    # What both share (tiny checkpoints, references) lives in the product's common/tools.
+    assert modules("benchmarks") and violations("benchmarks", ("tests",)) == []
 
 
 def test_only_the_registry_reaches_the_fault_injector() -> None:
