@@ -10,7 +10,7 @@
 # figure measures the engine, not a changed measuring script.
 # Figures (each arm a fresh process per figure, arms alternated, ROUNDS rounds):
 #   std    offline standard workload, Qwen3-0.6B shape (random bf16 weights): 256 prompts of 100-1024
-#          tokens, 100-1024 out, T=0.6, max_num_seqs 256 (benchmarks/offline.py's defaults)
+#          tokens, 100-1024 out, T=0.6, max_num_seqs 256 (benchmarks/engine/offline.py's defaults)
 #   mixed  the real default model: 256 prompts of 128-512 random tokens, 128-512 out, T=0.6
 #   lat    Qwen3-0.6B shape: decode step at 1,000 context for 1 and 64 rows; prefill 8 x 2,048
 # Env: ROUNDS (2); FIGURES ("std mixed lat"); ARMS ("base new"): more arms of this tree are written
@@ -39,10 +39,10 @@ Q=/tmp/qwen3-0.6b
 
 figure() {  # figure NAME JSON: run one figure in the current directory's tree
   case $1 in
-    std) python3 benchmarks/offline.py --model $Q --quiet --engine-kwargs '{"max_num_seqs": 256}' --json-out "$2" ;;
-    mixed) python3 benchmarks/offline.py --model "$REAL" --quiet --input-len 128 512 --output-len 128 512 \
+    std) python3 benchmarks/engine/offline.py --model $Q --quiet --engine-kwargs '{"max_num_seqs": 256}' --json-out "$2" ;;
+    mixed) python3 benchmarks/engine/offline.py --model "$REAL" --quiet --input-len 128 512 --output-len 128 512 \
       --json-out "$2" ;;
-    lat) python3 benchmarks/latency.py --model "${LAT_MODEL:-$Q}" --decode-batches 1 64 --json-out "$2" ;;
+    lat) python3 benchmarks/engine/latency.py --model "${LAT_MODEL:-$Q}" --decode-batches 1 64 --json-out "$2" ;;
   esac 2>&1 | grep -v "Loading\|it/s\]" | tail -3
 }
 

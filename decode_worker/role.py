@@ -44,7 +44,6 @@ from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
 from decode_worker.probe import ProbeReceiver
 from kvtransfer import KVTransferConfig, TransferResult, TransferStatus
-from kvtransfer.faults import receiver_set
 from kvtransfer.peers import KVReceiverSet
 
 log = logging.getLogger(__name__)
@@ -85,7 +84,7 @@ class DecodeRole(WorkerRole):
         config = KVTransferConfig(
             transport=cfg.kv_transport, host=ctx.host, fetch_timeout_s=cfg.kv_fetch_timeout_s, curve=cfg.curve
         )
-        return receiver_set(ctx.engine.kv_cache, config)  # injected faults only under PDSERVE_KV_FAULTS
+        return KVReceiverSet(ctx.engine.kv_cache, config)
 
     # ---- commands ------------------------------------------------------------------------------
 

@@ -2,21 +2,24 @@
 
     pdserve serve [launch options]   = python -m deploy.launch ...   (start a cluster, serve until Ctrl-C)
     pdserve chat [options] QUESTION  = python -m common.tools.chat ...     (answer one question offline)
-    pdserve bench [options]          = python benchmarks/serving.py ... (load an OpenAI endpoint)
+    pdserve bench [options]          = python benchmarks/serving/serving.py ... (load an OpenAI endpoint)
 
-Each command hands the rest of the command line, unchanged, to the module's own `main`, so options and
-`--help` are the module's. `bench` lives in the repository's `benchmarks/` folder, which is not an
-installed package: it needs a source checkout (as `pip install -e .` gives).
+Each command hands the rest of the command line, unchanged, to the module's own `main` (bench: to the
+script's), so options and `--help` are the module's. `bench` runs the serving benchmark client of the
+repository's `benchmarks/` folder, which is tool code, not part of the installed product: it needs a
+source checkout (as `pip install -e .` gives), and it runs as a script in a child process, so no
+product module imports benchmark code (tests/unit/test_import_contracts.py keeps it so).
 """
 
 from __future__ import annotations
 
-import importlib
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+BENCH_CLIENT = "benchmarks/serving/serving.py"  # relative to a source checkout's root
 
 
 def _serve(argv: list[str]) -> int:
@@ -32,21 +35,21 @@ def _chat(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    if not (REPO_ROOT / "benchmarks" / "serving.py").is_file():
-        print(
-            f"pdserve bench: needs a source checkout ({REPO_ROOT}/benchmarks/serving.py is missing)",
-            file=sys.stderr,
-        )
+    script = REPO_ROOT / BENCH_CLIENT
+    if not script.is_file():
+        print(f"pdserve bench: needs a source checkout ({script} is missing)", file=sys.stderr)
         return 2
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    return importlib.import_module("benchmarks.serving").main(argv)
+    child = subprocess.Popen([sys.executable, str(script), *argv])
+    try:
+        return child.wait()
+    except KeyboardInterrupt:  # the child got the same Ctrl-C: let it print what it measured and end
+        return child.wait()
 
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "serve": (_serve, "start a router and workers (python -m deploy.launch)"),
     "chat": (_chat, "answer one question with the offline engine (python -m common.tools.chat)"),
-    "bench": (_bench, "benchmark an OpenAI-compatible endpoint (benchmarks/serving.py)"),
+    "bench": (_bench, f"benchmark an OpenAI-compatible endpoint ({BENCH_CLIENT})"),
 }
 
 

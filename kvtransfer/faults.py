@@ -1,8 +1,9 @@
 """Injected KV-transfer faults, for soak tests and benchmarks only (off unless the variable is set).
 
-`PDSERVE_KV_FAULTS="drop=0.05,delay=0.1,delay_s=3,seed=7"` in a decode (or mixed) worker's environment
-wraps its `KVReceiverSet` so that, per request (decided by a hash of the seed and the request id, so a
-run is reproducible whatever the arrival order):
+`PDSERVE_KV_FAULTS="drop=0.05,delay=0.1,delay_s=3,seed=7"` in a worker's environment wraps every KV
+receiver it creates (the registry's wrapper "faults", `registry.py`; a sender is left alone) so that,
+per request (decided by a hash of the seed and the request id, so a run is reproducible whatever the
+arrival order):
 
 * `drop` (probability): the fetch is never started, as if every frame of it were lost; the transfer is
   reported FAILED `delay_s` later (standing in for the fetch timeout). The sender never hears from the
@@ -10,28 +11,25 @@ run is reproducible whatever the arrival order):
 * `delay` (probability): the fetch starts `delay_s` late, as if the network stalled; a delay beyond the
   sender's lease ends in a refused fetch (FAILED) and the recompute path.
 
-The variable is read once, when the worker opens its KV side (`receiver_set`); every injected fault is
-logged at warning level (`injected KV fault: drop|delay REQUEST_ID`), which is how benchmarks/chaos.py
-counts them. The faults sit in front of the transport, so tcp, ipc and nccl are all covered.
+The variable is read when a receiver is created (when the worker opens its KV side); every injected
+fault is logged at warning level (`injected KV fault: drop|delay REQUEST_ID`), which is how
+benchmarks/chaos/chaos.py counts them. The wrapper sits in front of each transport's receiver, so tcp,
+ipc and nccl are all covered. Nothing in the product imports this module: the registry loads it by
+name, and only while the variable is set.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
-import torch
-
-from .base import Endpoint, TransferResult, TransferStatus
-from .config import KVTransferConfig
-from .peers import KVReceiverSet
+from .base import KVReceiver, TransferResult, TransferStatus
+from .registry import KV_FAULTS_ENV
 
 log = logging.getLogger(__name__)
-KV_FAULTS_ENV = "PDSERVE_KV_FAULTS"
 FAULT_KINDS = ("drop", "delay")
 
 
@@ -72,11 +70,6 @@ class KVFaults:
                 raise ValueError(f"{KV_FAULTS_ENV}: {key} must be a number, got {raw!r}") from None
         return cls(**values)  # type: ignore[arg-type]
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> KVFaults | None:
-        text = environ.get(KV_FAULTS_ENV, "").strip()
-        return cls.parse(text) if text else None
-
     def to_env(self) -> str:
         return f"drop={self.drop},delay={self.delay},delay_s={self.delay_s},seed={self.seed}"
 
@@ -93,57 +86,62 @@ class _Held:
     due: float  # monotonic
     kind: str
     request_id: str
-    endpoint: Endpoint
-    src: list[int]
-    dst: list[int]
-    block_hashes: list[int] | None  # the prompt's chain the transfer is checked against
+    args: tuple  # the fetch's own arguments, to start it late
+    kwargs: dict[str, Any]
 
 
-class FaultyReceiverSet(KVReceiverSet):
-    """A KVReceiverSet that drops or delays some fetches (see the module docstring)."""
+class FaultyReceiver:
+    """A KV receiver that drops or delays the fetches its faults pick (see the module docstring).
 
-    def __init__(self, kv_cache: torch.Tensor, config: KVTransferConfig, faults: KVFaults) -> None:
-        super().__init__(kv_cache, config)
+    It knows only that `fetch`'s first argument is the request id or a record carrying `request_id`,
+    and that `poll` returns TransferResults; every other method and attribute is the wrapped
+    receiver's, so it wraps any transport whatever else their interface holds."""
+
+    def __init__(self, inner: KVReceiver, faults: KVFaults) -> None:
+        self.inner = inner
         self.faults = faults
         self._held: list[_Held] = []
 
-    def fetch(
-        self,
-        request_id: str,
-        endpoint: Endpoint,
-        src: list[int],
-        dst: list[int],
-        block_hashes: Sequence[int] | None = None,
-    ) -> str | None:
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def fetch(self, *args: Any, **kwargs: Any) -> Any:
+        request_id = _request_id(args, kwargs)
         kind = self.faults.choose(request_id)
         if kind is None:
-            return super().fetch(request_id, endpoint, src, dst, block_hashes)
+            return self.inner.fetch(*args, **kwargs)
         log.warning("injected KV fault: %s %s", kind, request_id)
-        due = time.monotonic() + self.faults.delay_s
-        hashes = list(block_hashes) if block_hashes is not None else None
-        self._held.append(_Held(due, kind, request_id, endpoint, list(src), list(dst), hashes))
+        copied = tuple(list(a) if isinstance(a, list) else a for a in args)  # the caller may reuse its lists
+        self._held.append(_Held(time.monotonic() + self.faults.delay_s, kind, request_id, copied, kwargs))
         return None
 
     def poll(self) -> list[TransferResult]:
-        results = super().poll()
+        results = self.inner.poll()
         now = time.monotonic()
         due = [h for h in self._held if h.due <= now]
         self._held = [h for h in self._held if h.due > now]
         for held in due:
-            error = "injected fault: transfer dropped" if held.kind == "drop" else None
-            if error is None:  # a late start; its outcome comes from the transport like any other
-                error = super().fetch(held.request_id, held.endpoint, held.src, held.dst, held.block_hashes)
+            error = "injected fault: transfer dropped" if held.kind == "drop" else self._start_late(held)
             if error is not None:
                 results.append(TransferResult(held.request_id, TransferStatus.FAILED, error=error))
         return results
 
+    def _start_late(self, held: _Held) -> str | None:
+        # From here the transport reports the outcome like any other; a refusal now is a FAILED result.
+        try:
+            self.inner.fetch(*held.args, **held.kwargs)
+        except (ValueError, RuntimeError) as e:
+            return str(e)
+        return None
 
-def receiver_set(
-    kv_cache: torch.Tensor, config: KVTransferConfig, environ: Mapping[str, str] = os.environ
-) -> KVReceiverSet:
-    """The decode side's receivers, with injected faults when `PDSERVE_KV_FAULTS` asks for them."""
-    faults = KVFaults.from_env(environ)
-    if faults is None:
-        return KVReceiverSet(kv_cache, config)
+
+def _request_id(args: tuple, kwargs: dict[str, Any]) -> str:
+    first = args[0] if args else next(iter(kwargs.values()))
+    return str(getattr(first, "request_id", first))
+
+
+def wrap_receiver(receiver: KVReceiver, setting: str) -> FaultyReceiver:
+    """The registry's "faults" wrapper: `receiver` behind the faults `setting` (PDSERVE_KV_FAULTS's value)."""
+    faults = KVFaults.parse(setting)
     log.warning("KV fault injection is ON (%s=%s): for tests only", KV_FAULTS_ENV, faults.to_env())
-    return FaultyReceiverSet(kv_cache, config, faults)
+    return FaultyReceiver(receiver, faults)

@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _event_loop_runner():
     """uvloop when it is installed (an optional speed-up: a cheaper event loop on the per-token path,
-    see docs/benchmarks.md), else asyncio's own."""
+    see docs/benchmarks-log.md), else asyncio's own."""
     try:
         import uvloop
     except ImportError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.tiny_models import write_tiny_model
+from common.tools.tiny_models import write_tiny_model
 
 
 def pytest_collection_modifyitems(config, items):

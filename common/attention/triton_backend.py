@@ -7,7 +7,7 @@ Imported only when chosen (see `registry.py`), so machines without Triton never 
   tokens through the block table. With `PDSERVE_VARLEN_PREFILL=1`, prompts with no cached prefix, in
   fp16/bf16, run on PyTorch's FlashAttention over the step's own packed k/v instead
   (`varlen_prefill.py`) where this PyTorch has `varlen_attn`. Off by default: on the H200 with
-  torch 2.11 it runs at 49% of SDPA's rate against the Triton kernel's 60% (docs/benchmarks.md);
+  torch 2.11 it runs at 49% of SDPA's rate against the Triton kernel's 60% (docs/benchmarks-log.md);
   it is there for PyTorch builds whose FlashAttention is faster than the Triton kernel.
 * decode: split-K flash-decoding with GQA head packing. The split count is a function of host ints
   only (batch size, KV heads, `meta.max_seq_len`, SM count), and the kernels derive each split's

@@ -31,7 +31,7 @@ def use_fused(x: torch.Tensor) -> bool:
 # activation fused in (common/layers/triton_skinny.py). Measured on the H200 (benchmarks/
 # kernel_profile.py, Qwen3-0.6B shapes): a batch-1 decode step replays in 0.92 ms against 1.24 ms on
 # cuBLAS; from 2 rows on cuBLAS's tiles are as fast or faster and the skinny path loses 5-20%. On the
-# default model (SmolLM2-135M, issue 27, benchmarks/latency.py) batch-1 decode at 1k context takes
+# default model (SmolLM2-135M, issue 27, benchmarks/engine/latency.py) batch-1 decode at 1k context takes
 # 0.615-0.621 ms against 0.985 ms with PDSERVE_DISABLE_SKINNY=1; 64 rows are unaffected (within 1%).
 SKINNY_MAX_ROWS = 1
 

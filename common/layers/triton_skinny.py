@@ -16,7 +16,7 @@ the parts, and the neighbours come along:
 
 Per layer this replaces two add+RMSNorm kernels, the SiLU*mul kernel and cuBLAS's split-K reduction.
 The engine sends it 1-row steps only (`SKINNY_MAX_ROWS`, where it was measured to win; see
-docs/benchmarks.md). Numerics: fp32 accumulation in another order than cuBLAS, so results agree with
+docs/benchmarks-log.md). Numerics: fp32 accumulation in another order than cuBLAS, so results agree with
 the eager layers within the dtype's rounding, not bit for bit. Float32 dots are exact (`ieee`).
 """
 
@@ -54,7 +54,7 @@ _MAX_SPLIT = 16
 
 
 def launch_for(n: int, k: int, rows: int) -> SkinnyLaunch:
-    """The launch for an [n, k] weight and `rows` input rows (benchmarks/skinny_gemm.py sweeps them):
+    """The launch for an [n, k] weight and `rows` input rows (benchmarks/engine/skinny_gemm.py sweeps them):
     the multiply-add path keeps about 8k products per iteration in registers."""
     if rows == 1:  # the H200 sweep's best for all four Qwen3-0.6B projections
         return SkinnyLaunch(block_n=8, block_k=1024)

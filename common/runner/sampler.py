@@ -62,7 +62,7 @@ class Sampler:
     keep torch's one argmax kernel, whose launch costs the host less), `1` for every batch, `0` never.
     The choice never depends on the batch's size, so a seeded row draws the same tokens at any batch.
 
-    The rule, measured on one H200 (benchmarks/sampling.py, synchronised wall us per call, kernel vs
+    The rule, measured on one H200 (benchmarks/engine/sampling.py, synchronised wall us per call, kernel vs
     torch; docs/benchmarks.md "Defaults by measurement"), at the default model's vocabulary (49,152)
     and Qwen3's (151,936), batch 1 / 8 / 64 / 256:
       T=0.6,  49,152:  65 / 46 / 55 / 70 vs 93 / 65 / 84 / 217

@@ -1,2 +1,3 @@
-"""Tools built on the engine: the `pdserve chat` command, the default model's preparation and
-random-weight models of real shapes for benchmarks."""
+"""Tools built on the engine: the `pdserve chat` command, the default model's preparation,
+random-weight models of real shapes for benchmarks, and tiny random checkpoints (with a transformers
+greedy reference) that the tests and the CPU benchmarks share."""

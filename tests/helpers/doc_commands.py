@@ -10,7 +10,7 @@ parser does not accept, a `pdserve` command that does not exist.
 An entry point's parser is taken from the entry point itself: it is run as `__main__` with
 `ArgumentParser.parse_args` replaced by a call that hands the parser back before anything is parsed
 or started (an entry point that calls `parse_known_args` itself passes the flags it does not know on,
-e.g. benchmarks/chaos.py to the launcher: those are not checked). Only this repository's entry
+e.g. benchmarks/chaos/chaos.py to the launcher: those are not checked). Only this repository's entry
 points are run so, and only when their source builds an argparse parser (anything else could start
 work); other programs (curl, ray, pytest, ...) are checked for the repository paths they are given.
 """

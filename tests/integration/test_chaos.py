@@ -1,4 +1,4 @@
-"""The chaos soak's short version (benchmarks/chaos.py): a real cluster (router + 2 prefill + 2 decode
+"""The chaos soak's short version (benchmarks/chaos/chaos.py): a real cluster (router + 2 prefill + 2 decode
 workers, default model, CPU, tcp) under ~20 s of mixed load while every kind of fault is injected at
 least once (worker SIGKILL + restart, SIGSTOP/SIGCONT, a router restart, a client leaving mid-stream,
 dropped and delayed KV transfers). The soak's own goals are the assertions: no request lost, every
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from benchmarks.chaos_faults import FAULT_KINDS
+from benchmarks.chaos.chaos_faults import FAULT_KINDS
 from tests.integration.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(600)
@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(600)
 
 def test_short_chaos_soak_loses_nothing(model_dir, tmp_path) -> None:
     out = tmp_path / "chaos.json"
-    cmd = [sys.executable, "benchmarks/chaos.py", "--model", model_dir, "--minutes", "0.35", "--seed", "3"]
+    soak = "benchmarks/chaos/chaos.py"
+    cmd = [sys.executable, soak, "--model", model_dir, "--minutes", "0.35", "--seed", "3"]
     cmd += ["--max-tokens", "4,8"]
     cmd += ["--fault-every", "3", "--stop-max-s", "4", "--kv-drop", "0.2", "--kv-delay", "0.2"]
     cmd += ["--kv-delay-s", "1.5", "--kv-lease-s", "3", "--warmup-s", "5", "--rss-limit-pct", "50"]

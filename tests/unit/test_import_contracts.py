@@ -13,11 +13,17 @@ Folder rules for the rooms of `common/` (docs/architecture.md):
 - `common`'s root holds at most 12 modules: composition and platform; everything else is in a room.
 
 tests/unit/router/test_server_process.py checks the last rule at run time as well.
+
+One-way rule for tool code: no module of a product package imports `benchmarks` or `tests`, names a
+module of theirs in a string (what `importlib` or an entry point would load) or edits `sys.path`;
+`benchmarks` imports nothing from `tests`; the fault injector `kvtransfer.faults` is loaded only by
+name, through the transport registry.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -196,3 +202,56 @@ def test_the_checker_sees_what_it_must_forbid() -> None:
     assert modules("common/wire") and modules("common/net")
     assert "kvtransfer.device" in imports("kvtransfer.receiver")  # a relative import
     assert "torch" in imports("common.worker.engine_factory")
+
+
+# The one-way rule: product code never reaches tool code (benchmarks/, tests/), neither by an import
+# statement nor by naming a module in a string (importlib, entry points) or editing sys.path.
+TOOL_CODE = ("benchmarks", "tests")
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_][\w.]*)?")
+
+
+def import_strings(module: str) -> set[str]:
+    """String constants in `module` shaped like a module name (`a.b`, `a.b:attr`, a lone `a`)."""
+    return {
+        node.value
+        for node in ast.walk(_tree(module))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and _MODULE_NAME.fullmatch(node.value)
+    }
+
+
+def edits_sys_path(module: str) -> bool:
+    return any(
+        isinstance(node, ast.Attribute) and node.attr == "path" and ast.unparse(node.value) == "sys"
+        for node in ast.walk(_tree(module))
+    )
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_product_imports_no_tool_code(package: str) -> None:
+    assert violations(package, TOOL_CODE) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_product_names_no_tool_module_and_leaves_sys_path_alone(package: str) -> None:
+    named = sorted(
+        f"{module} names {text!r}"
+        for module in modules(package)
+        for text in import_strings(module)
+        if top(text.split(":")[0]) in TOOL_CODE
+    )
+    assert named == []
+    assert [module for module in modules(package) if edits_sys_path(module)] == []
+
+
+def test_benchmarks_import_no_test_code() -> None:
+    # What both share (tiny checkpoints, references) lives in the product's common/tools.
+    assert modules("benchmarks") and violations("benchmarks", ("tests",)) == []
+
+
+def test_only_the_registry_reaches_the_fault_injector() -> None:
+    # kvtransfer/faults.py is test machinery: the transport registry loads it by name, only on demand.
+    importers = [m for p in PACKAGES for m in modules(p) if "kvtransfer.faults" in imports(m)]
+    assert importers == []
+    assert "kvtransfer.faults:wrap_receiver" in import_strings("kvtransfer.registry")  # the scan sees names

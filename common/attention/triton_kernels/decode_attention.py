@@ -30,7 +30,7 @@ from common.layers.pdl import pdl_enabled, pdl_wait
 from common.layers.split_arrival import ArrivalCounters, arrive, depart
 
 _LOG2E = 1.4426950408889634
-# Launch tunables (benchmarks/attention_kernels.py --tune sweeps them). tile_bytes: bytes of K
+# Launch tunables (benchmarks/engine/attention_kernels.py --tune sweeps them). tile_bytes: bytes of K
 # (and again of V) one loop iteration reads per program; 16 KB is 64 tokens of a 128-wide bf16 head.
 DECODE_LAUNCH = {"tile_bytes": 16384, "num_warps": 4, "num_stages": 3}
 # One arrival counter per (sequence, KV head) of a split launch; grows with batch x KV heads.

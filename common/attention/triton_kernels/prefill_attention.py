@@ -193,7 +193,7 @@ def prefill_config(head_dim: int, element_size: int, max_query_len: int) -> dict
     """Tile sizes and launch parameters; few distinct values so the kernel compiles a handful of times.
 
     64x64 tiles with 4 warps measured fastest on the H200 for 8 x 2048 bf16 tokens, head_dim 128 (ahead
-    of 128-row tiles with 8 warps: benchmarks/attention_kernels.py --tune); wider rows (fp32, head_dim
+    of 128-row tiles with 8 warps: benchmarks/engine/attention_kernels.py --tune); wider rows (fp32, head_dim
     256) take 32-key tiles to stay inside shared memory. `max_query_len` is kept for future tuning.
     """
     row_bytes = triton.next_power_of_2(head_dim) * element_size

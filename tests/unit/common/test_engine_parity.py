@@ -7,7 +7,7 @@ import random
 import pytest
 
 from common import LLM, SamplingParams
-from tests.helpers.tiny_models import hf_greedy
+from common.tools.tiny_models import hf_greedy
 
 NEW_TOKENS = 40
 

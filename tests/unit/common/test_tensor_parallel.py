@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
+from common.tools.tiny_models import write_tiny_model
 from tests.helpers.recording import record_logits
-from tests.helpers.tiny_models import write_tiny_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 # Small token budget and blocks: prompts are chunked and the batch mixes prefill chunks with decodes.

@@ -32,7 +32,7 @@ def test_each_command_shows_its_modules_options(command: str, own_option: str) -
     )
     assert out.returncode == 0, out.stderr
     assert own_option in out.stdout
-    if command != "bench":  # benchmarks/serving.py names itself
+    if command != "bench":  # benchmarks/serving/serving.py names itself
         assert out.stdout.startswith(f"usage: pdserve {command} ")
 
 
@@ -58,3 +58,10 @@ def test_serve_arguments_are_the_launchers(capsys) -> None:
 def test_chat_answers_with_the_offline_engine(capsys) -> None:
     assert cli.main(["chat", "--max-tokens", "12", "What is the capital of France?"]) == 0
     assert "Paris" in capsys.readouterr().out
+
+
+def test_bench_runs_the_client_script_and_returns_its_status(capfd) -> None:
+    # The client runs in a child process (no product module imports benchmarks/): its exit status and
+    # its own argument errors come back unchanged.
+    assert cli.main(["bench", "--base-url", "http://127.0.0.1:9/v1", "--no-such-option"]) == 2
+    assert "unrecognized arguments: --no-such-option" in capfd.readouterr().err

@@ -1,18 +1,24 @@
-"""kvtransfer.faults: the PDSERVE_KV_FAULTS switch (parsed once, validated, off by default) and a
-fault-injecting receiver set moving blocks over real tcp sockets: a dropped fetch fails after the
-delay and the sender's blocks come back through the lease; a delayed one arrives intact, late."""
+"""kvtransfer.faults: the registry's "faults" wrapper, switched on by PDSERVE_KV_FAULTS (validated, off by
+default, its module not even loaded then), in front of a receiver set moving blocks over real tcp
+sockets: a dropped fetch fails after the delay and the sender's blocks come back through the lease; a
+delayed one arrives intact, late."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 from kv_procs import CacheSpec
 
-from kvtransfer import KVTransferConfig, TransferStatus
-from kvtransfer.faults import KV_FAULTS_ENV, FaultyReceiverSet, KVFaults, receiver_set
+from kvtransfer import KVTransferConfig, TransferStatus, create_receiver, create_sender
+from kvtransfer.faults import FaultyReceiver, KVFaults
 from kvtransfer.peers import KVReceiverSet, KVSenderSet
+from kvtransfer.registry import KV_FAULTS_ENV
+from kvtransfer.tcp import TcpReceiver, TcpSender
 from tests.helpers.polling import poll_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,15 +42,27 @@ def test_parse_round_trips_and_validates() -> None:
             KVFaults.parse(text)
 
 
-def test_off_unless_the_variable_is_set() -> None:
+def test_off_unless_the_variable_is_set(monkeypatch) -> None:
     cache = CacheSpec(num_blocks=4).make()
-    config = KVTransferConfig(transport="tcp")
-    assert type(receiver_set(cache, config, environ={})) is KVReceiverSet
-    assert type(receiver_set(cache, config, environ={KV_FAULTS_ENV: "  "})) is KVReceiverSet
-    faulty = receiver_set(cache, config, environ={KV_FAULTS_ENV: "drop=1"})
-    assert isinstance(faulty, FaultyReceiverSet) and faulty.faults.drop == 1.0
+    monkeypatch.delenv(KV_FAULTS_ENV, raising=False)
+    assert type(create_receiver("tcp", cache)) is TcpReceiver
+    monkeypatch.setenv(KV_FAULTS_ENV, "  ")
+    assert type(create_receiver("tcp", cache)) is TcpReceiver
+    monkeypatch.setenv(KV_FAULTS_ENV, "drop=1")
+    faulty = create_receiver("tcp", cache)
+    assert isinstance(faulty, FaultyReceiver) and faulty.faults.drop == 1.0
+    assert type(faulty.inner) is TcpReceiver and faulty.transport == "tcp"  # the rest is the transport's
+    assert type(create_sender("tcp", cache)) is TcpSender  # faults are the fetching side's
+    monkeypatch.setenv(KV_FAULTS_ENV, "nonsense")
     with pytest.raises(ValueError, match=KV_FAULTS_ENV):
-        receiver_set(cache, config, environ={KV_FAULTS_ENV: "nonsense"})
+        create_receiver("tcp", cache)
+
+
+def test_production_imports_do_not_load_the_fault_injector() -> None:
+    code = "import sys, decode_worker.role, kvtransfer.peers; print('kvtransfer.faults' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != KV_FAULTS_ENV}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_the_choice_is_per_request_and_reproducible() -> None:
@@ -58,16 +76,21 @@ def test_the_choice_is_per_request_and_reproducible() -> None:
     assert {KVFaults().choose(r) for r in ids} == {None}
 
 
-def pair(faults: KVFaults, lease_s: float = 5.0):
-    src, dst = CacheSpec(num_blocks=16).make(), CacheSpec(num_blocks=16, seed=7).make()
-    senders = KVSenderSet(src, KVTransferConfig(transport="tcp", host="127.0.0.1", lease_s=lease_s))
-    receivers = FaultyReceiverSet(dst, KVTransferConfig(transport="tcp", fetch_timeout_s=5.0), faults)
-    senders.start()
-    receivers.start()
-    return senders, receivers, src, dst
+@pytest.fixture
+def pair(monkeypatch):
+    def make(faults: KVFaults, lease_s: float = 5.0):
+        src, dst = CacheSpec(num_blocks=16).make(), CacheSpec(num_blocks=16, seed=7).make()
+        senders = KVSenderSet(src, KVTransferConfig(transport="tcp", host="127.0.0.1", lease_s=lease_s))
+        monkeypatch.setenv(KV_FAULTS_ENV, faults.to_env())  # read as the receiver set starts its receivers
+        receivers = KVReceiverSet(dst, KVTransferConfig(transport="tcp", fetch_timeout_s=5.0))
+        senders.start()
+        receivers.start()
+        return senders, receivers, src, dst
+
+    return make
 
 
-def test_a_dropped_fetch_fails_late_and_the_lease_frees_the_sender() -> None:
+def test_a_dropped_fetch_fails_late_and_the_lease_frees_the_sender(pair) -> None:
     senders, receivers, src, dst = pair(KVFaults(drop=1.0, delay_s=DELAY_S), lease_s=1.0)
     try:
         before = dst.clone()
@@ -86,7 +109,7 @@ def test_a_dropped_fetch_fails_late_and_the_lease_frees_the_sender() -> None:
         receivers.close()
 
 
-def test_a_delayed_fetch_arrives_intact_after_the_delay() -> None:
+def test_a_delayed_fetch_arrives_intact_after_the_delay(pair) -> None:
     senders, receivers, src, dst = pair(KVFaults(delay=1.0, delay_s=DELAY_S))
     try:
         endpoint = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
@@ -103,7 +126,7 @@ def test_a_delayed_fetch_arrives_intact_after_the_delay() -> None:
         receivers.close()
 
 
-def test_a_delay_past_the_lease_fails_instead_of_reading_released_blocks() -> None:
+def test_a_delay_past_the_lease_fails_instead_of_reading_released_blocks(pair) -> None:
     senders, receivers, _, dst = pair(KVFaults(delay=1.0, delay_s=1.5), lease_s=0.5)
     try:
         before = dst.clone()

@@ -134,7 +134,8 @@ def test_fresh_prefill_gqa(group):
 @needs_varlen
 @pytest.mark.parametrize("block_size", [16, 256])
 def test_fresh_prefill_benchmark_shape(block_size):
-    """Qwen3-0.6B's 16 q / 8 kv heads at 8 x 2,048 tokens, as benchmarks/attention_kernels.py times it."""
+    """Qwen3-0.6B's 16 q / 8 kv heads at 8 x 2,048 tokens, as benchmarks/engine/attention_kernels.py
+    times it."""
     _check_varlen(Step([0] * 8, [2048] * 8, group=2, dtype=torch.bfloat16, block_size=block_size, kv_heads=8))
 
 

@@ -218,7 +218,7 @@ def test_draft_model_proposals_keep_greedy_outputs(tiny_model_dirs, draft, kv_bl
 
 
 def test_draft_model_must_share_the_vocabulary(tiny_model_dirs, tmp_path):
-    from tests.helpers.tiny_models import write_tiny_model
+    from common.tools.tiny_models import write_tiny_model
 
     other = write_tiny_model("llama", tmp_path / "big_vocab", vocab_size=640)
     with pytest.raises(ValueError, match="draft_model"):

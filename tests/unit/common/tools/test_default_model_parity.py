@@ -6,7 +6,7 @@ import pytest
 
 from common import LLM, SamplingParams
 from common.tools.default_model import prepare_default_model
-from tests.helpers.tiny_models import hf_greedy
+from common.tools.tiny_models import hf_greedy
 
 QUESTIONS = [
     "What is the capital of France?",

@@ -1,0 +1,125 @@
+"""Per-call cost of the sampler on the GPU: the fused Triton pass against the torch path.
+
+python benchmarks/engine/sampling.py                 # batch 1, 64, 256 at vocab 151,936, bf16 logits
+python benchmarks/engine/sampling.py --vocab 49152 151936 --batches 1 8 64 256 --top-p
+python benchmarks/engine/sampling.py --sweep         # also the kernel alone at each programs-per-row count
+
+No CUDA graphs: `host` is the time to enqueue one call (perf_counter, no sync), `gpu` the device
+time per call (CUDA events around a run of calls), `wall` the time per call of that run, synchronised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common.runner.sampler import Sampler, SamplingBatch  # noqa: E402
+
+
+def make_batch(rows: int, temperature: float, device: torch.device, top_p: float = 1.0) -> SamplingBatch:
+    """What prepare_sampling builds for `rows` rows of one temperature (and top-p: the torch path)."""
+    filtered = top_p < 1.0
+    return SamplingBatch(
+        temperatures=torch.full((rows,), temperature, device=device),
+        top_k=None,
+        top_p=torch.full((rows,), top_p, device=device) if filtered else None,
+        min_p=None,
+        all_greedy=temperature == 0,
+        any_greedy=temperature == 0,
+        generators=[],
+        plain_rows=[not filtered] * rows,
+    )
+
+
+def time_calls(fn, iters: int) -> dict[str, float]:
+    """Microseconds per call of `fn` (host enqueue, GPU, synchronised wall)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = 0.0
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(iters):
+        h = time.perf_counter()
+        fn()
+        host += time.perf_counter() - h
+    end.record()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return {
+        "host_us": round(host / iters * 1e6, 1),
+        "gpu_us": round(start.elapsed_time(end) / iters * 1e3, 1),
+        "wall_us": round(wall / iters * 1e6, 1),
+    }
+
+
+def compare(rows: int, vocab: int, temperature: float, iters: int, top_p: float = 1.0) -> dict:
+    device = torch.device("cuda")
+    logits = (torch.randn(rows, vocab, device=device) * 4).to(torch.bfloat16)
+    batch = make_batch(rows, temperature, device, top_p)
+    fused, eager = Sampler(fused=True), Sampler(fused=False)
+    out = {"vocab": vocab, "batch": rows, "temperature": temperature, "top_p": top_p}
+    out["fused"] = time_calls(lambda: fused(logits, batch), iters)
+    out["torch"] = time_calls(lambda: eager(logits, batch), iters)
+    out["speedup_wall"] = round(out["torch"]["wall_us"] / out["fused"]["wall_us"], 2)
+    return out
+
+
+def sweep(rows: int, vocab: int, iters: int) -> dict:
+    """The kernel alone (temperature 0.6) at each count of programs per row."""
+    from common.runner import sampling_kernel
+
+    device = torch.device("cuda")
+    logits = (torch.randn(rows, vocab, device=device) * 4).to(torch.bfloat16)
+    temps = torch.full((rows,), 0.6, device=device)
+    seeds = torch.randint(2**62, (rows,), device=device)
+    chunks = -(-vocab // sampling_kernel.CHUNK)
+    result = {"batch": rows, "default_splits": sampling_kernel.num_splits(rows, vocab, device)}
+    for splits in sorted({1, 2, 4, 8, 16, chunks}):
+        result[f"splits_{splits}"] = time_calls(
+            lambda s=splits: sampling_kernel.pick_tokens(logits, temps, seeds, splits=s), iters
+        )["gpu_us"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, nargs="+", default=[151_936])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument(
+        "--top-p", action="store_true", help="also T=0.6 with top_p 0.9 (the torch path's sort)"
+    )
+    parser.add_argument("--sweep", action="store_true", help="also time the kernel per programs-per-row")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/engine/sampling.py needs a CUDA GPU")
+    cases = [(0.0, 1.0), (0.6, 1.0)] + ([(0.6, 0.9)] if args.top_p else [])
+    results = []
+    for vocab in args.vocab:
+        for rows in args.batches:
+            for temperature, top_p in cases:
+                results.append(compare(rows, vocab, temperature, args.iters, top_p))
+                print(json.dumps(results[-1]))
+            if args.sweep:
+                print(json.dumps(sweep(rows, vocab, args.iters)))
+    print("| vocab | batch | T | top_p | fused host / gpu / wall us | torch host / gpu / wall us |")
+    for r in results:
+        f, t = r["fused"], r["torch"]
+        print(
+            f"| {r['vocab']} | {r['batch']} | {r['temperature']} | {r['top_p']} "
+            f"| {f['host_us']} / {f['gpu_us']} / {f['wall_us']} "
+            f"| {t['host_us']} / {t['gpu_us']} / {t['wall_us']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The serving benchmark's figures: percentiles, goodput, the summary table
+(benchmarks/serving/serving.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestResult:
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str = ""  # empty: the request succeeded
+    itl_s: list[float] = field(default_factory=list)  # every gap between two text chunks, in order
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.ttft_s is None or self.output_tokens < 2:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); NaN when there is nothing."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def is_good(r: RequestResult, ttft_ms: float | None, tpot_ms: float | None) -> bool:
+    if not r.ok or (ttft_ms is not None and (r.ttft_s is None or r.ttft_s * 1e3 > ttft_ms)):
+        return False
+    tpot = r.tpot_s  # None for one-token outputs: no inter-token time to miss the SLO with
+    return tpot_ms is None or tpot is None or tpot * 1e3 <= tpot_ms
+
+
+def _stats_ms(values_s: list[float]) -> dict:
+    ms = [v * 1e3 for v in values_s]
+    mean = sum(ms) / len(ms) if ms else math.nan
+    return {"mean": mean, "p50": percentile(ms, 50), "p99": percentile(ms, 99)}
+
+
+def _itl_stats_ms(results: list[RequestResult]) -> dict:
+    gaps = [g for r in results for g in r.itl_s]
+    return _stats_ms(gaps) | {"max": max(gaps) * 1e3 if gaps else math.nan}
+
+
+def summarize(results: list[RequestResult], duration_s: float, ttft_ms=None, tpot_ms=None) -> dict:
+    ok = [r for r in results if r.ok]
+    duration_s = max(duration_s, 1e-9)
+    out_tokens = sum(r.output_tokens for r in ok)
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    slo_given = ttft_ms is not None or tpot_ms is not None
+    good = sum(is_good(r, ttft_ms, tpot_ms) for r in results)
+    return {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration_s,
+        "request_throughput_per_s": len(ok) / duration_s,
+        "output_tokens_per_s": out_tokens / duration_s,
+        "total_prompt_tokens": prompt_tokens,
+        "total_output_tokens": out_tokens,
+        "total_cached_tokens": cached,
+        "cached_token_ratio": cached / prompt_tokens if prompt_tokens else 0.0,
+        "ttft_ms": _stats_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "tpot_ms": _stats_ms([t for r in ok if (t := r.tpot_s) is not None]),
+        "itl_ms": _itl_stats_ms(ok),
+        "goodput_per_s": good / duration_s if slo_given else None,
+        "goodput_slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
+    }
+
+
+def per_request_ms(results: list[RequestResult]) -> dict[str, list[float]]:
+    """Each succeeded request's TTFT and TPOT in ms, rounded to 0.01 ms (keeps the JSON small), for
+    distributions (benchmarks/serving/plots.py); TPOT leaves out one-token outputs, which have none."""
+    ok = [r for r in results if r.ok]
+    return {
+        "ttft_ms": [round(r.ttft_s * 1e3, 2) for r in ok if r.ttft_s is not None],
+        "tpot_ms": [round(t * 1e3, 2) for r in ok if (t := r.tpot_s) is not None],
+    }
+
+
+def json_safe(obj):
+    """inf/NaN (an unlimited rate, a percentile of nothing) become null: strict JSON has neither."""
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj
+
+
+def format_table(summary: dict) -> str:
+    """One row per figure; the keys carry their units."""
+    rows = []
+    for key, value in summary.items():
+        items = value.items() if isinstance(value, dict) else [("", value)]
+        rows += [(f"{key} {sub}".strip(), v) for sub, v in items]
+    text = {int: "{}", float: "{:.2f}", type(None): "-"}
+    return "\n".join(f"{k:<32}{text[type(v)].format(v):>16}" for k, v in rows)
