@@ -215,7 +215,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
         action="append",
         default=[],
         metavar="[ROLE=]JSON",
-        help='custom Ray resources each worker (of ROLE) reserves, e.g. \'decode={"decode_node": 1}\'',
+        help="custom Ray resources each worker (of ROLE) reserves, e.g. 'decode={\"decode_node\": 1}'",
     )
     p.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per worker (default: even)")
     p.add_argument("--log-dir", default=None, help="write router and worker logs here (default: stdout)")

@@ -63,7 +63,9 @@ def _parse_amounts(spec: str, value: str) -> dict[str, float]:
         raise ValueError(f"--ray-resources needs a non-empty JSON object of amounts, got {value!r}")
     for name, amount in amounts.items():
         if not name or name in _RESERVED:
-            raise ValueError(f"--ray-resources cannot name {name!r}: only custom resources (GPUs: --gpus-per-worker)")
+            raise ValueError(
+                f"--ray-resources cannot name {name!r}: only custom resources (GPUs: --gpus-per-worker)"
+            )
         if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
             raise ValueError(f"--ray-resources amount of {name!r} must be a positive number, got {amount!r}")
     return {name: float(amount) for name, amount in amounts.items()}

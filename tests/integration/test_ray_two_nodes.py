@@ -29,6 +29,7 @@ from tests.integration.test_launcher_shutdown import SMALL, _assert_greedy_parit
 
 pytestmark = pytest.mark.timeout(170)
 HEAD_RESOURCE, WORKER_RESOURCE = "pdserve_head", "pdserve_worker_node"
+KV_BYTES_METRIC = "pdserve_kv_transfer_bytes_total"
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,10 @@ def two_nodes() -> Iterator[TwoNodes]:
     # A short path: Ray's unix sockets live under it, and a socket path is limited to 107 bytes.
     temp_dir = tempfile.mkdtemp(prefix="pdray-")
     node = {"num_cpus": 1, "temp_dir": temp_dir}
-    # The head's dashboard agent would take Ray's fixed default port (52365), another cluster's on a shared host.
+    # A free port for the head's dashboard agent: Ray's fixed default (52365) may be another cluster's.
     head = {**node, "resources": {HEAD_RESOURCE: 4}, "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args={**head, "dashboard_agent_listen_port": free_port()})
+    head["dashboard_agent_listen_port"] = free_port()
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         worker = cluster.add_node(**node, resources={WORKER_RESOURCE: 4})
         cluster.wait_for_nodes()
@@ -117,8 +119,8 @@ def _assert_placed_and_kv_between_nodes(cluster: LaunchedCluster, nodes: TwoNode
 
 
 def _kv_bytes_moved(metrics: str) -> float:
-    lines = [line.split() for line in metrics.splitlines() if line.startswith("pdserve_kv_transfer_bytes_total")]
-    return sum(float(parts[-1]) for parts in lines)
+    samples = [line.split() for line in metrics.splitlines() if line.startswith(KV_BYTES_METRIC)]
+    return sum(float(parts[-1]) for parts in samples)
 
 
 def _cmdline(pid: int) -> str:
@@ -126,4 +128,3 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
