@@ -13,6 +13,7 @@ Each node has its own ports (free ones, chosen by Ray or here), and both share o
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -81,6 +82,7 @@ def two_nodes() -> Iterator[TwoNodes]:
         yield TwoNodes(cluster, cluster.head_node.node_id, worker.node_id)
     finally:
         cluster.shutdown()  # what `ray stop` does on each node, for this cluster's processes only
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_two_node_cluster_places_workers_and_stops_cleanly(
