@@ -81,8 +81,10 @@ def two_nodes() -> Iterator[TwoNodes]:
         cluster.wait_for_nodes()
         yield TwoNodes(cluster, cluster.head_node.node_id, worker.node_id)
     finally:
-        cluster.shutdown()  # what `ray stop` does on each node, for this cluster's processes only
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        try:
+            cluster.shutdown()  # what `ray stop` does on each node, for this cluster's processes only
+        finally:
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_two_node_cluster_places_workers_and_stops_cleanly(
