@@ -24,6 +24,9 @@ class WorkerSpec:
     argv: list[str]  # arguments after `python -m {module}`
     num_gpus: float = 0.0  # GPU share (several workers may share one GPU)
     env: dict[str, str] = field(default_factory=dict)
+    # Custom scheduler resources the worker reserves, which pick its node (Ray: the actor's `resources`;
+    # deploy/placement.py). The local backend runs everything on this host and places nothing.
+    resources: dict[str, float] = field(default_factory=dict)
     module_override: str | None = None  # run this module instead (tests use a stand-in worker)
     # Added to the worker's environment like `env`, but never shown: the cluster's CURVE keys
     # (common/net/curve.py). Backends hand it over without a command line or a log line.

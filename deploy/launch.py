@@ -44,6 +44,7 @@ from deploy.passthrough import (
     launcher_read_values,
     passthrough_argv,
 )
+from deploy.placement import parse_ray_resources
 from deploy.plan import BACKENDS, LaunchPlan, worker_specs
 from deploy.ray_logs import use_readable_ray_logs
 from router.access_log import LAUNCHER_AGENT
@@ -209,6 +210,13 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
     p.add_argument("--advertise-host", default=None, help="address workers use to reach the router")
     p.add_argument("--backend", choices=BACKENDS, default="ray", help="Ray actors or local subprocesses")
     p.add_argument("--ray-address", default=None, help="Ray cluster to join (default: RAY_ADDRESS or local)")
+    p.add_argument(
+        "--ray-resources",
+        action="append",
+        default=[],
+        metavar="[ROLE=]JSON",
+        help="custom Ray resources each worker (of ROLE) reserves, e.g. 'decode={\"decode_node\": 1}'",
+    )
     p.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per worker (default: even)")
     p.add_argument("--log-dir", default=None, help="write router and worker logs here (default: stdout)")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
@@ -236,6 +244,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
             engine=engine_overrides(args),
             advertise_host=args.advertise_host,
             ray_address=args.ray_address,
+            ray_resources=parse_ray_resources(args.ray_resources),
             log_dir=args.log_dir,
             log_level=args.log_level,
             startup_timeout_s=args.startup_timeout,

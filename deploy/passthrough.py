@@ -24,7 +24,8 @@ ROUTER_SET = ("model", "inbox_host", "ready_file", "block_size")
 ROUTER_READ = ROUTER_FLAGS.only(("host", "port", "api_key", "protect_status"))
 ROUTER_PASSTHROUGH = ROUTER_FLAGS.without((*ROUTER_SET, *ROUTER_READ.fields))
 
-WORKER_SET = ("router_addr", "host", "worker_id")
+# node_id: the Ray backend adds it once the actor knows its node (deploy/ray_backend.py).
+WORKER_SET = ("router_addr", "host", "worker_id", "node_id")
 WORKER_READ = WORKER_FLAGS.only(("kv_transport",))
 WORKER_PASSTHROUGH = WORKER_FLAGS.without((*WORKER_SET, *WORKER_READ.fields))
 

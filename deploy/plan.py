@@ -21,6 +21,7 @@ from common.engine_args import engine_argv
 from common.net.addresses import WILDCARD_HOSTS
 from common.worker.config import WORKER_FLAGS
 from deploy.base import WorkerSpec
+from deploy.placement import RayResources, resources_for
 
 BACKENDS = ("ray", "local")
 
@@ -39,6 +40,7 @@ class LaunchPlan:
     engine: dict = field(default_factory=dict)  # explicit engine flags, forwarded to every worker
     advertise_host: str | None = None  # where workers reach the router (default: host, or loopback)
     ray_address: str | None = None
+    ray_resources: RayResources = field(default_factory=dict)  # custom Ray resources per role (placement.py)
     log_dir: str | None = None
     log_level: str = "info"
     startup_timeout_s: float = 600.0
@@ -60,6 +62,8 @@ class LaunchPlan:
             raise ValueError(f"gpus_per_worker must be in (0, 1], got {self.gpus_per_worker}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.ray_resources and self.backend != "ray":
+            raise ValueError(f"ray_resources place Ray actors; backend {self.backend!r} has none to place")
         if self.protect_status and not self.api_key:
             raise ValueError(
                 "protect_status needs api_key: there is no key to protect the status routes with"
@@ -112,7 +116,8 @@ def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec
         env = {"CUDA_VISIBLE_DEVICES": visible_devices(gpu, num_gpus)} if local_gpu else {}
         if num_gpus == 0:
             env.update(cpu_thread_env(len(roles)))
-        specs.append(WorkerSpec(role, worker_id, argv, num_gpus=share, env=env))
+        resources = resources_for(plan.ray_resources, role)
+        specs.append(WorkerSpec(role, worker_id, argv, num_gpus=share, env=env, resources=resources))
     return specs
 
 

@@ -9,8 +9,10 @@ launches `python -m {spec.module} {argv}` as a child and supervises it. Why:
   process group (tensor-parallel ranks included). A fresh process per (re)start also means a fresh
   CUDA context, and GPU memory is returned when it exits, not when Ray recycles its worker process.
 - the child inherits the actor's stdout/stderr, so Ray streams the worker's log to the driver.
-The actor reserves the worker's GPU share (`num_gpus`, fractional so several workers share a GPU); the
-child sees the GPU(s) Ray assigned through CUDA_VISIBLE_DEVICES.
+The actor reserves the worker's GPU share (`num_gpus`, fractional so several workers share a GPU) and
+its custom resources (deploy/placement.py, which pick the node); the child sees the GPU(s) Ray assigned
+through CUDA_VISIBLE_DEVICES, and gets `--node-id` with the Ray node it runs on, which it reports at
+registration, so the router's /health shows where each worker was placed.
 
 Restarts: a child that exits non-zero or by a signal, while not being stopped, is spawned again up to
 `max_restarts` times in all (backoff 0.5 s doubling to 10 s). It then registers with the router again
@@ -100,10 +102,10 @@ class _Supervisor:
 
     def run(self) -> dict:
         """Spawn the worker, re-spawn it after crashes; return when it has exited for good."""
-        env = self._child_env()
+        command, env = self._command(), self._child_env()
         delay = _FIRST_BACKOFF_S
         returncode = None
-        while (proc := self._spawn(env)) is not None:
+        while (proc := self._spawn(command, env)) is not None:
             returncode = proc.wait()
             _kill_group(proc.pid)  # a worker's own children must not outlive it
             if self._stopping.is_set() or returncode == 0 or self._restarts >= self._config.max_restarts:
@@ -137,14 +139,20 @@ class _Supervisor:
     def restarts(self) -> int:
         return self._restarts
 
-    def _spawn(self, env: dict[str, str]) -> subprocess.Popen | None:
+    def _command(self) -> list[str]:
+        """The worker's command line, naming the node Ray placed it on (the router shows it in /health)."""
+        if not ray.is_initialized():  # run() called outside an actor (the supervisor's own tests)
+            return list(self._config.command)
+        return [*self._config.command, "--node-id", ray.get_runtime_context().get_node_id()]
+
+    def _spawn(self, command: list[str], env: dict[str, str]) -> subprocess.Popen | None:
         libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: the child only calls into it
         parent = os.getpid()
         with self._lock:  # under the lock so that a concurrent stop() never misses a fresh child
             if self._stopping.is_set():
                 return None
             self._proc = subprocess.Popen(
-                self._config.command,
+                command,
                 env=env,
                 start_new_session=True,  # own process group: stop can kill the worker's children too
                 preexec_fn=lambda: _set_pdeathsig(parent, libc),
@@ -263,7 +271,8 @@ class RayBackend(WorkerBackend):
             max_restarts=self.max_restarts,
             secret_env=dict(spec.secret_env),
         )
-        actor = _SupervisorActor.options(num_cpus=self.worker_num_cpus, num_gpus=spec.num_gpus).remote(config)
+        options = {"num_cpus": self.worker_num_cpus, "num_gpus": spec.num_gpus, "resources": spec.resources}
+        actor = _SupervisorActor.options(**options).remote(config)
         handle = RayWorkerHandle(spec, actor, actor.run.remote())
         self._handles.append(handle)
         return handle

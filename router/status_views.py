@@ -15,6 +15,7 @@ def _worker_summary(w: WorkerInfo) -> dict:
         "worker_id": w.worker_id,
         "role": w.role,
         "host": w.reg.host,
+        "node_id": w.reg.node_id,
         "pid": w.reg.pid,
         "state": w.state.value,
     }

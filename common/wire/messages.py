@@ -97,6 +97,9 @@ class WorkerRegister(Message):
     max_model_len: Positive
     max_num_batched_tokens: Positive
     model_name: str
+    # The cluster node the worker runs on, as its launcher's backend names it (the Ray node id);
+    # shown in /health so an operator sees where each worker was placed. None: not named.
+    node_id: str | None = None
 
 
 @dataclass

@@ -46,6 +46,7 @@ class WorkerConfig:
     heartbeat_interval_s: float = 0.5
     register_interval_s: float = 2.0
     model_name: str | None = None
+    node_id: str | None = None  # the cluster node the worker runs on (reported at registration)
     curve: CurveKeys | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -88,6 +89,7 @@ WORKER_FLAGS = FlagTable(
         Flag("kv_fetch_timeout_s", float, "decode: give up a transfer after"),
         Flag("heartbeat_interval_s", float, "seconds between heartbeats", option="--heartbeat-interval"),
         Flag("model_name", str, "model name reported at registration", option="--served-model-name"),
+        Flag("node_id", str, "the cluster node it runs on, shown in /health (Ray: the node id)"),
     ),
 )
 

@@ -193,4 +193,5 @@ class WorkerService:
             max_model_len=engine.max_model_len,
             max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
             model_name=cfg.served_model_name,
+            node_id=cfg.node_id,
         )

@@ -2,7 +2,7 @@
 
     python -m tests.unit.deploy.sleeper_worker FILE [--ignore-sigterm]
 
-Appends one JSON line (pid, CUDA_VISIBLE_DEVICES, PDSERVE_TEST_MARK, PDSERVE_TEST_SECRET) to FILE per
+Appends one JSON line (pid, CUDA_VISIBLE_DEVICES, PDSERVE_TEST_MARK, PDSERVE_TEST_SECRET, argv) to FILE per
 start, so restarts show as extra lines, then sleeps until SIGTERM (exit 0), or forever with
 --ignore-sigterm.
 """
@@ -26,6 +26,7 @@ def main(argv: list[str]) -> int:
         "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "mark": os.environ.get("PDSERVE_TEST_MARK"),
         "secret": os.environ.get("PDSERVE_TEST_SECRET"),  # a test value standing in for the CURVE keys
+        "argv": argv,
     }
     with open(path, "a") as f:  # one short write per line: readers never see half a record
         f.write(json.dumps(record) + "\n")

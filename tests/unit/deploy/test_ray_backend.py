@@ -174,6 +174,8 @@ def test_ray_backend_lifecycle(tmp_path, monkeypatch):
         pids += [first["pid"], p0_rec["pid"], d1_rec["pid"]]
         assert first["mark"] == "d0" and running(first["pid"]) and d0.alive()
         assert first["secret"] == "secret-of-d0"  # handed over as the actor's argument, then the environment
+        # The worker is told the Ray node it was placed on (this one-node Ray: the driver's node).
+        assert first["argv"][-2:] == ["--node-id", ray.get_runtime_context().get_node_id()]
         # Two half shares are packed onto one GPU, the whole GPU is the other one.
         assert first["cuda"] == p0_rec["cuda"] and {first["cuda"], d1_rec["cuda"]} == {"0", "1"}
         assert d0.pid() == first["pid"]

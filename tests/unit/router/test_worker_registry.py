@@ -159,3 +159,16 @@ def test_debug_index_shows_the_blocks_each_worker_holds() -> None:
     assert (view["p0"]["kv_blocks_used"], view["p0"]["kv_blocks_total"]) == (0, 100)
     assert (view["d0"]["kv_blocks_used"], view["d0"]["kv_cache_usage"]) == (33, 0.33)
     assert "kv_blocks_used" not in view["d1"]  # no heartbeat yet: unknown, not 0
+
+
+def test_health_names_the_node_each_worker_runs_on() -> None:
+    """The node id a worker registered with (the Ray node, from the Ray backend) is in /health, so an
+    operator sees where each worker was placed; a worker that names none shows null."""
+    from router.status_views import health_report
+
+    reg = WorkerRegistry(heartbeat_timeout=5)
+    reg.register(_reg("p0", "prefill", node_id="node-a"), 0)
+    reg.register(_reg("d0", "decode"), 0)
+    view = {w["worker_id"]: w for w in health_report(reg, healthy=True)["workers"]}
+    assert (view["p0"]["node_id"], view["d0"]["node_id"]) == ("node-a", None)
+    assert (view["p0"]["host"], view["p0"]["pid"]) == ("h", 1)

@@ -33,6 +33,7 @@ EXAMPLES: list[m.Message] = [
         max_model_len=8192,
         max_num_batched_tokens=4096,
         model_name="smol",
+        node_id="a1b2c3",
     ),
     m.WorkerHeartbeat("decode-0", 10, 20, 1, 2, 300, 1700000000.5),
     m.PrefillRequest("r1", [1, 2, 3], GREEDY, "decode-0", "tcp://h:1", None),

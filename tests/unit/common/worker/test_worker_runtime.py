@@ -78,6 +78,8 @@ def test_worker_cli_rejects_bad_values(tmp_path, capsys) -> None:
     base = ["--model", str(tmp_path), "--router-addr", "tcp://127.0.0.1:5555"]
     config, level = parse_worker_args([*base, "--worker-id", "p0", "--max-num-seqs", "4"], ("prefill",))
     assert (config.worker_id, config.role, config.engine.max_num_seqs, level) == ("p0", "prefill", 4, "info")
+    assert config.node_id is None  # named only by a backend that knows the node (Ray)
+    assert parse_worker_args([*base, "--node-id", "n1"], ("prefill",))[0].node_id == "n1"
     for bad, field in ([["--host", "0.0.0.0"], "host"], [["--kv-lease-s", "-1"], "kv_lease_s"]):
         with pytest.raises(SystemExit) as exc:
             parse_worker_args([*base, *bad], ("prefill",))
