@@ -174,7 +174,7 @@ def _register_fields(**over) -> dict:
         ),
         (_token_output(logprobs=[{"logprob": "x", "top": []}]), r"logprobs\[0\]\.logprob must be a float"),
         (_token_output(logprobs=[]), "one entry per token"),
-        (_prefill(sampling={"max_tokens": 0}), "sampling: max_tokens must be in"),
+        (_prefill(sampling={"max_tokens": 0}), "sampling: max_tokens must be >= 1"),
         (_prefill(sampling={"bogus": 1}), "sampling: unknown field 'bogus'"),
         (_prefill(sampling={"stop": "x"}), "sampling.stop must be a list"),
         (_prefill(sampling={"n": 2}), "sampling.n must be 1"),
