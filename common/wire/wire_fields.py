@@ -78,6 +78,13 @@ def field_checkers(cls: type) -> list[tuple[str, Checker]]:
     return _FIELD_CHECKERS[cls]
 
 
+def check_record(record: Any) -> None:
+    """Check every field of a dataclass where it is built (from its `__post_init__`; frozen ones too),
+    so a bad value fails there, not on the far side of a socket."""
+    for name, check in field_checkers(type(record)):
+        object.__setattr__(record, name, check(getattr(record, name), name))
+
+
 def wire_form(value: Any) -> Any:
     """msgpack's `default` hook: a record as the map of its fields (+ "kind"), an enum as its value."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -97,6 +104,7 @@ _SCALARS: dict[type, Callable[[Any], bool]] = {
     bool: lambda v: type(v) is bool,
     dict: lambda v: type(v) is dict and all(type(k) is str for k in v),
     list: lambda v: type(v) is list,
+    bytes: lambda v: type(v) is bytes,
 }
 
 
