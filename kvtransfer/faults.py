@@ -26,7 +26,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .base import Endpoint, TransferResult, TransferStatus
+from common.wire.handoff import HandOff
+
+from .base import TransferResult, TransferStatus
 from .config import KVTransferConfig
 from .peers import KVReceiverSet
 
@@ -92,9 +94,7 @@ class KVFaults:
 class _Held:
     due: float  # monotonic
     kind: str
-    request_id: str
-    endpoint: Endpoint
-    src: list[int]
+    handoff: HandOff
     dst: list[int]
     block_hashes: list[int] | None  # the prompt's chain the transfer is checked against
 
@@ -108,20 +108,15 @@ class FaultyReceiverSet(KVReceiverSet):
         self._held: list[_Held] = []
 
     def fetch(
-        self,
-        request_id: str,
-        endpoint: Endpoint,
-        src: list[int],
-        dst: list[int],
-        block_hashes: Sequence[int] | None = None,
+        self, handoff: HandOff, dst: list[int], block_hashes: Sequence[int] | None = None
     ) -> str | None:
-        kind = self.faults.choose(request_id)
+        kind = self.faults.choose(handoff.request_id)
         if kind is None:
-            return super().fetch(request_id, endpoint, src, dst, block_hashes)
-        log.warning("injected KV fault: %s %s", kind, request_id)
+            return super().fetch(handoff, dst, block_hashes)
+        log.warning("injected KV fault: %s %s", kind, handoff.request_id)
         due = time.monotonic() + self.faults.delay_s
         hashes = list(block_hashes) if block_hashes is not None else None
-        self._held.append(_Held(due, kind, request_id, endpoint, list(src), list(dst), hashes))
+        self._held.append(_Held(due, kind, handoff, list(dst), hashes))
         return None
 
     def poll(self) -> list[TransferResult]:
@@ -132,9 +127,9 @@ class FaultyReceiverSet(KVReceiverSet):
         for held in due:
             error = "injected fault: transfer dropped" if held.kind == "drop" else None
             if error is None:  # a late start; its outcome comes from the transport like any other
-                error = super().fetch(held.request_id, held.endpoint, held.src, held.dst, held.block_hashes)
+                error = super().fetch(held.handoff, held.dst, held.block_hashes)
             if error is not None:
-                results.append(TransferResult(held.request_id, TransferStatus.FAILED, error=error))
+                results.append(TransferResult(held.handoff.request_id, TransferStatus.FAILED, error=error))
         return results
 
 
