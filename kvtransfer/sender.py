@@ -217,6 +217,10 @@ class ZmqSender(KVSender):
     def _claim(self, req: KVFetch) -> Publication:
         """The publication `req` names (request id and nonce), with its lease stretched over the
         receiver's deadline."""
+        try:
+            layout = CacheLayout.from_wire(req.layout)
+        except ValueError as e:
+            raise FetchRejected(f"fetch: {e}") from None
         with self._lock:
             pub = self._pubs.get(req.request_id)
             if pub is None or pub.nonce != req.nonce:
@@ -224,10 +228,7 @@ class ZmqSender(KVSender):
                     f"unknown publication {req.request_id!r} at the sender "
                     "(never published, cancelled, its lease expired, or another nonce)"
                 )
-            try:
-                error = CacheLayout.from_wire(req.layout).mismatch(self._layout)
-            except ValueError as e:
-                error = str(e)
+            error = layout.mismatch(self._layout)
             if error:
                 self._end_locked(req.request_id, TransferStatus.FAILED, error)
                 raise FetchRejected(error)
