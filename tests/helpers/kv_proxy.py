@@ -80,6 +80,16 @@ def flip_a_byte(header: dict, rest: list[bytes]) -> tuple[dict, list[bytes]]:
     return header, rest
 
 
+def swap_served_hashes(header: dict, rest: list[bytes]) -> tuple[dict, list[bytes]]:
+    """Swap the hashes the sender reports for its first two served blocks (tcp): what a sender serving
+    the publication's blocks out of order would report."""
+    binding = header.get("binding")
+    if header.get("type") == "kv_data" and binding:
+        hashes = binding["hashes"]
+        header = {**header, "binding": {**binding, "hashes": [hashes[1], hashes[0], *hashes[2:]]}}
+    return header, rest
+
+
 def redirect_fetch(to: HandOff, from_request: str) -> tuple[Rewrite, Rewrite]:
     """Rewrites that make fetches of `from_request` read the publication `to` (naming it as the sender
     knows it, and relabelling the replies, so the receiver takes them as its own): a transfer meant for

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.wire import messages as m
 from common.wire import kv_messages as kv
-from common.wire.handoff import HandOff, IpcExport, NcclStore
+from common.wire import messages as m
+from common.wire.handoff import HandOff, IpcExport
 from common.wire.hashing import probe_hash
 from common.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from common.wire.logprobs import TokenLogprob
