@@ -2,14 +2,14 @@
 
 Control still goes over ZMQ: the receiver's fetch names its pair (a random id; the first fetch on a
 pair makes both ends rendezvous through the sender's TCPStore). The sender gathers the blocks into one
-contiguous device buffer, replies `ready {nbytes}` and queues the send on the pair's thread; the
-receiver, on `ready`, queues a recv into a buffer of that size on its end of the pair, scatters it
+contiguous device buffer, replies `KVReady(nbytes)` and queues the send on the pair's thread; the
+receiver, on `KVReady`, queues a recv into a buffer of that size on its end of the pair, scatters it
 into the dst blocks, synchronizes and acks. The backend is NCCL for CUDA caches and gloo for CPU ones
 (which is how the protocol is tested without GPUs). Bytes travel as uint8, so every cache dtype works.
 
-Verification (`verify.py`): `ready` carries the binding and the checksums of the blocks served, which the
+Verification (`verify.py`): `KVReady` carries the binding and the checksums of the blocks served, which the
 gather took as it read them (`block_copy.py`: on CUDA one kernel reads each byte once); the receiver
-checks the binding on `ready` (before queueing its recv), and its scatter of the received buffer checks
+checks the binding on `KVReady` (before queueing its recv), and its scatter of the received buffer checks
 the bytes in the same pass: it adds their sums to the negated sent ones on the device, and the job
 fails unless every residual is 0 (read back after the synchronization the scatter already had).
 """

@@ -1,12 +1,12 @@
 """tcp transport: blocks travel as raw ZMQ frames through host memory (works anywhere, CPU included).
 
-The sender answers a fetch with a stream of `data` messages, each a msgpack header plus one raw frame
-holding `count` consecutive requested blocks as [2 * num_layers, count, block_elems] (zero-copy: ZMQ
+The sender answers a `KVFetch` with a stream of `KVData` messages, each a header plus one raw frame
+holding `count` consecutive published blocks as [2 * num_layers, count, block_elems] (zero-copy: ZMQ
 sends straight from the gathered host buffer). Chunks of at most `chunk_bytes` keep every buffer on
 malloc's fast path and let the receiver scatter chunk k while chunk k+1 is still on the wire. The
 receiver checks each chunk's position and size, scatters it, and after the last one acks.
 
-Verification (`verify.py`): a chunk's checksums travel in a small `sums` message right behind its data
+Verification (`verify.py`): a chunk's checksums travel in a small `KVSums` message right behind its data
 frame: the sender computes them over the host buffer after handing the frame to ZMQ, so the work
 overlaps the frame's trip instead of delaying it. The first data header carries the binding (nonce,
 epoch, the hash of each block served) and every one says whether sums follow. The receiver checks the
