@@ -53,10 +53,10 @@ Usage:
     sender = create_sender(transport, kv_cache, cfg); sender.start()
 """
 
-from common.wire.handoff import HandOff
+from common.wire.handoff import TRANSPORTS, HandOff
 
 from .base import KVReceiver, KVSender, Release, TransferResult, TransferStatus
-from .config import TRANSPORTS, KVTransferConfig, resolve_transport
+from .config import KVTransferConfig, resolve_transport
 from .registry import create_receiver, create_sender
 
 __all__ = [

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 
 from common.net.addresses import WILDCARD_HOSTS
 from common.net.curve import CurveKeys
-from common.wire.handoff import TRANSPORTS
+from common.net.transports import KV_TRANSPORT_CHOICES as TRANSPORT_CHOICES
 
-TRANSPORT_CHOICES = (*TRANSPORTS, "auto")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
 
 
