@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args
 
 from common.wire.blocks import check_block_ids
-from common.wire.wire_fields import Count, Hash, Id, MessageError, Positive, check_record
+from common.wire.wire_fields import Count, Id, MaybeHashes, MessageError, Positive, check_record
 
 Transport = Literal["tcp", "ipc", "nccl"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
@@ -42,7 +42,7 @@ class IpcExport:
     expires_at: float  # the lease's end (Unix time); a copy must end before it
     cache: dict  # torch's CUDA IPC export of the sender's whole cache (kvtransfer/cuda_ipc.py)
     block_ids: BlockIds  # the published blocks, in the order their KV is read
-    hashes: list[Hash | None]  # the prompt chain's hash of each block (None: a partly filled one)
+    hashes: MaybeHashes  # the prompt chain's hash of each block (None: a partly filled one)
     sums: bytes | None  # each block's checksum at publish time (kvtransfer/verify.py), None: unverified
 
     def __post_init__(self) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
 from common.wire.codec import Message, decode
-from common.wire.wire_fields import Count, Hash, Id, MessageError, Positive, at_least
+from common.wire.wire_fields import Count, Id, MaybeHashes, MessageError, Positive, at_least
 
 MAX_ERROR_CHARS = 2000
 MAX_HEADER_BYTES = 1 << 20  # headers are small; a bigger one is garbage
@@ -38,7 +38,7 @@ class KVBinding:
 
     nonce: Count
     epoch: Count
-    hashes: list[Hash | None]
+    hashes: MaybeHashes
 
 
 @dataclass(frozen=True)

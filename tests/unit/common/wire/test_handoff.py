@@ -64,3 +64,13 @@ def test_decode_kv_takes_only_kv_control_messages() -> None:
 
 def test_a_peer_error_text_is_bounded() -> None:
     assert len(KVError("r", 1, "x" * (3 * MAX_ERROR_CHARS)).error) == MAX_ERROR_CHARS
+
+
+def test_served_hashes_may_have_gaps_but_no_negatives() -> None:
+    from common.wire.kv_messages import KVBinding, KVReady
+
+    ready = KVReady("r", 1, 8, None, KVBinding(1, 2, [2**64 - 1, None]))
+    assert decode_kv(encode(ready)) == ready
+    for bad, error in (([-1, None], ">= 0"), ([1.5], "list of ints"), ([2**64], "cannot carry")):
+        with pytest.raises(MessageError, match=error):
+            KVReady("r", 1, 8, None, KVBinding(1, 2, bad))
