@@ -21,5 +21,5 @@ def sequence_from_request(engine: LLMEngine, req: DecodeRequest | GenerateReques
 
 
 def transferable(req: DecodeRequest, block_size: int) -> bool:
-    """The sender's blocks cover exactly the prompt (else the transfer is skipped: recompute)."""
-    return len(req.src_block_ids) == blocks_for(len(req.prompt_token_ids), block_size)
+    """The published blocks cover exactly the prompt (else the transfer is skipped: recompute)."""
+    return req.handoff.num_blocks == blocks_for(len(req.prompt_token_ids), block_size)

@@ -37,8 +37,7 @@ class ProbeReceiver:
 
     def start(self, msg: KVProbe) -> KVProbeResult | None:
         """Start timing a probe; a result at once when it cannot start."""
-        n = len(msg.src_block_ids)
-        transport = str(msg.kv_endpoint.get("transport"))
+        n, transport = msg.handoff.num_blocks, msg.handoff.transport
         block_bytes = self._template[:, :, 0].numel() * self._template.element_size()
         if not 0 < n * block_bytes <= MAX_PROBE_BYTES:
             return self._result(msg, transport, error=f"a probe of {n} blocks is empty or too large")
@@ -48,7 +47,7 @@ class ProbeReceiver:
             return self._result(msg, transport, error=error)
         if msg.probe_id in self._pending:
             return None  # a duplicate of a probe in flight: its result will come
-        error = receivers.fetch(msg.probe_id, msg.kv_endpoint, msg.src_block_ids, list(range(n)))
+        error = receivers.fetch(msg.handoff, list(range(n)))
         if error is not None:
             return self._result(msg, transport, error=error)
         self._pending[msg.probe_id] = msg
@@ -62,9 +61,8 @@ class ProbeReceiver:
             msg = self._pending.pop(r.request_id, None)
             if msg is None:
                 continue
-            transport = str(msg.kv_endpoint.get("transport"))
             error = None if r.status is TransferStatus.DONE else (r.error or "failed")
-            out.append(self._result(msg, transport, r.num_bytes, r.seconds, error))
+            out.append(self._result(msg, msg.handoff.transport, r.num_bytes, r.seconds, error))
         return out
 
     def close(self) -> None:

@@ -109,7 +109,7 @@ class DecodeRole(WorkerRole):
             self.pending.append(rid)
             self._admit_pending()
         else:
-            log.warning("%s: src_block_ids do not cover the prompt; recomputing it here", rid)
+            log.warning("%s: the hand-off does not cover the prompt; recomputing it here", rid)
             self.engine.add_sequence(seq)
 
     def probe(self, msg: Message) -> None:
@@ -217,11 +217,11 @@ class DecodeRole(WorkerRole):
 
     def _start_fetch(self, job: DecodeJob) -> None:
         req, seq = job.request, job.seq
-        dst = self.engine.prompt_block_ids(seq)  # as many as src_block_ids: see `transferable`
+        dst = self.engine.prompt_block_ids(seq)  # as many as were published: see `transferable`
         job.fetch_started_at = time.monotonic()
         # The chain comes from the prompt's own tokens, not from the sender: what arrives must match it.
         chain = seq.full_block_hashes(seq.num_prompt_tokens)
-        error = self.kv.fetch(req.request_id, req.kv_endpoint, req.src_block_ids, dst, chain)
+        error = self.kv.fetch(req.handoff, dst, chain)
         if error is not None:
             job.log.warning("%s: cannot fetch KV (%s); recomputing the prompt here", req.request_id, error)
             self.engine.fail_transfer(seq)

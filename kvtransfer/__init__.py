@@ -5,47 +5,47 @@ Cache contract: each worker holds one tensor `kv_cache` of shape
 `kv_cache[:, :, b]`. Both ends agree on everything but `num_blocks`; the dtype and block shape are
 checked when a fetch arrives and a mismatch fails that request with a message saying which differs.
 
-Protocol (pull after notice), the same for every transport:
+Protocol (pull after notice), the same for every transport; its messages are `common.wire`'s:
 
-1. Prefill: `sender.publish(request_id, src_block_ids, lease_s, block_hashes)` pins the blocks, then
-   the prefill worker's own control channel sends the decode worker a notice with the endpoint it
-   returned (a msgpack-able dict: {"transport", "address" (the sender's ZMQ ROUTER, `tcp://host:port`),
-   "epoch", "nonce", ...transport keys}) and the src block ids.
-2. Decode: allocates destination blocks and calls `receiver.fetch(request_id, endpoint, src_block_ids,
-   dst_block_ids, timeout_s, block_hashes)`, which returns at once. The receiver's I/O thread sends a
-   fetch request (msgpack: request id, attempt number, src ids, its dtype and block shape, its timeout)
-   over a DEALER socket it keeps per sender.
-3. The sender's I/O thread checks the publication and layout, stretches the lease over the receiver's
-   deadline, and moves the bytes the transport's way:
+1. Prefill: `sender.publish(request_id, src_block_ids, lease_s, block_hashes)` pins the blocks and
+   returns a `HandOff` (common/wire/handoff.py: transport, the sender's control address
+   `tcp://host:port`, request id, nonce, epoch, number of blocks, and the transport's own part); the
+   prefill worker's control channel sends it to the decode worker inside its `DecodeRequest`.
+2. Decode: allocates as many destination blocks and calls `receiver.fetch(handoff, dst_block_ids,
+   timeout_s, block_hashes)`, which returns at once. The receiver's I/O thread sends a `KVFetch`
+   (common/wire/kv_messages.py: request id, nonce, attempt number, its dtype and block shape, its
+   timeout) over a DEALER socket it keeps per sender. The fetch names only the publication: the sender
+   serves the blocks it published, in order, so block ids never travel to the decode side and back.
+3. The sender's I/O thread checks the publication (request id and nonce) and layout, stretches the
+   lease over the receiver's deadline, and moves the bytes the transport's way:
    - tcp:  gathers the blocks (index_select) into host memory (pinned on CUDA) and replies with chunks
-           of msgpack header + one raw zero-copy frame; the receiver scatters each with index_copy_.
-   - ipc:  (same host, CUDA) the endpoint carries a CUDA IPC handle of the whole cache, opened once per
-           sender; the sender replies "ready" and the receiver copies src -> dst blocks on the GPU itself.
+           of `KVData` header + one raw zero-copy frame; the receiver scatters each with index_copy_.
+   - ipc:  (same host, CUDA) the hand-off's `IpcExport` carries a CUDA IPC handle of the whole cache
+           (opened once per sender) and the published block ids; nothing is fetched: the receiver
+           copies src -> dst blocks on the GPU itself and tells the sender `KVCopied`.
    - nccl: (across GPUs; gloo on CPU for tests) a two-rank process group per sender/receiver pair,
-           rendezvous through a TCPStore the sender serves on an ephemeral port; the sender gathers the
-           blocks into one buffer and `send`s it after replying "ready"; the receiver `recv`s and scatters.
-4. When the dst blocks hold the data (copy stream synchronized), the receiver acks and `poll()` reports
-   DONE; the sender's `poll_released()` then reports DONE and the prefill engine unpins the blocks.
-   Any failure (timeout, dead sender, unknown request or expired lease, layout mismatch, malformed
-   frames) is reported as FAILED with an error string on whichever side sees it; the receiver tells the
-   sender so it releases at once instead of at lease expiry. Nothing in the engine's thread blocks or
-   raises for such failures; garbage from a peer fails at most the request it names.
+           rendezvous through a TCPStore the sender serves on an ephemeral port (`NcclStore`); the
+           sender gathers the blocks into one buffer and `send`s it after replying `KVReady`; the
+           receiver `recv`s and scatters.
+4. When the dst blocks hold the data (copy stream synchronized), the receiver sends `KVAck` and `poll()`
+   reports DONE; the sender's `poll_released()` then reports DONE and the prefill engine unpins the
+   blocks. Any failure (timeout, dead sender, unknown publication or expired lease, layout mismatch,
+   malformed frames) is reported as FAILED with an error string on whichever side sees it; the
+   receiver tells the sender (`KVError`) so it releases at once instead of at lease expiry. Nothing in
+   the engine's thread blocks or raises for such failures; garbage from a peer fails at most the
+   request it names.
 
-Verified hand-offs (`verify.py`): the endpoint `publish()` returns carries the sender's `epoch` and the
+Verified hand-offs (`verify.py`): the hand-off `publish()` returns carries the sender's `epoch` and the
 publication's `nonce`; replies repeat them with the hash the publication recorded for each served block
-and a checksum per block of the bytes read; the receiver checks all of it (against the endpoint, the
+and a checksum per block of the bytes read; the receiver checks all of it (against the hand-off, the
 prompt's chain `block_hashes` it was given, and its own checksums of what arrived) before DONE, and
 fails the transfer otherwise. With `KVTransferConfig.curve` every socket runs ZMQ CURVE
 (`common/net/curve.py`): only holders of the cluster's keys can fetch.
 
-Endpoint dicts (msgpack-able; bytes stay bytes; `publish()` adds "nonce", ipc more, see ipc.py):
-    tcp:  {"transport": "tcp",  "address": "tcp://127.0.0.1:41234", "epoch": int}
-    ipc:  {"transport": "ipc",  "address": ..., "num_blocks": int,
-           "handle": {"size", "stride", "offset", "dtype", "device", "handle": bytes, "storage_bytes",
-                      "storage_offset", "ref_counter_handle": bytes, "ref_counter_offset",
-                      "event_handle": bytes, "event_sync"}}      (torch's CUDA IPC export of the cache)
-    nccl: {"transport": "nccl", "address": ..., "store_host": str, "store_port": int,
-           "backend": "nccl" | "gloo"}
+Adding a transport: a `ZmqSender` / `ZmqReceiver` pair (sender.py, receiver.py: `_serve`,
+`_on_reply` and the other hooks), its name in `common/wire/handoff.py`'s `Transport` (and its part of
+`HandOff`, if receivers need more than the address), its entry in `registry.py`, and its choice in
+`config.resolve_transport`.
 
 Usage:
     from kvtransfer import KVTransferConfig, create_sender, create_receiver, resolve_transport
@@ -53,13 +53,15 @@ Usage:
     sender = create_sender(transport, kv_cache, cfg); sender.start()
 """
 
-from .base import Endpoint, KVReceiver, KVSender, Release, TransferResult, TransferStatus
-from .config import TRANSPORTS, KVTransferConfig, resolve_transport
+from common.wire.handoff import TRANSPORTS, HandOff
+
+from .base import KVReceiver, KVSender, Release, TransferResult, TransferStatus
+from .config import KVTransferConfig, resolve_transport
 from .registry import create_receiver, create_sender
 
 __all__ = [
     "TRANSPORTS",
-    "Endpoint",
+    "HandOff",
     "KVReceiver",
     "KVSender",
     "KVTransferConfig",

@@ -26,9 +26,11 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
+
+from common.wire.handoff import HandOff, Transport
 
 
 class TransferStatus(enum.Enum):
@@ -67,23 +69,14 @@ class Release:
     error: str | None = None
 
 
-# What a sender tells receivers about how to reach it: msgpack-able (str keys; str/int/float/bytes/list
-# values). Always holds "transport" and "address"; transports add their own keys.
-Endpoint = dict[str, Any]
-
-
 class KVSender(ABC):
     """Prefill side: publishes pinned blocks and serves receivers' pulls in a background thread."""
 
-    transport: ClassVar[str]
+    transport: ClassVar[Transport]
 
     @abstractmethod
     def start(self) -> None:
         """Bind the sockets and start the background thread."""
-
-    @abstractmethod
-    def endpoint(self) -> Endpoint:
-        """How receivers reach this sender (valid after `start()`); send it in the notice."""
 
     @abstractmethod
     def publish(
@@ -92,13 +85,14 @@ class KVSender(ABC):
         src_block_ids: list[int],
         lease_s: float | None = None,
         block_hashes: Sequence[int] = (),
-    ) -> Endpoint:
+    ) -> HandOff:
         """Offer blocks for one request until acknowledged or `lease_s` (default: config) passes.
 
         `block_hashes`: the prompt chain's hash of each full block, in `src_block_ids` order (the
         last block may be partly filled and has none); receivers check them (`verify.py`).
-        Returns the endpoint to put in this request's notice: `endpoint()` plus what binds a transfer
-        to this publication (its nonce; for ipc, whose receivers read without asking, more)."""
+        Returns the hand-off to put in this request's notice: where the sender is and what binds a
+        transfer to this publication (its nonce; for ipc, whose receivers read without asking, more).
+        Receivers fetch by it alone: the sender serves `src_block_ids` in this order."""
 
     @abstractmethod
     def cancel(self, request_id: str) -> bool:
@@ -126,7 +120,7 @@ class KVSender(ABC):
 class KVReceiver(ABC):
     """Decode side: pulls published blocks into pre-allocated destination blocks in the background."""
 
-    transport: ClassVar[str]
+    transport: ClassVar[Transport]
 
     @abstractmethod
     def start(self) -> None:
@@ -135,20 +129,20 @@ class KVReceiver(ABC):
     @abstractmethod
     def fetch(
         self,
-        request_id: str,
-        sender_endpoint: Endpoint,
-        src_block_ids: list[int],
+        handoff: HandOff,
         dst_block_ids: list[int],
         timeout_s: float | None = None,
         block_hashes: Sequence[int] | None = None,
     ) -> None:
-        """Start copying the sender's `src_block_ids` into `dst_block_ids` (same order); returns at once.
+        """Start copying the publication `handoff` names into `dst_block_ids` (as many blocks, in the
+        order they were published); returns at once. Results are reported under `handoff.request_id`.
 
         `block_hashes`: the prompt's chain (full blocks), which the blocks served must match; None skips
         that check (nonce, epoch and checksums are checked regardless, see `verify.py`).
 
-        Raises ValueError only if `request_id` already has a transfer in flight; every other problem
-        (bad endpoint, bad ids, the sender, the network, `timeout_s`) is reported as FAILED by `poll`."""
+        Raises ValueError only if the request already has a transfer in flight; every other problem
+        (a hand-off of another transport, bad ids, the sender, the network, `timeout_s`) is reported as
+        FAILED by `poll`."""
 
     @abstractmethod
     def poll(self) -> list[TransferResult]:

@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 
 from common.net.addresses import WILDCARD_HOSTS
 from common.net.curve import CurveKeys
+from common.net.transports import KV_TRANSPORT_CHOICES as TRANSPORT_CHOICES
 
-TRANSPORTS = ("tcp", "ipc", "nccl")
-TRANSPORT_CHOICES = (*TRANSPORTS, "auto")
 DIST_BACKENDS = ("auto", "nccl", "gloo")
 
 
@@ -17,9 +16,10 @@ DIST_BACKENDS = ("auto", "nccl", "gloo")
 class KVTransferConfig:
     """Settings shared by senders and receivers.
 
-    - `host`: the interface the sender binds; its ports are always ephemeral and reported by
-      `endpoint()`. On a receiver of the nccl transport over gloo, the interface gloo listens on.
-    - `advertise_host`: the address written into the endpoint for peers to dial (default: `host`, or
+    - `host`: the interface the sender binds; its ports are always ephemeral and reported in the
+      hand-offs `KVSender.publish` returns. On a receiver of the nccl transport over gloo, the
+      interface gloo listens on.
+    - `advertise_host`: the address written into hand-offs for peers to dial (default: `host`, or
       this machine's name when `host` is a wildcard).
     - `lease_s`: how long a publication stays pinned without an acknowledgement.
     - `fetch_timeout_s`: the default bound on one fetch, end to end.

@@ -2,29 +2,30 @@
 without a per-request round trip.
 
 The sender exports its whole cache once through CUDA IPC (torch's own `reduce_tensor`, the mechanism
-torch.multiprocessing uses) and puts the handle in its endpoint; each receiver opens it once per sender
-and keeps the mapping. `publish()` waits until the engine's writes to the blocks are done (they are by
-then: the prefill engine has already read the sampled first token back) and returns a publication
-endpoint that binds the read to this request: its id, the sender's pid and the lease's end (Unix time).
+torch.multiprocessing uses) and puts the handle in every hand-off's `IpcExport`; each receiver opens it
+once per sender and keeps the mapping. `publish()` waits until the engine's writes to the blocks are
+done (they are by then: the prefill engine has already read the sampled first token back) and returns
+a hand-off that binds the read to this publication: the published block ids (the one transport whose
+receiver must know them: it reads them itself), the sender's pid and the lease's end (Unix time).
 
 The receiver needs nothing more from the sender. `fetch()` only queues; `flush()` (and `poll()`)
 issues ONE block copy (a single-pass kernel, `block_copy.py`) per sender for every queued fetch, on the
 receiver's copy stream behind the engine's pending work on the destination blocks, and records an
-event; `poll()` reports the batch DONE once the event has fired and posts one `done` message per sender
-(which releases the publications there). So a hand-off costs the engine thread one kernel launch per
+event; `poll()` reports the batch DONE once the event has fired and posts one `KVCopied` message per
+sender (which releases the publications there). So a hand-off costs the engine thread one kernel launch per
 batch, and neither engine ever waits on the other. A copy that would start or end past the lease
 (minus a margin), or whose sender process is gone, fails instead: the sender may have reused the
 blocks, so the decode worker recomputes.
 
-Verification (`verify.py`): the publication endpoint also lists the published block ids with their
-prompt-chain hashes and their checksums, taken on the sender's GPU when it publishes (one read-only pass
+Verification (`verify.py`): the hand-off's `IpcExport` also lists the published blocks' prompt-chain
+hashes and their checksums, taken on the sender's GPU when it publishes (one read-only pass
 of the block kernel; the engine's writes are done by then). The receiver's copy is the checking one:
 the kernel adds the sums of what it copied to the negated sent sums, on the device, and one small
 asynchronous read-back of those residuals rides with the batch's event, so a verified batch issues the
 same one launch and waits for nothing more than an unverified one. The chain check (the hashes of the
 blocks copied against the prompt's chain) runs on the host while the copy runs; a job that fails it is
 reported when its batch settles, since the copy writes its dst blocks until then. A block the sender
-reused after publishing fails the checksum. The nonce and epoch travel in the endpoint too, but with no
+reused after publishing fails the checksum. The nonce and epoch travel in the hand-off too, but with no
 reply from the sender there is nothing to compare them with: the pid and lease checks play the epoch's
 part here.
 
@@ -41,17 +42,21 @@ from dataclasses import dataclass
 import torch
 
 from common.net.process import process_alive
+from common.wire.blocks import check_block_ids
+from common.wire.codec import Message, encode
+from common.wire.handoff import HandOff, IpcExport
+from common.wire.kv_messages import KVBinding, KVCopied, KVError
+from common.wire.wire_fields import MessageError
 
-from .base import Endpoint, TransferResult, TransferStatus
+from .base import TransferResult, TransferStatus
 from .block_copy import copy_blocks
 from .config import KVTransferConfig
 from .cuda_ipc import HANDLE_KEYS, MappedCaches, require_cuda_cache
 from .device import host_buffer
 from .jobs import Job
-from .layout import CacheLayout, parse_block_ids
+from .layout import CacheLayout
 from .receiver import ZmqReceiver
 from .verify import VerificationFailed, check_residuals, unpack_sums
-from .wire import DONE, Header, ProtocolError, encode, encode_error
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +107,7 @@ class IpcReceiver(ZmqReceiver):
         queued, self._queued = self._queued, []
         by_sender: dict[bytes, list[Job]] = {}
         for job in queued:
-            by_sender.setdefault(job.endpoint["handle"]["handle"], []).append(job)
+            by_sender.setdefault(_ipc(job).cache["handle"], []).append(job)
         for jobs in by_sender.values():
             self._copy(jobs)
 
@@ -127,14 +132,10 @@ class IpcReceiver(ZmqReceiver):
         if gone:
             log.info("closed the cache mappings of senders that exited: pids %s", gone)
 
-    def _validate_endpoint(self, endpoint: Endpoint) -> str | None:
-        handle = endpoint.get("handle")
-        if not isinstance(handle, dict) or any(k not in handle for k in HANDLE_KEYS):
-            return "ipc sender_endpoint needs a 'handle' map with the exported cache"
-        if not isinstance(endpoint.get("rid"), str) or not _is_number(endpoint.get("expires_at")):
-            return "ipc sender_endpoint must be the one publish() returned for this request"
-        if type(endpoint.get("pid")) is not int:
-            return "ipc sender_endpoint needs the sender's 'pid'"
+    def _validate_handoff(self, handoff: HandOff) -> str | None:
+        cache = handoff.ipc.cache if handoff.ipc is not None else {}  # HandOff sets it exactly for ipc
+        if any(k not in cache for k in HANDLE_KEYS) or type(cache["handle"]) is not bytes:
+            return "the ipc hand-off's cache is not a CUDA IPC export of a cache"
         return None
 
     def _copy(self, jobs: list[Job]) -> None:
@@ -166,8 +167,8 @@ class IpcReceiver(ZmqReceiver):
         if verify:
             for job in live:
                 self._bind(job)
-        expires = min(float(j.endpoint["expires_at"]) for j in live)
-        pid = live[0].endpoint["pid"]
+        expires = min(_ipc(j).expires_at for j in live)
+        pid = _ipc(live[0]).pid
         self._copying.append(CopyBatch(live[0].address, live, event, expires, pid, sent, residuals))
 
     def _source_of(self, live: list[Job]) -> torch.Tensor | None:
@@ -176,7 +177,7 @@ class IpcReceiver(ZmqReceiver):
             return None
         try:
             return self._source(live[0])
-        except ProtocolError as e:
+        except MessageError as e:
             for job in live:
                 self._fail_direct(job, str(e))
             return None
@@ -185,7 +186,7 @@ class IpcReceiver(ZmqReceiver):
     def _plan(live: list[Job], sent: torch.Tensor | None) -> torch.Tensor:
         """The copy's src ids, dst ids and (verifying) negated sent sums as one pinned [2 or 3, n] tensor:
         one asynchronous upload, where pageable memory would wait for the copy stream to drain."""
-        rows = torch.tensor([[b for j in live for b in j.src], [b for j in live for b in j.dst]])
+        rows = torch.tensor([[b for j in live for b in _ipc(j).block_ids], [b for j in live for b in j.dst]])
         if sent is not None:
             rows = torch.cat([rows, sent.neg().unsqueeze(0)])
         return rows.pin_memory()
@@ -193,50 +194,36 @@ class IpcReceiver(ZmqReceiver):
     def _take_sums(self, job: Job) -> bool:
         """Put the sender's checksums of the blocks to copy in job.state["sent"] (False: it has none,
         the job failed)."""
-        blocks = job.endpoint.get("blocks")
+        ipc = _ipc(job)
         try:
-            if not isinstance(blocks, list):
-                raise VerificationFailed("the endpoint lists no published blocks")
-            sums = unpack_sums(job.endpoint.get("sums"), len(blocks))
-            if blocks != job.src:
-                where = {b: i for i, b in enumerate(blocks)}
-                if any(b not in where for b in job.src):
-                    raise VerificationFailed("the sender published no checksums for some blocks asked for")
-                sums = sums[[where[b] for b in job.src]]
-        except (VerificationFailed, TypeError) as e:
+            job.state["sent"] = unpack_sums(ipc.sums, len(ipc.block_ids))
+        except VerificationFailed as e:
             self._fail_direct(job, f"verification failed: {e}")
             return False
-        job.state["sent"] = sums
         return True
 
     def _bind(self, job: Job) -> None:
         """Check that the copied blocks are the prompt's (their hashes at publish time vs its chain). A
         failure is reported when the copy settles, not now: the copy still writes the job's dst blocks."""
-        ep = job.endpoint
+        handoff = job.handoff
         try:
-            blocks, hashes = ep.get("blocks"), ep.get("hashes")
-            if blocks != job.src:
-                published = dict(zip(blocks or [], hashes or [], strict=True))
-                hashes = [published.get(b) for b in job.src]
-            self._check_binding(job, {**ep, "hashes": hashes})
-        except (VerificationFailed, ValueError, TypeError) as e:
+            self._check_binding(job, KVBinding(handoff.nonce, handoff.epoch, _ipc(job).hashes))
+        except VerificationFailed as e:
             job.state["unbound"] = f"verification failed: {e}"
 
     def _still_valid(self, job: Job, now: float) -> bool:
-        ep = job.endpoint
-        if ep["rid"] != job.request_id:
-            self._fail_direct(job, f"endpoint was published for request {ep['rid']!r}, not this one")
-        elif float(ep["expires_at"]) - LEASE_MARGIN_S <= now:
+        ipc = _ipc(job)
+        if ipc.expires_at - LEASE_MARGIN_S <= now:
             self._fail_direct(job, "the sender's lease ran out before the copy could start")
-        elif not process_alive(ep["pid"]):
-            self._fail_direct(job, f"sender process {ep['pid']} is gone", notify=False)
+        elif not process_alive(ipc.pid):
+            self._fail_direct(job, f"sender process {ipc.pid} is gone", notify=False)
         else:
             return True
         return False
 
     def _ids_fit(self, job: Job, num_src_blocks: int) -> bool:
         try:
-            parse_block_ids("src_block_ids", job.src, num_src_blocks)
+            check_block_ids("ipc.block_ids", _ipc(job).block_ids, num_src_blocks)
         except ValueError as e:
             self._fail_direct(job, f"{e} (the sender has {num_src_blocks} blocks)")
             return False
@@ -259,7 +246,7 @@ class IpcReceiver(ZmqReceiver):
             job.num_bytes = len(job.dst) * self._layout.block_bytes
             self._book.finish(job, TransferStatus.DONE, None)
             rids.append(job.request_id)
-        self._post(batch.address, [encode(DONE, "", 0, rids=rids)])
+        self._post(batch.address, [encode(KVCopied(rids))])
 
     @staticmethod
     def _mismatch(batch: CopyBatch, first: int, end: int) -> str | None:
@@ -273,16 +260,16 @@ class IpcReceiver(ZmqReceiver):
         return None
 
     def _fail_direct(self, job: Job, error: str, notify: bool = True) -> None:
-        if notify and isinstance(job.endpoint, dict) and isinstance(job.endpoint.get("address"), str):
-            self._post(job.address, [encode_error(job.request_id, 0, error)])  # the sender releases now
+        if notify:  # the sender releases now
+            self._post(job.address, [encode(KVError(job.request_id, 0, error))])
         self._book.finish(job, TransferStatus.FAILED, error)
 
     def _source(self, job: Job) -> torch.Tensor:
-        ep = job.endpoint
+        ipc = _ipc(job)
         try:
-            src, fresh = self._mapped.get(ep["handle"], ep["pid"], self._kv.device)
+            src, fresh = self._mapped.get(ipc.cache, ipc.pid, self._kv.device)
         except Exception as e:
-            raise ProtocolError(f"cannot open the sender's CUDA IPC handle: {e}") from None
+            raise MessageError(f"cannot open the sender's CUDA IPC handle: {e}") from None
         if fresh:
             error = (
                 f"the sender's shared cache has shape {list(src.shape)}"
@@ -290,14 +277,14 @@ class IpcReceiver(ZmqReceiver):
                 else self._layout.mismatch(CacheLayout.of(src))
             )
             if error:
-                self._mapped.forget(ep["handle"])
-                raise ProtocolError(error)
+                self._mapped.forget(ipc.cache)
+                raise MessageError(error)
         return src
 
     # ---- I/O thread -------------------------------------------------------------------------------
 
-    def _on_reply(self, job: Job, header: Header, frames: list) -> None:
-        raise ProtocolError(f"unexpected {header.kind!r} message: ipc fetches are never sent")
+    def _on_reply(self, job: Job, msg: Message, frames: list) -> None:
+        raise MessageError(f"unexpected {msg.TYPE!r} message: ipc fetches are never sent")
 
     def _shutdown_transport(self) -> None:
         self._mapped.clear()
@@ -309,5 +296,7 @@ class IpcReceiver(ZmqReceiver):
         self._queued, self._copying = [], []
 
 
-def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def _ipc(job: Job) -> IpcExport:
+    """The ipc part of a job's hand-off (`_validate_handoff` let only ipc hand-offs in)."""
+    assert job.handoff.ipc is not None
+    return job.handoff.ipc

@@ -13,17 +13,17 @@ from typing import Any
 import torch
 import zmq
 
-from .base import Endpoint, TransferResult, TransferStatus
+from common.wire.handoff import HandOff
+
+from .base import TransferResult, TransferStatus
 
 STATUS_HISTORY = 4096  # finished requests whose status() is still remembered
 
 
 @dataclass(eq=False)
 class Job:
-    request_id: str
+    handoff: HandOff  # the publication fetched
     xid: int  # this attempt's number: replies to an earlier attempt of the same request are stale
-    endpoint: Endpoint
-    src: list[int]
     dst: list[int]
     timeout_s: float
     started: float
@@ -39,8 +39,12 @@ class Job:
         return self.started + self.timeout_s
 
     @property
+    def request_id(self) -> str:
+        return self.handoff.request_id
+
+    @property
     def address(self) -> str:
-        return self.endpoint["address"]
+        return self.handoff.address
 
 
 class StatusBook:

@@ -7,11 +7,11 @@ magnitude faster on it than on the 6-d tensor (measured on CPU), and one call mo
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from common.wire.kv_messages import BlockLayout
 
 _DTYPES = {
     str(dt).removeprefix("torch."): dt
@@ -35,21 +35,16 @@ class CacheLayout:
         _, layers, _, block_size, heads, head_dim = kv_cache.shape
         return cls(str(kv_cache.dtype).removeprefix("torch."), layers, block_size, heads, head_dim)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> BlockLayout:
         shape = [self.num_layers, self.block_size, self.num_kv_heads, self.head_dim]
-        return {"dtype": self.dtype, "shape": shape}
+        return BlockLayout(self.dtype, shape)
 
     @classmethod
-    def from_wire(cls, value: object) -> CacheLayout:
-        """Parse a peer's layout; ValueError on anything malformed (peers may send garbage)."""
-        if not isinstance(value, dict):
-            raise ValueError("layout must be a map")
-        dtype, shape = value.get("dtype"), value.get("shape")
-        if not isinstance(dtype, str) or dtype not in _DTYPES:
-            raise ValueError(f"layout.dtype {dtype!r} is not a supported dtype")
-        if not isinstance(shape, list) or len(shape) != 4 or not all(_is_positive_int(x) for x in shape):
-            raise ValueError(f"layout.shape must be 4 positive ints, got {shape!r}")
-        return cls(dtype, *shape)
+    def from_wire(cls, value: BlockLayout) -> CacheLayout:
+        """A peer's layout (the codec checked its form); ValueError for a dtype this side cannot hold."""
+        if value.dtype not in _DTYPES:
+            raise ValueError(f"layout.dtype {value.dtype!r} is not a supported dtype")
+        return cls(value.dtype, *value.shape)
 
     def mismatch(self, other: CacheLayout) -> str | None:
         """Why blocks of `other` cannot be copied into blocks of `self`, or None."""
@@ -58,7 +53,7 @@ class CacheLayout:
         if self != other:
             return (
                 "block shape mismatch [num_layers, block_size, num_kv_heads, head_dim]: "
-                f"sender {other.to_wire()['shape']}, receiver {self.to_wire()['shape']}"
+                f"sender {other.to_wire().shape}, receiver {self.to_wire().shape}"
             )
         return None
 
@@ -90,23 +85,6 @@ def flat_view(kv_cache: torch.Tensor) -> torch.Tensor:
     return kv_cache.view(two * layers, num_blocks, -1)
 
 
-def parse_block_ids(name: str, ids: object, num_blocks: int | None) -> list[int]:
-    """`ids` as a list of distinct block ids in [0, num_blocks); ValueError naming `name` otherwise."""
-    if not isinstance(ids, (list, tuple)) or not ids:
-        raise ValueError(f"{name} must be a non-empty list of ints")
-    try:
-        out = [operator.index(b) for b in ids if not isinstance(b, bool)]
-    except TypeError:
-        out = []
-    if len(out) != len(ids):
-        raise ValueError(f"{name} must contain only ints")
-    if min(out) < 0 or (num_blocks is not None and max(out) >= num_blocks):
-        raise ValueError(f"{name} must lie in [0, {num_blocks}), got min {min(out)} max {max(out)}")
-    if len(set(out)) != len(out):
-        raise ValueError(f"{name} must not repeat a block")
-    return out
-
-
 def gather(kv_cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Blocks `index` (a long tensor on the cache's device) as one contiguous [2L, n, block_elems] tensor."""
     flat = flat_view(kv_cache)
@@ -125,7 +103,3 @@ def _words(blocks: torch.Tensor) -> torch.Tensor:
     if blocks.shape[-1] * blocks.element_size() % 8 or blocks.element_size() >= 8:
         return blocks
     return blocks.view(torch.uint8).view(torch.int64)
-
-
-def _is_positive_int(x: object) -> bool:
-    return type(x) is int and x > 0

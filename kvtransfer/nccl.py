@@ -2,14 +2,14 @@
 
 Control still goes over ZMQ: the receiver's fetch names its pair (a random id; the first fetch on a
 pair makes both ends rendezvous through the sender's TCPStore). The sender gathers the blocks into one
-contiguous device buffer, replies `ready {nbytes}` and queues the send on the pair's thread; the
-receiver, on `ready`, queues a recv into a buffer of that size on its end of the pair, scatters it
+contiguous device buffer, replies `KVReady(nbytes)` and queues the send on the pair's thread; the
+receiver, on `KVReady`, queues a recv into a buffer of that size on its end of the pair, scatters it
 into the dst blocks, synchronizes and acks. The backend is NCCL for CUDA caches and gloo for CPU ones
 (which is how the protocol is tested without GPUs). Bytes travel as uint8, so every cache dtype works.
 
-Verification (`verify.py`): `ready` carries the binding and the checksums of the blocks served, which the
+Verification (`verify.py`): `KVReady` carries the binding and the checksums of the blocks served, which the
 gather took as it read them (`block_copy.py`: on CUDA one kernel reads each byte once); the receiver
-checks the binding on `ready` (before queueing its recv), and its scatter of the received buffer checks
+checks the binding on `KVReady` (before queueing its recv), and its scatter of the received buffer checks
 the bytes in the same pass: it adds their sums to the negated sent ones on the device, and the job
 fails unless every residual is 0 (read back after the synchronization the scatter already had).
 """
@@ -24,7 +24,11 @@ from typing import Any
 
 import torch
 
-from .base import Endpoint
+from common.wire.codec import Message, encode
+from common.wire.handoff import HandOff, NcclStore
+from common.wire.kv_messages import KVError, KVFetch, KVReady
+from common.wire.wire_fields import MessageError
+
 from .block_copy import scatter_blocks
 from .config import WILDCARD_HOSTS
 from .device import wait_event
@@ -34,7 +38,6 @@ from .publication import FetchRejected, Publication
 from .receiver import ZmqReceiver
 from .sender import ZmqSender
 from .verify import VerificationFailed, check_residuals, unpack_sums
-from .wire import READY, FetchRequest, Header, ProtocolError, encode, encode_error
 
 MAX_DEAD_PAIRS = 1024
 
@@ -42,7 +45,7 @@ MAX_DEAD_PAIRS = 1024
 class NcclSender(ZmqSender):
     transport = "nccl"
 
-    def _start_transport(self) -> Endpoint:
+    def _start_transport(self) -> None:
         self._backend = resolve_backend(self._config.dist_backend, self._kv.device)
         self._iface = self._advertise_host()
         bind = self._iface if self._config.host in WILDCARD_HOSTS else self._config.host
@@ -51,26 +54,27 @@ class NcclSender(ZmqSender):
         self._dead_pairs: dict[str, None] = {}  # ordered set, bounded
         self._send_failures: queue.SimpleQueue = queue.SimpleQueue()
         self._retired: list[PairGroup] = []  # closed pairs whose threads may still be tearing down
-        return {"store_host": self._iface, "store_port": self._store.port, "backend": self._backend}
+        self._store_record = NcclStore(self._iface, self._store.port, self._backend)  # type: ignore[arg-type]
 
-    def _claim(self, req: FetchRequest) -> Publication:
+    def _handoff_part(self, pub: Publication) -> NcclStore:
+        return self._store_record
+
+    def _claim(self, req: KVFetch) -> Publication:
         # The pair comes first: the receiver's end is already waiting to rendezvous, even if this
         # particular fetch is then refused.
-        self._drop_pairs(req.fields.get("drop"))
-        self._pair(req.fields.get("pair"))
+        self._drop_pairs(req.drop_pairs)
+        self._pair(req.pair)
         return super()._claim(req)
 
-    def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
-        pair = self._pair(req.fields["pair"])
+    def _serve(self, ident: bytes, req: KVFetch, pub: Publication) -> None:
+        pair = self._pair(req.pair)
         verify = self._config.verify
-        read = self._read_blocks(req.request_id, pub, req.src_block_ids, to_host=False, checksum=verify)
+        read = self._read_blocks(req.request_id, pub, pub.block_ids, to_host=False, checksum=verify)
         if read is None:
             raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
         payload = read.blocks.view(-1).view(torch.uint8)
-        binding = pub.binding(self._epoch, req.src_block_ids)
-        self._reply(
-            ident, [encode(READY, req.request_id, req.xid, nbytes=payload.numel(), sums=read.sums, **binding)]
-        )
+        ready = KVReady(req.request_id, req.xid, payload.numel(), read.sums, pub.binding(self._epoch))
+        self._reply(ident, [encode(ready)])
         deadline = time.monotonic() + req.timeout_s
         failure = (ident, req.request_id, req.xid)
         pair.submit(
@@ -82,9 +86,9 @@ class NcclSender(ZmqSender):
         work = group.send([payload], 1, 0)
         wait_work(work, self._backend, deadline, pair.is_broken)
 
-    def _pair(self, pair_id: object) -> PairGroup:
-        if not isinstance(pair_id, str) or not 8 <= len(pair_id) <= 64:
-            raise ProtocolError("fetch: field 'pair' must be a pair id string")
+    def _pair(self, pair_id: str | None) -> PairGroup:
+        if pair_id is None or not 8 <= len(pair_id) <= 64:
+            raise FetchRejected("an nccl fetch must name its pair (an id of 8 to 64 characters)")
         if pair_id in self._dead_pairs:
             raise FetchRejected(f"pair {pair_id} is broken; start a new one", pair_broken=True)
         pair = self._pairs.get(pair_id)
@@ -95,10 +99,10 @@ class NcclSender(ZmqSender):
             self._pairs[pair_id] = pair
         return pair
 
-    def _drop_pairs(self, pair_ids: object) -> None:
+    def _drop_pairs(self, pair_ids: list[str]) -> None:
         """Close pairs the receiver abandoned (their order is lost), freeing their communicators."""
-        for pair_id in pair_ids if isinstance(pair_ids, list) else ():
-            if isinstance(pair_id, str) and pair_id in self._pairs:
+        for pair_id in pair_ids:
+            if pair_id in self._pairs:
                 self._retire(pair_id, "abandoned by the receiver")
 
     def _retire(self, pair_id: str, reason: str) -> None:
@@ -117,7 +121,7 @@ class NcclSender(ZmqSender):
                 break
             error = f"send failed: {reason}"
             self._fail(request_id, error)
-            self._reply(ident, [encode_error(request_id, xid, error, pair_broken=True)])
+            self._reply(ident, [encode(KVError(request_id, xid, error, pair_broken=True))])
         for pair_id in [p for p, pair in self._pairs.items() if pair.is_broken()]:
             self._retire(pair_id, "broken")
 
@@ -139,12 +143,10 @@ class NcclReceiver(ZmqReceiver):
         self._write_lock = threading.Lock()  # a recv's scatter vs. the I/O thread failing its job
         self._retired: list[PairGroup] = []  # closed pairs whose threads may still be tearing down
 
-    def _validate_endpoint(self, endpoint: Endpoint) -> str | None:
-        host, port = endpoint.get("store_host"), endpoint.get("store_port")
-        if not isinstance(host, str) or type(port) is not int:
-            return "nccl sender_endpoint needs 'store_host' (str) and 'store_port' (int)"
-        if endpoint.get("backend") != self._backend:
-            return f"sender uses backend {endpoint.get('backend')!r}, this receiver {self._backend!r}"
+    def _validate_handoff(self, handoff: HandOff) -> str | None:
+        assert handoff.nccl is not None  # HandOff sets it exactly for nccl
+        if handoff.nccl.backend != self._backend:
+            return f"sender uses backend {handoff.nccl.backend!r}, this receiver {self._backend!r}"
         return None
 
     def _fetch_extra(self, job: Job) -> dict[str, Any]:
@@ -153,22 +155,23 @@ class NcclReceiver(ZmqReceiver):
             self._retire_pair(job.address, pair, "broken")
             pair = None
         if pair is None:
-            ep, timeout = job.endpoint, self._config.fetch_timeout_s
-            connect = lambda: connect_store(ep["store_host"], ep["store_port"], timeout)
+            store, timeout = job.handoff.nccl, self._config.fetch_timeout_s
+            assert store is not None  # checked by _validate_handoff
+            connect = lambda: connect_store(store.host, store.port, timeout)
             pair = PairGroup(uuid.uuid4().hex, 1, self._backend, connect, self._iface, timeout).start()
             self._pairs[job.address] = pair
         job.state["pair"] = pair
-        return {"pair": pair.pair_id, "drop": self._abandoned.pop(job.address, [])}
+        return {"pair": pair.pair_id, "drop_pairs": self._abandoned.pop(job.address, [])}
 
-    def _on_reply(self, job: Job, header: Header, frames: list) -> None:
-        if header.kind != READY or "ready" in job.state:
-            raise ProtocolError(f"unexpected {header.kind!r} message")
-        nbytes = header.get("nbytes", int)
+    def _on_reply(self, job: Job, msg: Message, frames: list) -> None:
+        if not isinstance(msg, KVReady) or "ready" in job.state:
+            raise MessageError(f"unexpected {msg.TYPE!r} message")
+        nbytes = msg.nbytes
         if nbytes != len(job.dst) * self._layout.block_bytes:
-            raise ProtocolError(f"sender will send {nbytes} bytes, expected {len(job.dst)} blocks")
-        self._check_binding(job, header.fields)
+            raise MessageError(f"sender will send {nbytes} bytes, expected {len(job.dst)} blocks")
+        self._check_binding(job, msg.binding)
         job.state["ready"] = True
-        sums = header.fields.get("sums")
+        sums = msg.sums
         job.state["pair"].submit(
             lambda group: self._recv(job, group, nbytes, sums),
             lambda reason: self._finished_recvs.put((job, f"recv failed: {reason}")),
@@ -226,8 +229,8 @@ class NcclReceiver(ZmqReceiver):
         with self._write_lock:
             job.state["failed"] = True
         pair: PairGroup | None = job.state.get("pair")
-        sender_error = job.state.get("sender_error") or {}
-        refused = sender_error and "ready" not in job.state and not sender_error.get("pair_broken")
+        sender_error: KVError | None = job.state.get("sender_error")
+        refused = sender_error is not None and "ready" not in job.state and not sender_error.pair_broken
         if pair is None or refused:
             return  # nothing was queued on the pair for this job: its order is intact
         # The sender may have queued (or still queue) a send this receiver will never match.

@@ -3,7 +3,7 @@
 A worker talks to peers on its own host and on others. With `auto` on CUDA it therefore starts both
 ipc (same host) and nccl (elsewhere); on the CPU only tcp works; an explicit transport starts just
 that one (`transports_for`). A sender picks the transport for each receiver from the receiver's
-address (`transport_for_peer`); a receiver takes whatever transport the sender's endpoint names, if it
+address (`transport_for_peer`); a receiver takes whatever transport the hand-off names, if it
 started that one, and reports a transfer it cannot take as an error string (the caller recomputes).
 
 Both sets follow the KVSender/KVReceiver rules in `base.py`: constructors do no I/O, `start()` binds,
@@ -20,8 +20,9 @@ from dataclasses import replace
 import torch
 
 from common.net.addresses import split_tcp_address
+from common.wire.handoff import HandOff
 
-from .base import Endpoint, KVReceiver, KVSender, Release, TransferResult
+from .base import KVReceiver, KVSender, Release, TransferResult
 from .config import KVTransferConfig, resolve_transport
 from .registry import create_receiver, create_sender
 
@@ -93,15 +94,15 @@ class KVSenderSet(_TransportSet):
 
     def publish(
         self, request_id: str, peer_addr: str, block_ids: list[int], block_hashes: Sequence[int] = ()
-    ) -> Endpoint:
+    ) -> HandOff:
         """Pin `block_ids` (whose full blocks have the chain hashes `block_hashes`) for the request;
-        returns the endpoint the receiver at `peer_addr` pulls from. Raises ValueError / RuntimeError as
+        returns the hand-off the receiver at `peer_addr` pulls by. Raises ValueError / RuntimeError as
         `KVSender.publish` does (the caller's bugs)."""
         transport = self._choose(peer_addr)
         sender = self._endpoints[transport]
-        endpoint = sender.publish(request_id, block_ids, self.config.lease_s, block_hashes)
+        handoff = sender.publish(request_id, block_ids, self.config.lease_s, block_hashes)
         self._transport_of[request_id] = transport
-        return endpoint
+        return handoff
 
     def _choose(self, peer_addr: str) -> str:
         if len(self._endpoints) == 1:
@@ -121,7 +122,7 @@ class KVSenderSet(_TransportSet):
 
 
 class KVReceiverSet(_TransportSet):
-    """Decode side: pulls from whichever transport the sender's endpoint names."""
+    """Decode side: pulls from whichever transport the hand-off names."""
 
     kind = "receivers"
 
@@ -129,21 +130,15 @@ class KVReceiverSet(_TransportSet):
         return create_receiver(transport, self.kv_cache, config)
 
     def fetch(
-        self,
-        request_id: str,
-        endpoint: Endpoint,
-        src: list[int],
-        dst: list[int],
-        block_hashes: Sequence[int] | None = None,
+        self, handoff: HandOff, dst: list[int], block_hashes: Sequence[int] | None = None
     ) -> str | None:
-        """Start pulling `src` into `dst` (checked against the prompt's chain `block_hashes`); returns
-        an error instead when the transfer cannot start."""
-        transport = endpoint.get("transport") if isinstance(endpoint, dict) else None
-        receiver = self._endpoints.get(transport) if isinstance(transport, str) else None
+        """Start pulling the publication `handoff` names into `dst` (checked against the prompt's chain
+        `block_hashes`); returns an error instead when the transfer cannot start."""
+        receiver = self._endpoints.get(handoff.transport)
         if receiver is None:
-            return f"kv transport {transport!r} not accepted here (have {list(self._endpoints)})"
+            return f"kv transport {handoff.transport!r} not accepted here (have {list(self._endpoints)})"
         try:
-            receiver.fetch(request_id, endpoint, src, dst, self.config.fetch_timeout_s, block_hashes)
+            receiver.fetch(handoff, dst, self.config.fetch_timeout_s, block_hashes)
         except (ValueError, RuntimeError) as e:
             return str(e)
         return None

@@ -6,15 +6,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .verify import binding_fields
+from common.wire.kv_messages import KVBinding
 
 
 class FetchRejected(Exception):
-    """A fetch this sender will not serve; the message (and `fields`) go back to the receiver."""
+    """A fetch this sender will not serve; the message (and `pair_broken`) go back to the receiver."""
 
-    def __init__(self, message: str, **fields: object) -> None:
+    def __init__(self, message: str, pair_broken: bool = False) -> None:
         super().__init__(message)
-        self.fields = fields
+        self.pair_broken = pair_broken
 
 
 @dataclass(eq=False)
@@ -25,15 +25,14 @@ class ReadBlocks:
 
 @dataclass(eq=False)
 class Publication:
-    block_ids: list[int]
-    block_set: frozenset[int]
+    block_ids: list[int]  # what every fetch of it is served, in this order
     lease_s: float
     deadline: float
     ready: torch.cuda.Event | None  # the engine's writes to these blocks, on CUDA
     nonce: int  # binds the transfer to this publication (kvtransfer/verify.py)
-    hashes: dict[int, int]  # block id -> the prompt chain's hash of its content (full blocks only)
+    hashes: list[int | None]  # the prompt chain's hash of each block's content (None: partly filled)
     xid: int | None = None  # the fetch attempt being served; acks for other attempts are stale
 
-    def binding(self, epoch: int, block_ids: list[int]) -> dict:
-        """What a reply serving `block_ids` says about its binding (verify.check_binding reads it)."""
-        return binding_fields(self.nonce, epoch, [self.hashes.get(b) for b in block_ids])
+    def binding(self, epoch: int) -> KVBinding:
+        """What a reply serving this publication says about its binding (verify.check_binding reads it)."""
+        return KVBinding(self.nonce, epoch, self.hashes)

@@ -20,20 +20,24 @@ import zmq
 
 from common.net import curve
 from common.net.waker import Waker
+from common.wire.blocks import check_block_ids
+from common.wire.codec import Message, encode
+from common.wire.handoff import HandOff, Transport
+from common.wire.kv_messages import KVAck, KVBinding, KVError, KVFetch, decode_kv
+from common.wire.wire_fields import MessageError
 
-from .base import Endpoint, KVReceiver, TransferResult, TransferStatus, check_kv_cache
+from .base import KVReceiver, TransferResult, TransferStatus, check_kv_cache
 from .config import KVTransferConfig, validate_seconds
 from .device import CopyStream, record_event
 from .jobs import Job, StatusBook
-from .layout import CacheLayout, parse_block_ids
+from .layout import CacheLayout
 from .verify import VerificationFailed, check_binding
-from .wire import ACK, ERROR, FetchRequest, ProtocolError, decode, encode, encode_error
 
 logger = logging.getLogger(__name__)
 
 
 class ZmqReceiver(KVReceiver):
-    transport: ClassVar[str]
+    transport: ClassVar[Transport]
 
     def __init__(self, kv_cache: torch.Tensor, config: KVTransferConfig | None = None) -> None:
         self._kv = check_kv_cache(kv_cache)
@@ -65,21 +69,19 @@ class ZmqReceiver(KVReceiver):
 
     def fetch(
         self,
-        request_id: str,
-        sender_endpoint: Endpoint,
-        src_block_ids: list[int],
+        handoff: HandOff,
         dst_block_ids: list[int],
         timeout_s: float | None = None,
         block_hashes: Sequence[int] | None = None,
     ) -> None:
         if self._thread is None or self._closed:
             raise RuntimeError(f"{type(self).__name__} is not running (call start(), not after close())")
-        if not isinstance(request_id, str):
-            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
-        self._book.begin(request_id)
+        if not isinstance(handoff, HandOff):
+            raise ValueError(f"handoff must be a HandOff, got {type(handoff).__name__}")
+        self._book.begin(handoff.request_id)
         timeout = self._config.fetch_timeout_s if timeout_s is None else timeout_s
         xid, now = self._next_xid(), time.monotonic()
-        job = Job(request_id, xid, sender_endpoint, src_block_ids, dst_block_ids, 0.0, now)
+        job = Job(handoff, xid, dst_block_ids, 0.0, now)
         job.block_hashes = None if block_hashes is None else list(block_hashes)
         error = self._validate(job, timeout)
         if error:
@@ -119,21 +121,18 @@ class ZmqReceiver(KVReceiver):
             self._ctx.term()
 
     def _validate(self, job: Job, timeout: object) -> str | None:
-        ep = job.endpoint
-        if not isinstance(ep, dict) or not isinstance(ep.get("address"), str):
-            return f"sender_endpoint must be a dict with an 'address', got {ep!r}"
-        if ep.get("transport") != self.transport:
-            return f"sender_endpoint is for transport {ep.get('transport')!r}, not {self.transport!r}"
+        handoff = job.handoff
+        if handoff.transport != self.transport:
+            return f"the hand-off is for transport {handoff.transport!r}, not {self.transport!r}"
         try:
-            job.src = parse_block_ids("src_block_ids", job.src, None)
-            job.dst = parse_block_ids("dst_block_ids", job.dst, self._kv.shape[2])
+            job.dst = check_block_ids("dst_block_ids", job.dst, self._kv.shape[2])
         except ValueError as e:
             return str(e)
-        if len(job.src) != len(job.dst):
-            return f"src_block_ids ({len(job.src)}) and dst_block_ids ({len(job.dst)}) differ in length"
+        if len(job.dst) != handoff.num_blocks:
+            return f"dst_block_ids ({len(job.dst)}) must match the {handoff.num_blocks} blocks published"
         if job.block_hashes is not None and len(job.block_hashes) > len(job.dst):
             return f"block_hashes ({len(job.block_hashes)}) outnumber the blocks ({len(job.dst)})"
-        return validate_seconds("timeout_s", timeout) or self._validate_endpoint(ep)
+        return validate_seconds("timeout_s", timeout) or self._validate_handoff(handoff)
 
     # ---- I/O thread -------------------------------------------------------------------------------
 
@@ -196,8 +195,9 @@ class ZmqReceiver(KVReceiver):
             self._fail(job, f"cannot connect to sender address {job.address!r}: {e}", notify=False)
             return
         remaining = max(job.deadline - time.monotonic(), 1e-3)
-        request = FetchRequest(job.request_id, job.xid, job.src, self._layout, remaining)
-        if not self._send(job.socket, [request.encode(**self._fetch_extra(job))]):
+        nonce, layout = job.handoff.nonce, self._layout.to_wire()
+        request = KVFetch(job.request_id, job.xid, nonce, layout, remaining, **self._fetch_extra(job))
+        if not self._send(job.socket, [encode(request)]):
             self._fail(job, f"cannot send the fetch request to {job.address}", notify=False)
             return
         self._set_status(job, TransferStatus.TRANSFERRING)
@@ -239,20 +239,21 @@ class ZmqReceiver(KVReceiver):
 
     def _on_message(self, sock: zmq.Socket, frames: list[zmq.Frame]) -> None:
         try:
-            header = decode(frames[0].buffer)
-        except ProtocolError as e:
+            msg = decode_kv(frames[0].buffer)
+        except MessageError as e:
             logger.debug("kvtransfer receiver: dropping a malformed frame: %s", e)
             return
-        job = self._jobs.get(header.request_id)
-        if job is None or job.xid != header.xid or job.socket is not sock:
+        rid, xid = getattr(msg, "request_id", None), getattr(msg, "xid", None)
+        job = self._jobs.get(rid) if isinstance(rid, str) else None
+        if job is None or job.xid != xid or job.socket is not sock:
             return  # a reply to an attempt that already ended, or not for us
         try:
-            if header.kind == ERROR:
-                job.state["sender_error"] = header.fields
-                self._fail(job, f"sender: {header.fields.get('error')!s}", notify=False)
+            if isinstance(msg, KVError):
+                job.state["sender_error"] = msg
+                self._fail(job, f"sender: {msg.error}", notify=False)
             else:
-                self._on_reply(job, header, frames[1:])
-        except ProtocolError as e:
+                self._on_reply(job, msg, frames[1:])
+        except MessageError as e:
             self._fail(job, f"malformed reply from sender: {e}")
         except VerificationFailed as e:
             self._fail(job, f"verification failed: {e}")
@@ -268,13 +269,13 @@ class ZmqReceiver(KVReceiver):
 
     def _complete(self, job: Job) -> None:
         """The dst blocks hold the data (copy stream synchronized): ack, then report DONE."""
-        self._send(job.socket, [encode(ACK, job.request_id, job.xid)])
+        self._send(job.socket, [encode(KVAck(job.request_id, job.xid))])
         self._jobs.pop(job.request_id, None)
         self._finish(job, TransferStatus.DONE, None)
 
     def _fail(self, job: Job, error: str, notify: bool = True) -> None:
         if notify and job.socket is not None:  # so the sender releases its blocks now, not at lease end
-            self._send(job.socket, [encode_error(job.request_id, job.xid, error)])
+            self._send(job.socket, [encode(KVError(job.request_id, job.xid, error))])
         self._jobs.pop(job.request_id, None)
         self._on_job_failed(job)
         self._finish(job, TransferStatus.FAILED, error)
@@ -308,24 +309,27 @@ class ZmqReceiver(KVReceiver):
             sock.close(linger=0)
         self._dealers.clear()
 
-    def _check_binding(self, job: Job, fields: dict) -> None:
+    def _check_binding(self, job: Job, binding: KVBinding | None) -> None:
         """Raise VerificationFailed unless the reply is bound to this job's publication and prompt."""
         if self._config.verify:
-            check_binding(job.endpoint, fields, job.block_hashes, len(job.dst))
+            check_binding(job.handoff, binding, job.block_hashes, len(job.dst))
 
     # ---- transport hooks --------------------------------------------------------------------------
 
     def _start_transport(self) -> None:
         """Transport setup at start() (no network I/O: peers are reached lazily)."""
 
-    def _validate_endpoint(self, endpoint: Endpoint) -> str | None:
+    def _validate_handoff(self, handoff: HandOff) -> str | None:
+        """Why this receiver cannot take the hand-off (its transport's part), or None."""
         return None
 
     def _fetch_extra(self, job: Job) -> dict[str, Any]:
-        """Transport keys added to the fetch request."""
+        """Transport fields of the KVFetch."""
         return {}
 
-    def _on_reply(self, job: Job, header, frames: list[zmq.Frame]) -> None:
+    def _on_reply(self, job: Job, msg: Message, frames: list[zmq.Frame]) -> None:
+        """A reply of the sender to this attempt (`frames`: the raw frames after its header); raise
+        MessageError for one that breaks the protocol, VerificationFailed for one that fails its checks."""
         raise NotImplementedError
 
     def _on_job_failed(self, job: Job) -> None:

@@ -13,8 +13,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from common.wire.handoff import TRANSPORTS
+
 from .base import KVReceiver, KVSender
-from .config import TRANSPORTS, KVTransferConfig
+from .config import KVTransferConfig
 
 # name -> ("module:SenderClass", "module:ReceiverClass")
 _REGISTRY: dict[str, tuple[str, str]] = {

@@ -18,15 +18,19 @@ import torch
 import zmq
 
 from common.net import curve
+from common.wire.blocks import check_block_ids
+from common.wire.codec import encode
+from common.wire.handoff import HandOff, IpcExport, NcclStore, Transport
+from common.wire.kv_messages import KVAck, KVCopied, KVError, KVFetch, decode_kv
+from common.wire.wire_fields import MessageError
 
-from .base import Endpoint, KVSender, Release, TransferStatus, check_kv_cache
+from .base import KVSender, Release, TransferStatus, check_kv_cache
 from .block_copy import gather_blocks
 from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds, zmq_host
 from .device import CopyStream, host_buffer, record_event, wait_event
-from .layout import CacheLayout, parse_block_ids
+from .layout import CacheLayout
 from .publication import FetchRejected, Publication, ReadBlocks
 from .verify import new_token, pack_sums
-from .wire import ACK, DONE, ERROR, FETCH, FetchRequest, Header, ProtocolError, decode, encode_error
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +40,7 @@ CLAIM_GRACE_S = 5.0
 
 
 class ZmqSender(KVSender):
-    transport: ClassVar[str]
+    transport: ClassVar[Transport]
 
     def __init__(self, kv_cache: torch.Tensor, config: KVTransferConfig | None = None) -> None:
         self._kv = check_kv_cache(kv_cache)
@@ -48,7 +52,7 @@ class ZmqSender(KVSender):
         self._released: queue.SimpleQueue[Release] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._endpoint: Endpoint | None = None
+        self._address: str | None = None  # the ROUTER's tcp://host:port, known after start()
         self._closed = False
         self._epoch = 0  # drawn at start(): each started sender is a new epoch
 
@@ -64,13 +68,8 @@ class ZmqSender(KVSender):
         try:
             self._guard = curve.guard(self._ctx, self._config.curve, f"kv {self.transport} sender")
             port = self._bind()
-            address = f"tcp://{zmq_host(self._advertise_host())}:{port}"
-            self._endpoint = {
-                "transport": self.transport,
-                "address": address,
-                "epoch": self._epoch,
-                **self._start_transport(),
-            }
+            self._address = f"tcp://{zmq_host(self._advertise_host())}:{port}"
+            self._start_transport()
         except Exception:
             curve.close_guard(self._guard)
             self._ctx.destroy(linger=0)
@@ -89,10 +88,12 @@ class ZmqSender(KVSender):
         self._sock.bind(f"tcp://{zmq_host(self._config.host)}:*")
         return self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
 
-    def endpoint(self) -> Endpoint:
-        if self._endpoint is None:
-            raise RuntimeError("endpoint() is known only after start()")
-        return dict(self._endpoint)
+    @property
+    def address(self) -> str:
+        """Where receivers reach this sender's control socket (tcp://host:port), after `start()`."""
+        if self._address is None:
+            raise RuntimeError("the address is known only after start()")
+        return self._address
 
     def publish(
         self,
@@ -100,11 +101,11 @@ class ZmqSender(KVSender):
         src_block_ids: list[int],
         lease_s: float | None = None,
         block_hashes: Sequence[int] = (),
-    ) -> Endpoint:
+    ) -> HandOff:
         self._check_running()
-        if not isinstance(request_id, str):
-            raise ValueError(f"request_id must be a str, got {type(request_id).__name__}")
-        ids = parse_block_ids("src_block_ids", src_block_ids, self._kv.shape[2])
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        ids = check_block_ids("src_block_ids", src_block_ids, self._kv.shape[2])
         lease = self._config.lease_s if lease_s is None else lease_s
         error = validate_seconds("lease_s", lease)
         if error:
@@ -112,13 +113,13 @@ class ZmqSender(KVSender):
         if len(block_hashes) > len(ids):
             raise ValueError(f"block_hashes ({len(block_hashes)}) outnumber src_block_ids ({len(ids)})")
         ready = record_event(self._kv.device)
-        hashes = dict(zip(ids, block_hashes, strict=False))
-        pub = Publication(ids, frozenset(ids), lease, time.monotonic() + lease, ready, new_token(), hashes)
+        hashes = [*block_hashes, *([None] * (len(ids) - len(block_hashes)))]
+        pub = Publication(ids, lease, time.monotonic() + lease, ready, new_token(), hashes)
         with self._lock:
             if request_id in self._pubs:
                 raise ValueError(f"request_id {request_id!r} is already published")
             self._pubs[request_id] = pub
-        return self._publication_endpoint(request_id, pub)
+        return self._handoff(request_id, pub)
 
     def cancel(self, request_id: str) -> bool:
         with self._lock:
@@ -189,44 +190,45 @@ class ZmqSender(KVSender):
         if len(frames) < 2:
             return
         try:
-            header = decode(frames[1])
-        except ProtocolError as e:
+            msg = decode_kv(frames[1])
+        except MessageError as e:
             logger.debug("kvtransfer sender: dropping a malformed frame: %s", e)
             return
-        if header.kind == FETCH:
-            self._on_fetch(frames[0], header)
-        elif header.kind == ACK:
-            self._end(header, TransferStatus.DONE, None)
-        elif header.kind == DONE:
-            self._end_unclaimed(header.get("rids", list), TransferStatus.DONE, None)
-        elif header.kind == ERROR:
-            self._end(header, TransferStatus.FAILED, f"receiver reported: {header.fields.get('error')!r}")
+        if isinstance(msg, KVFetch):
+            self._on_fetch(frames[0], msg)
+        elif isinstance(msg, KVAck):
+            self._end(msg.request_id, msg.xid, TransferStatus.DONE, None)
+        elif isinstance(msg, KVCopied):
+            self._end_unclaimed(msg.request_ids, TransferStatus.DONE, None)
+        elif isinstance(msg, KVError):
+            self._end(msg.request_id, msg.xid, TransferStatus.FAILED, f"receiver reported: {msg.error!r}")
 
-    def _on_fetch(self, ident: bytes, header: Header) -> None:
+    def _on_fetch(self, ident: bytes, req: KVFetch) -> None:
         try:
-            req = FetchRequest.parse(header)
             pub = self._claim(req)
             self._serve(ident, req, pub)
-        except (ProtocolError, FetchRejected) as e:
-            fields = getattr(e, "fields", {})
-            self._reply(ident, [encode_error(header.request_id, header.xid, str(e), **fields)])
+        except FetchRejected as e:
+            self._reply(ident, [encode(KVError(req.request_id, req.xid, str(e), e.pair_broken))])
         except Exception as e:
-            logger.exception("kvtransfer %s sender: serving %r failed", self.transport, header.request_id)
-            self._fail(header.request_id, f"sender error: {e!r}")
-            self._reply(ident, [encode_error(header.request_id, header.xid, f"sender error: {e!r}")])
+            logger.exception("kvtransfer %s sender: serving %r failed", self.transport, req.request_id)
+            self._fail(req.request_id, f"sender error: {e!r}")
+            self._reply(ident, [encode(KVError(req.request_id, req.xid, f"sender error: {e!r}"))])
 
-    def _claim(self, req: FetchRequest) -> Publication:
-        """The publication `req` may read, with its lease stretched over the receiver's deadline."""
+    def _claim(self, req: KVFetch) -> Publication:
+        """The publication `req` names (request id and nonce), with its lease stretched over the
+        receiver's deadline."""
+        try:
+            layout = CacheLayout.from_wire(req.layout)
+        except ValueError as e:
+            raise FetchRejected(f"fetch: {e}") from None
         with self._lock:
             pub = self._pubs.get(req.request_id)
-            if pub is None:
+            if pub is None or pub.nonce != req.nonce:
                 raise FetchRejected(
-                    f"unknown request_id {req.request_id!r} at the sender "
-                    "(never published, cancelled, or its lease expired)"
+                    f"unknown publication {req.request_id!r} at the sender "
+                    "(never published, cancelled, its lease expired, or another nonce)"
                 )
-            error = req.layout.mismatch(self._layout)
-            if error is None and not pub.block_set.issuperset(req.src_block_ids):
-                error = "src block ids are not among the blocks published for this request"
+            error = layout.mismatch(self._layout)
             if error:
                 self._end_locked(req.request_id, TransferStatus.FAILED, error)
                 raise FetchRejected(error)
@@ -255,20 +257,20 @@ class ZmqSender(KVSender):
                 self._stream.synchronize()
                 return ReadBlocks(blocks, None if sums is None else pack_sums(sums))
 
-    def _end(self, header: Header, status: TransferStatus, error: str | None) -> None:
+    def _end(self, request_id: str, xid: int, status: TransferStatus, error: str | None) -> None:
         with self._lock:
-            pub = self._pubs.get(header.request_id)
-            if pub is not None and pub.xid == header.xid:  # else stale, or for a request never claimed
-                self._end_locked(header.request_id, status, error)
+            pub = self._pubs.get(request_id)
+            if pub is not None and pub.xid == xid:  # else stale, or for a request never claimed
+                self._end_locked(request_id, status, error)
                 return
-        if header.xid == 0:  # a receiver that reads without claiming (ipc) gave up on this publication
-            self._end_unclaimed([header.request_id], status, error)
+        if xid == 0:  # a receiver that reads without claiming (ipc) gave up on this publication
+            self._end_unclaimed([request_id], status, error)
 
-    def _end_unclaimed(self, request_ids: list, status: TransferStatus, error: str | None) -> None:
+    def _end_unclaimed(self, request_ids: list[str], status: TransferStatus, error: str | None) -> None:
         """End publications that receivers read without a fetch (no attempt number to match)."""
         with self._lock:
             for rid in request_ids:
-                pub = self._pubs.get(rid) if isinstance(rid, str) else None
+                pub = self._pubs.get(rid)
                 if pub is not None and pub.xid is None:
                     self._end_locked(rid, status, error)
 
@@ -298,15 +300,23 @@ class ZmqSender(KVSender):
 
     # ---- transport hooks --------------------------------------------------------------------------
 
-    def _start_transport(self) -> Endpoint:
-        """Transport setup at start(); returns extra endpoint keys."""
-        return {}
+    def _start_transport(self) -> None:
+        """Transport setup at start(), after the control socket is bound."""
 
-    def _publication_endpoint(self, request_id: str, pub: Publication) -> Endpoint:
-        """The endpoint a notice for this publication carries: the sender's own plus the nonce."""
-        return {**self.endpoint(), "nonce": pub.nonce}
+    def _handoff(self, request_id: str, pub: Publication) -> HandOff:
+        """The hand-off a notice for this publication carries."""
+        part = self._handoff_part(pub)
+        ipc = part if isinstance(part, IpcExport) else None
+        nccl = part if isinstance(part, NcclStore) else None
+        count = len(pub.block_ids)
+        return HandOff(self.transport, self.address, request_id, pub.nonce, self._epoch, count, ipc, nccl)
 
-    def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
+    def _handoff_part(self, pub: Publication) -> IpcExport | NcclStore | None:
+        """The transport's own part of a publication's hand-off (`HandOff.ipc` / `HandOff.nccl`)."""
+        return None
+
+    def _serve(self, ident: bytes, req: KVFetch, pub: Publication) -> None:
+        """Move the publication's blocks to the receiver `ident`, its transport's way."""
         raise NotImplementedError
 
     def _tick(self) -> None:

@@ -1,12 +1,12 @@
 """tcp transport: blocks travel as raw ZMQ frames through host memory (works anywhere, CPU included).
 
-The sender answers a fetch with a stream of `data` messages, each a msgpack header plus one raw frame
-holding `count` consecutive requested blocks as [2 * num_layers, count, block_elems] (zero-copy: ZMQ
+The sender answers a `KVFetch` with a stream of `KVData` messages, each a header plus one raw frame
+holding `count` consecutive published blocks as [2 * num_layers, count, block_elems] (zero-copy: ZMQ
 sends straight from the gathered host buffer). Chunks of at most `chunk_bytes` keep every buffer on
 malloc's fast path and let the receiver scatter chunk k while chunk k+1 is still on the wire. The
 receiver checks each chunk's position and size, scatters it, and after the last one acks.
 
-Verification (`verify.py`): a chunk's checksums travel in a small `sums` message right behind its data
+Verification (`verify.py`): a chunk's checksums travel in a small `KVSums` message right behind its data
 frame: the sender computes them over the host buffer after handing the frame to ZMQ, so the work
 overlaps the frame's trip instead of delaying it. The first data header carries the binding (nonce,
 epoch, the hash of each block served) and every one says whether sums follow. The receiver checks the
@@ -19,6 +19,10 @@ from __future__ import annotations
 import torch
 import zmq
 
+from common.wire.codec import Message, encode
+from common.wire.kv_messages import KVData, KVFetch, KVSums
+from common.wire.wire_fields import MessageError
+
 from .device import host_buffer, wait_event
 from .jobs import Job
 from .layout import scatter
@@ -26,30 +30,28 @@ from .publication import FetchRejected, Publication
 from .receiver import ZmqReceiver
 from .sender import ZmqSender
 from .verify import VerificationFailed, block_checksums, check_checksums
-from .wire import DATA, SUMS, FetchRequest, Header, ProtocolError, encode
 
 
 class TcpSender(ZmqSender):
     transport = "tcp"
 
-    def _serve(self, ident: bytes, req: FetchRequest, pub: Publication) -> None:
-        ids = req.src_block_ids
+    def _serve(self, ident: bytes, req: KVFetch, pub: Publication) -> None:
+        rid, xid, ids = req.request_id, req.xid, pub.block_ids
         per_chunk = max(1, self._config.chunk_bytes // self._layout.block_bytes)
         verify = self._config.verify
         for first in range(0, len(ids), per_chunk):
-            read = self._read_blocks(req.request_id, pub, ids[first : first + per_chunk], to_host=True)
+            read = self._read_blocks(rid, pub, ids[first : first + per_chunk], to_host=True)
             if read is None:
-                raise FetchRejected(f"request {req.request_id!r} was cancelled at the sender")
+                raise FetchRejected(f"request {rid!r} was cancelled at the sender")
             blocks = read.blocks
-            binding = pub.binding(self._epoch, ids) if first == 0 else {}
-            count = blocks.shape[1]
-            header = encode(DATA, req.request_id, req.xid, first=first, count=count, sums=verify, **binding)
+            binding = pub.binding(self._epoch) if first == 0 else None
+            header = encode(KVData(rid, xid, first, blocks.shape[1], verify, binding))
             # The frame keeps a reference to `blocks` until ZMQ has sent it, so no copy is needed.
             payload = blocks.view(-1).view(torch.uint8).numpy()
             sent = self._reply(ident, [header, payload], copy=False)
             if sent and verify:  # read while ZMQ's I/O thread sends the same (unchanged) bytes
                 sums = block_checksums(blocks).tolist()  # host memory: the torch form
-                sent = self._reply(ident, [encode(SUMS, req.request_id, req.xid, first=first, sums=sums)])
+                sent = self._reply(ident, [encode(KVSums(rid, xid, first, sums))])
             if not sent:
                 self._fail(req.request_id, "receiver disconnected during the transfer")
                 return
@@ -58,39 +60,39 @@ class TcpSender(ZmqSender):
 class TcpReceiver(ZmqReceiver):
     transport = "tcp"
 
-    def _on_reply(self, job: Job, header: Header, frames: list[zmq.Frame]) -> None:
-        if header.kind == SUMS:
-            self._on_sums(job, header)
+    def _on_reply(self, job: Job, msg: Message, frames: list[zmq.Frame]) -> None:
+        if isinstance(msg, KVSums):
+            self._on_sums(job, msg)
             return
-        if header.kind != DATA or "held" in job.state:
-            raise ProtocolError(f"unexpected {header.kind!r} message")
-        first, count = header.get("first", int), header.get("count", int)
-        if first != job.progress or count < 1 or first + count > len(job.dst):
-            raise ProtocolError(f"chunk at {first} (+{count}) after {job.progress} of {len(job.dst)} blocks")
+        if not isinstance(msg, KVData) or "held" in job.state:
+            raise MessageError(f"unexpected {msg.TYPE!r} message")
+        first, count = msg.first, msg.count
+        if first != job.progress or first + count > len(job.dst):
+            raise MessageError(f"chunk at {first} (+{count}) after {job.progress} of {len(job.dst)} blocks")
         nbytes = count * self._layout.block_bytes
         if len(frames) != 1 or len(frames[0]) != nbytes:
-            raise ProtocolError(f"a chunk of {count} blocks needs one frame of {nbytes} bytes")
+            raise MessageError(f"a chunk of {count} blocks needs one frame of {nbytes} bytes")
         blocks = self._frame_blocks(frames[0], count)
         job.num_bytes += nbytes
         if not self._config.verify:
             self._accept(job, first, blocks)
             return
         if first == 0:
-            self._check_binding(job, header.fields)
-        if header.fields.get("sums") is not True:
+            self._check_binding(job, msg.binding)
+        if not msg.sums:
             raise VerificationFailed(f"the sender sends no checksums for blocks {first}..{first + count - 1}")
         job.state["held"] = (first, blocks, frames[0], block_checksums(blocks))  # the frame keeps the bytes
 
-    def _on_sums(self, job: Job, header: Header) -> None:
+    def _on_sums(self, job: Job, msg: KVSums) -> None:
         held = job.state.pop("held", None)
         if held is None:
             if self._config.verify:
-                raise ProtocolError("checksums without a chunk")
+                raise MessageError("checksums without a chunk")
             return  # a sender that verifies talking to a receiver that does not
         first, blocks, _frame, own = held
-        if header.get("first", int) != first:
-            raise ProtocolError(f"checksums for the chunk at {header.fields['first']}, not {first}")
-        check_checksums(header.fields.get("sums"), own, first)
+        if msg.first != first:
+            raise MessageError(f"checksums for the chunk at {msg.first}, not {first}")
+        check_checksums(msg.sums, own, first)
         self._accept(job, first, blocks)
 
     def _accept(self, job: Job, first: int, blocks: torch.Tensor) -> None:

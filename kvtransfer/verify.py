@@ -3,8 +3,8 @@ reports DONE (so before the decode engine's first step on the blocks).
 
 A transfer is bound to three things:
 
-* the request: a random `nonce` the sender draws for each publication and writes into the endpoint that
-  `publish()` returns (the prefill worker puts that endpoint in its DecodeRequest);
+* the request: a random `nonce` the sender draws for each publication and writes into the hand-off that
+  `publish()` returns (the prefill worker puts that `HandOff` in its DecodeRequest);
 * the sender's `epoch`: random, drawn once when the sender starts, so a restarted sender (or another
   process at the same address) is told apart from the one that published;
 * the prompt's block-hash chain (`common.wire.hashing`): the prefill worker hands `publish()` the hash of each
@@ -18,7 +18,7 @@ ones, on the device, and reads the residuals back with the copy's completion; nc
 same, its sender's gather takes the sent sums; the ipc sender, which moves nothing, takes them with a
 read-only pass of the kernel when it publishes. On the CPU (tcp's host buffers, gloo) the torch form
 below computes them. The receiver
-compares: nonce and epoch with the endpoint it was given, the reported hashes with the chain it computed
+compares: nonce and epoch with the hand-off it was given, the reported hashes with the chain it computed
 itself from the prompt's tokens, and the checksums. Any difference fails the transfer closed: FAILED,
 and the decode worker recomputes the prompt instead of decoding on blocks it cannot trust.
 
@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
+
+from common.wire.handoff import HandOff
+from common.wire.kv_messages import KVBinding
 
 
 class VerificationFailed(Exception):
@@ -72,28 +74,23 @@ def plane_weights(planes: int, device: torch.device | str = "cpu") -> torch.Tens
     return torch.arange(1, 2 * planes, 2, dtype=torch.int64, device=device)
 
 
-def binding_fields(nonce: int, epoch: int, hashes: Sequence[int | None]) -> dict[str, Any]:
-    """The keys a sender adds to its reply so the receiver can check the binding."""
-    return {"nonce": nonce, "epoch": epoch, "hashes": list(hashes)}
-
-
 def check_binding(
-    endpoint: dict, fields: dict, expected_hashes: Sequence[int] | None, num_blocks: int
+    handoff: HandOff, binding: KVBinding | None, expected_hashes: Sequence[int] | None, num_blocks: int
 ) -> None:
-    """Raise VerificationFailed unless the sender's reply `fields` match the `endpoint` this request was
-    given (nonce, epoch) and the prompt's chain (`expected_hashes`: the full blocks' hashes; the blocks
-    after them, a partly filled last one, carry none)."""
+    """Raise VerificationFailed unless the sender's reply `binding` matches the `handoff` this request
+    was given (nonce, epoch) and the prompt's chain (`expected_hashes`: the full blocks' hashes; the
+    blocks after them, a partly filled last one, carry none)."""
+    if binding is None:
+        raise VerificationFailed("the sender's reply carries no binding (nonce, epoch, hashes)")
     for key, meaning in (("nonce", "published for another request"), ("epoch", "from another sender epoch")):
-        want, got = endpoint.get(key), fields.get(key)
-        if type(want) is not int:
-            raise VerificationFailed(f"the endpoint carries no {key}: it was not made by publish()")
+        want, got = getattr(handoff, key), getattr(binding, key)
         if got != want:
             raise VerificationFailed(f"the transfer is {meaning} ({key} {got!r}, expected {want})")
     if expected_hashes is None:
         return
     want_hashes = [*expected_hashes, *([None] * (num_blocks - len(expected_hashes)))]
-    got_hashes = fields.get("hashes")
-    if not isinstance(got_hashes, list) or len(got_hashes) != num_blocks:
+    got_hashes = binding.hashes
+    if len(got_hashes) != num_blocks:
         raise VerificationFailed(f"the sender reported no block hashes for the {num_blocks} blocks")
     for i, (got, want) in enumerate(zip(got_hashes, want_hashes, strict=True)):
         if got != want:
@@ -114,7 +111,7 @@ def check_checksums(sent: object, received: torch.Tensor, first: int = 0) -> Non
 
 
 def pack_sums(sums: torch.Tensor) -> bytes:
-    """Per-block checksums as they travel (ipc's endpoint, nccl's `ready`): little-endian int64s, 8 bytes
+    """Per-block checksums as they travel (ipc's hand-off, nccl's `KVReady`): little-endian int64s, 8 bytes
     a block, so a receiver takes them in one step however many blocks there are."""
     return sums.cpu().numpy().astype("<i8", copy=False).tobytes()
 

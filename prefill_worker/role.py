@@ -87,7 +87,7 @@ class PrefillRole(WorkerRole):
         block_bytes = kv[:, :, 0].numel() * kv.element_size()
         blocks = list(range(max(1, min(kv.shape[2], -(-msg.num_bytes // block_bytes)))))
         try:
-            endpoint = self.kv.publish(msg.probe_id, msg.decode_command_addr, blocks)
+            handoff = self.kv.publish(msg.probe_id, msg.decode_command_addr, blocks)
         except (ValueError, RuntimeError) as e:
             error = f"cannot publish the probe: {e}"
             failed = KVProbeResult(
@@ -95,7 +95,7 @@ class PrefillRole(WorkerRole):
             )
             self.ctx.channels.to_router(failed)
             return
-        probe = KVProbe(msg.probe_id, self.ctx.worker_id, endpoint, blocks)
+        probe = KVProbe(msg.probe_id, self.ctx.worker_id, handoff)
         self.ctx.channels.to_peer(msg.decode_command_addr, probe)
 
     def abort(self, request_id: str) -> bool:
@@ -166,7 +166,7 @@ class PrefillRole(WorkerRole):
         blocks = self.engine.prompt_block_ids(seq)
         hashes = seq.full_block_hashes(seq.num_prompt_tokens)  # what the decode side checks them against
         try:
-            endpoint = self.kv.publish(req.request_id, req.decode_command_addr, blocks, hashes)
+            handoff = self.kv.publish(req.request_id, req.decode_command_addr, blocks, hashes)
         except (ValueError, RuntimeError) as e:  # our own bug or a closed sender: do not pin forever
             job.log.error("cannot publish %s: %s", req.request_id, e)
             del self.jobs[req.request_id]
@@ -179,8 +179,7 @@ class PrefillRole(WorkerRole):
             prompt_token_ids=req.prompt_token_ids,
             first_token_id=token,
             sampling=req.sampling,
-            kv_endpoint=endpoint,
-            src_block_ids=list(blocks),
+            handoff=handoff,
             prefill_worker_id=self.ctx.worker_id,
             deadline=req.deadline,
             log_id=req.log_id,

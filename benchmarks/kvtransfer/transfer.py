@@ -160,10 +160,10 @@ def _timed(conn, receiver, verify: bool, run: int, n: int, batch: int, args: arg
     srcs = [list(range(2 * k * n, 2 * (k + 1) * n, 2)) for k in range(batch)]
     reqs = [(f"bench-{run}-{k}", srcs[k], chains[k]) for k in range(batch)]
     conn.send((verify, reqs))
-    endpoints = conn.recv()
+    handoffs = conn.recv()
     t0 = time.perf_counter()  # from here on only the transfer: the pipe above is benchmark plumbing
-    for (rid, src, chain), endpoint in zip(reqs, endpoints, strict=True):
-        receiver.fetch(rid, endpoint, src, [b + 1 for b in src], 60.0, chain)
+    for (_, src, chain), handoff in zip(reqs, handoffs, strict=True):
+        receiver.fetch(handoff, [b + 1 for b in src], 60.0, chain)
     receiver.flush()
     pending = {rid for rid, _, _ in reqs}
     while pending:

@@ -1,17 +1,17 @@
-"""Typed wire messages between the router and the workers (msgpack, never pickle), and their protocol.
+"""Typed wire messages between the router and the workers, and their protocol.
 
-Every message is a dataclass with a class-level `TYPE` tag. `encode(msg)` packs `{"type": TYPE, **fields}`
-with msgpack; `decode(data)` checks the tag, the field names and every field's type and raises
-`MessageError` -- a `ValueError` naming the field -- for anything malformed, whatever the bytes.
-Constructing a message validates it the same way, so a bad message fails where it is built rather than
-on the far side of a socket.
+How every message is encoded and checked is `common.wire.codec` (msgpack, never pickle; a malformed
+message raises `MessageError`, a `ValueError` naming the field); its names are re-exported here, and
+importing this module registers every message type of the project, the KV transfer's control messages
+(`common.wire.kv_messages`) included.
 
 Conventions: block hashes are uint64 ints (see `common.wire.hashing`); times (`sent_at`, `deadline`) are
-absolute Unix times from `time.time()` because they cross processes and hosts; `kv_endpoint` is opaque
-to the router and owned by `kvtransfer`. Nested values are typed, one definition each, shared by
-every process: `sampling` is a `SamplingParams`, `events` are `common.wire.kv_events.KVEvent`s, `logprobs`
-are `common.wire.logprobs.TokenLogprob`s, `finish_reason` is a `FinishReason`, `role` a `common.config.Role`
-(how they travel: `common.wire.wire_fields`).
+absolute Unix times from `time.time()` because they cross processes and hosts. Nested values are typed,
+one definition each, shared by every process: `sampling` is a `SamplingParams`, `events` are
+`common.wire.kv_events.KVEvent`s, `logprobs` are `common.wire.logprobs.TokenLogprob`s, `finish_reason` is
+a `FinishReason`, `role` a `common.wire.roles.Role`, `handoff` a `common.wire.handoff.HandOff` (how they
+travel: `common.wire.wire_fields`). `WorkerRegister.kv_endpoint` is a worker's KV summary, opaque to
+the router.
 
 The protocol -- who sends what, on which socket, and when -- is written out in
 `docs/protocol.md`.
@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, ClassVar
 
-import msgpack
-
+from common.wire import kv_messages  # noqa: F401 - registers the KV control messages with the codec
+from common.wire.codec import MESSAGE_TYPES, Message, decode, encode  # noqa: F401 - re-exported
+from common.wire.handoff import HandOff
 from common.wire.kv_events import KVEvent
 from common.wire.logprobs import TokenLogprob
 from common.wire.roles import Role
@@ -40,23 +41,7 @@ from common.wire.wire_fields import (  # noqa: F401 - TIMING_STAGES is re-export
     TokenIds,
     at_least,
     check_timings,
-    field_checkers,
-    wire_form,
 )
-
-
-class Message:
-    """Base of all wire messages. Subclasses are dataclasses that set `TYPE`."""
-
-    TYPE: ClassVar[str] = ""
-
-    def __post_init__(self) -> None:
-        for name, check in field_checkers(type(self)):
-            object.__setattr__(self, name, check(getattr(self, name), name))
-        self.validate()
-
-    def validate(self) -> None:
-        """Invariants across fields; raise MessageError naming the field."""
 
 
 class WorkRequest(Message):
@@ -64,6 +49,7 @@ class WorkRequest(Message):
     router fans a request out into n); a malformed one that still names its request is answered with
     `RequestFailed` rather than silence (see `decode`)."""
 
+    NAMES_WORK: ClassVar[bool] = True
     request_id: str
     sampling: SamplingParams
     # The client's X-Request-Id (or the router's generated one): what every log line about the
@@ -148,18 +134,23 @@ class GenerateRequest(WorkRequest):
 
 @dataclass
 class DecodeRequest(WorkRequest):
-    """Prefill worker -> decode worker command socket: continue a sequence whose KV is being sent."""
+    """Prefill worker -> decode worker command socket: continue a sequence whose KV `handoff` names
+    (the publication the decode worker fetches it from)."""
 
     TYPE: ClassVar[str] = "decode_request"
     request_id: Id
     prompt_token_ids: Prompt
     first_token_id: Count
     sampling: SamplingParams
-    kv_endpoint: dict
-    src_block_ids: Annotated[list[int], at_least(0)]
+    handoff: HandOff
     prefill_worker_id: Id
     deadline: float | None
     log_id: str | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.handoff.request_id != self.request_id:
+            raise MessageError(f"handoff.request_id must be {self.request_id!r}")
 
 
 @dataclass
@@ -309,14 +300,17 @@ class KVProbeRequest(Message):
 
 @dataclass
 class KVProbe(Message):
-    """Prefill worker -> decode worker command socket: fetch these published blocks into scratch memory
-    (never the engine's cache), time it and report a KVProbeResult to the router."""
+    """Prefill worker -> decode worker command socket: fetch the blocks `handoff` publishes into scratch
+    memory (never the engine's cache), time it and report a KVProbeResult to the router."""
 
     TYPE: ClassVar[str] = "kv_probe"
     probe_id: Id
     prefill_worker_id: Id
-    kv_endpoint: dict
-    src_block_ids: Annotated[list[int], at_least(0)]
+    handoff: HandOff
+
+    def validate(self) -> None:
+        if self.handoff.request_id != self.probe_id:
+            raise MessageError(f"handoff.request_id must be {self.probe_id!r}")
 
 
 @dataclass
@@ -345,59 +339,3 @@ class Shutdown(Message):
 
     TYPE: ClassVar[str] = "shutdown"
     reason: str = ""
-
-
-def _concrete(base: type[Message]) -> list[type[Message]]:
-    below = base.__subclasses__()
-    return [c for c in below if c.TYPE] + [c for sub in below for c in _concrete(sub)]
-
-
-MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in _concrete(Message)}
-
-
-def encode(msg: Message) -> bytes:
-    """msgpack of {"type": tag, **fields}; the message was validated when it was built."""
-    if not isinstance(msg, Message) or MESSAGE_TYPES.get(msg.TYPE) is not type(msg):
-        raise MessageError(f"not a wire message: {type(msg).__name__}")
-    payload = {"type": msg.TYPE, **{name: getattr(msg, name) for name, _ in field_checkers(type(msg))}}
-    try:
-        return msgpack.packb(payload, use_bin_type=True, default=wire_form)
-    except (TypeError, ValueError, OverflowError) as e:  # a field mutated after construction
-        raise MessageError(f"cannot encode {msg.TYPE}: {e}") from None
-
-
-def decode(data: bytes) -> Message:
-    """Parse and validate one message; any malformed input raises MessageError, nothing else.
-
-    When a malformed command that starts work still carries a usable `request_id`, the error's
-    `request_id` is set, so the receiver can fail that request instead of leaving it hanging."""
-    try:
-        payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises several unrelated types for garbage input
-        raise MessageError(f"not a msgpack message: {type(e).__name__}") from None
-    if not isinstance(payload, dict):
-        raise MessageError("message must be a msgpack map")
-    tag = payload.pop("type", None)
-    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
-    if cls is None:
-        raise MessageError(f"type: unknown message type {tag!r}")
-    try:
-        return _build(cls, payload)
-    except MessageError as e:
-        request_id = payload.get("request_id")
-        if issubclass(cls, WorkRequest) and type(request_id) is str and request_id:
-            e.request_id = request_id
-        raise
-
-
-def _build(cls: type[Message], payload: dict) -> Message:
-    names = {name for name, _ in field_checkers(cls)}
-    unknown = [k for k in payload if k not in names]
-    if unknown:
-        raise MessageError(f"{cls.TYPE}: unknown field {unknown[0]!r}")
-    try:
-        return cls(**payload)
-    except MessageError:
-        raise
-    except TypeError as e:  # a required field is missing
-        raise MessageError(f"{cls.TYPE}: {e}") from None

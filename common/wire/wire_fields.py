@@ -56,6 +56,15 @@ Count = Annotated[int, at_least(0)]
 Positive = Annotated[int, at_least(1)]
 Hash = Annotated[int, at_least(0)]  # uint64: the upper bound is msgpack's own
 Hashes = Annotated[list[int], at_least(0)]
+
+
+def _hashes_or_none(name: str, value: list[int | None]) -> None:
+    if min([v for v in value if v is not None], default=0) < 0:
+        raise MessageError(f"{name} must be >= 0")
+
+
+# One hash per block, None for a block that has none (a partly filled last block).
+MaybeHashes = Annotated[list[int | None], _hashes_or_none]
 HashChain = Annotated[tuple[int, ...], at_least(0)]
 TokenIds = Annotated[list[int], at_least(0)]
 Prompt = Annotated[list[int], at_least(0), non_empty]
@@ -78,6 +87,13 @@ def field_checkers(cls: type) -> list[tuple[str, Checker]]:
     return _FIELD_CHECKERS[cls]
 
 
+def check_record(record: Any) -> None:
+    """Check every field of a dataclass where it is built (from its `__post_init__`; frozen ones too),
+    so a bad value fails there, not on the far side of a socket."""
+    for name, check in field_checkers(type(record)):
+        object.__setattr__(record, name, check(getattr(record, name), name))
+
+
 def wire_form(value: Any) -> Any:
     """msgpack's `default` hook: a record as the map of its fields (+ "kind"), an enum as its value."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -97,6 +113,7 @@ _SCALARS: dict[type, Callable[[Any], bool]] = {
     bool: lambda v: type(v) is bool,
     dict: lambda v: type(v) is dict and all(type(k) is str for k in v),
     list: lambda v: type(v) is list,
+    bytes: lambda v: type(v) is bytes,
 }
 
 
@@ -164,6 +181,8 @@ def _sequence(origin: type, args: tuple) -> Checker:
         return _fixed_tuple(tuple(_compile(a) for a in args))
     if args[0] is int:
         return _int_list if origin is list else _int_tuple
+    if origin is list and args[0] == int | None:
+        return _optional_int_list
     element = _compile(args[0])
     allowed = (list,) if origin is list else (list, tuple)
 
@@ -243,6 +262,14 @@ def _int_list(value: Any, name: str) -> list[int]:
     if type(value) is not list:
         raise MessageError(f"{name} must be a list of ints")
     _check_ints(value, name)
+    return value
+
+
+def _optional_int_list(value: Any, name: str) -> list[int | None]:
+    """Hashes with gaps: long too, so checked like `_int_list` once the Nones are set aside."""
+    if type(value) is not list:
+        raise MessageError(f"{name} must be a list of ints or nils")
+    _check_ints([v for v in value if v is not None], name)
     return value
 
 

@@ -10,6 +10,8 @@ from collections.abc import Callable
 import msgpack
 import zmq
 
+from common.wire.handoff import HandOff
+
 # (header map, the frames after the header) -> (header map, frames): what goes on instead.
 Rewrite = Callable[[dict, list[bytes]], tuple[dict, list[bytes]]]
 
@@ -71,25 +73,36 @@ def _rewrite(frames: list[bytes], rewrite: Rewrite) -> list[bytes]:
 
 def flip_a_byte(header: dict, rest: list[bytes]) -> tuple[dict, list[bytes]]:
     """Flip one bit in the middle of every data frame (tcp), as a faulty link or NIC would."""
-    if header.get("t") == "data" and rest:
+    if header.get("type") == "kv_data" and rest:
         frame = bytearray(rest[0])
         frame[len(frame) // 2] ^= 0x10
         rest = [bytes(frame), *rest[1:]]
     return header, rest
 
 
-def redirect_fetch(to_request: str, from_request: str) -> tuple[Rewrite, Rewrite]:
-    """Rewrites that make fetches of `from_request` read `to_request`'s publication (and relabel the
-    replies, so the receiver takes them as its own): a transfer meant for another request."""
+def swap_served_hashes(header: dict, rest: list[bytes]) -> tuple[dict, list[bytes]]:
+    """Swap the hashes the sender reports for its first two served blocks (tcp): what a sender serving
+    the publication's blocks out of order would report."""
+    binding = header.get("binding")
+    if header.get("type") == "kv_data" and binding:
+        hashes = binding["hashes"]
+        header = {**header, "binding": {**binding, "hashes": [hashes[1], hashes[0], *hashes[2:]]}}
+    return header, rest
+
+
+def redirect_fetch(to: HandOff, from_request: str) -> tuple[Rewrite, Rewrite]:
+    """Rewrites that make fetches of `from_request` read the publication `to` (naming it as the sender
+    knows it, and relabelling the replies, so the receiver takes them as its own): a transfer meant for
+    another request."""
 
     def out(header: dict, rest: list[bytes]) -> tuple[dict, list[bytes]]:
-        if header.get("rid") == from_request and header.get("t") == "fetch":
-            header = {**header, "rid": to_request}
+        if header.get("request_id") == from_request and header.get("type") == "kv_fetch":
+            header = {**header, "request_id": to.request_id, "nonce": to.nonce}
         return header, rest
 
     def back(header: dict, rest: list[bytes]) -> tuple[dict, list[bytes]]:
-        if header.get("rid") == to_request:
-            header = {**header, "rid": from_request}
+        if header.get("request_id") == to.request_id:
+            header = {**header, "request_id": from_request}
         return header, rest
 
     return out, back

@@ -66,7 +66,7 @@ def test_prefill_worker_releases_unacknowledged_blocks_after_the_lease(model_dir
         assert _receive(inbox, TokenOutput).index == 0
         handed = _receive(ghost, DecodeRequest)
         handed_at = time.time()  # same host: the worker's heartbeats carry the same clock
-        assert len(handed.src_block_ids) == 3
+        assert handed.handoff.num_blocks == 3
         _receive(inbox, WorkerHeartbeat, lambda hb: hb.num_free_blocks <= 32 - 3)  # pinned
         released = _receive(inbox, WorkerHeartbeat, lambda hb: hb.num_free_blocks == 32)
         assert 0.5 <= released.sent_at - handed_at <= 8.0  # held for the 1 s lease, then freed

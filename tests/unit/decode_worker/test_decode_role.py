@@ -11,6 +11,7 @@ import pytest
 
 from common import SamplingParams
 from common.core.sequence import SequenceStatus
+from common.wire.handoff import HandOff, NcclStore
 from common.wire.messages import Abort, DecodeRequest, TokenOutput
 from decode_worker.admission import sequence_from_request, transferable
 from decode_worker.role import DecodeRole
@@ -26,20 +27,27 @@ def pair(tiny_model_dirs):
     p.close()
 
 
-def decode_request(rid: str, prompt: list[int], endpoint: dict, src: list[int], **sampling) -> DecodeRequest:
+def dead_handoff(rid: str, num_blocks: int) -> HandOff:
+    """A tcp hand-off of `num_blocks` blocks from a sender nobody runs."""
+    return HandOff("tcp", "tcp://127.0.0.1:9", rid, 1, 1, num_blocks)
+
+
+def decode_request(rid: str, prompt: list[int], handoff: HandOff, **sampling) -> DecodeRequest:
     params = prefill_request(rid, prompt, **sampling).sampling
-    return DecodeRequest(rid, prompt, 7, params, endpoint, src, "prefill-test", None)
+    return DecodeRequest(rid, prompt, 7, params, handoff, "prefill-test", None)
 
 
 def test_decode_request_becomes_prompt_plus_first_token(pair) -> None:
-    req = decode_request("r1", [1, 2, 3], {"transport": "tcp"}, [0], max_tokens=4)
+    req = decode_request("r1", [1, 2, 3], dead_handoff("r1", 1), max_tokens=4)
     seq = sequence_from_request(pair.decode.engine, req)
     assert seq.token_ids == [1, 2, 3, 7] and seq.num_prompt_tokens == 3
     assert seq.completion_token_ids == [7] and seq.request_id == "r1"
     assert seq.sampling_params.max_tokens == 4
-    assert transferable(req, 16) and not transferable(replace(req, src_block_ids=[0, 1]), 16)
+    assert transferable(req, 16) and not transferable(replace(req, handoff=dead_handoff("r1", 2)), 16)
     with pytest.raises(ValueError):
-        sequence_from_request(pair.decode.engine, decode_request("r2", [1], {}, [0], max_tokens=0))
+        sequence_from_request(
+            pair.decode.engine, decode_request("r2", [1], dead_handoff("r2", 1), max_tokens=0)
+        )
 
 
 def test_handoff_matches_the_offline_engine(pair, reference) -> None:
@@ -55,16 +63,17 @@ def test_handoff_matches_the_offline_engine(pair, reference) -> None:
 
 
 def test_failed_transfer_is_recomputed_locally(pair, reference) -> None:
-    dead = {"transport": "tcp", "address": "tcp://127.0.0.1:9"}  # nobody serves this
-    req = decode_request("r1", PROMPTS[2], dead, [0, 1, 2], max_tokens=MAX_TOKENS, ignore_eos=True)
+    dead = dead_handoff("r1", 3)
+    req = decode_request("r1", PROMPTS[2], dead, max_tokens=MAX_TOKENS, ignore_eos=True)
     first = reference[2][0]
     pair.decode.handle(replace(req, first_token_id=first))
     run_until([pair.decode], lambda: pair.finished("r1"), timeout=30)
     assert [first, *pair.tokens("r1")] == reference[2]
 
 
-def test_unknown_transport_is_recomputed_locally(pair, reference) -> None:
-    req = decode_request("r1", PROMPTS[1], {"transport": "carrier-pigeon"}, [0], max_tokens=MAX_TOKENS)
+def test_a_transport_not_started_here_is_recomputed_locally(pair, reference) -> None:
+    nccl = HandOff("nccl", "tcp://127.0.0.1:9", "r1", 1, 1, 1, nccl=NcclStore("127.0.0.1", 9, "gloo"))
+    req = decode_request("r1", PROMPTS[1], nccl, max_tokens=MAX_TOKENS)  # this worker runs tcp only
     first = reference[1][0]
     pair.decode.handle(replace(req, first_token_id=first, sampling=_greedy()))
     run_until([pair.decode], lambda: pair.finished("r1"))
@@ -108,7 +117,7 @@ def test_abort_during_transfer_waits_for_the_transfer_to_settle(pair) -> None:
 
 def test_abort_before_the_request_drops_the_late_request(pair) -> None:
     pair.decode.handle(Abort("r1"))
-    req = decode_request("r1", PROMPTS[0], {"transport": "tcp"}, [0])
+    req = decode_request("r1", PROMPTS[0], dead_handoff("r1", 1))
     pair.decode.handle(req)
     assert pair.decode.role.jobs == {} and not pair.decode.engine.has_unfinished
 

@@ -4,10 +4,13 @@ never written; a probe that cannot be fetched is reported as failed, not dropped
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from common.wire.messages import KVProbe, KVProbeRequest, KVProbeResult
+from common.wire.handoff import HandOff
+from common.wire.messages import KVProbe, KVProbeRequest, KVProbeResult, MessageError
 from tests.unit.prefill_worker.harness import Pair, run_until
 
 
@@ -38,7 +41,7 @@ def test_a_probe_is_timed_into_scratch_blocks(pair) -> None:
     cache = pair.prefill.engine.kv_cache
     block_bytes = cache[:, :, 0].numel() * cache.element_size()
     probe = _probe(pair, "probe-1", 3 * block_bytes - 1)
-    assert probe.src_block_ids == [0, 1, 2] and probe.kv_endpoint["transport"] == "tcp"
+    assert probe.handoff.num_blocks == 3 and probe.handoff.transport == "tcp"
     before = pair.decode.engine.kv_cache.clone()
     pair.decode.handle(probe)
     result = _result(pair, "probe-1")
@@ -53,18 +56,23 @@ def test_a_probe_that_cannot_run_is_reported_failed(pair) -> None:
     probe = _probe(pair, "probe-2", 1)
     pair.decode.handle(probe)
     assert _result(pair, "probe-2").error is None
-    dead = KVProbe("probe-3", "prefill-test", {**probe.kv_endpoint, "address": "tcp://127.0.0.1:9"}, [0])
-    pair.decode.handle(dead)
+    dead = replace(probe.handoff, request_id="probe-3", address="tcp://127.0.0.1:9")
+    pair.decode.handle(KVProbe("probe-3", "prefill-test", dead))
     result = _result(pair, "probe-3")
     assert result.error and "timed out" in result.error and result.gbps == 0
-    too_big = KVProbe("probe-4", "prefill-test", probe.kv_endpoint, [0, 1, 2, 3])
-    pair.decode.handle(too_big)
+    too_big = replace(probe.handoff, request_id="probe-4", num_blocks=4)
+    pair.decode.handle(KVProbe("probe-4", "prefill-test", too_big))
     assert "scratch" in _result(pair, "probe-4").error
-    pair.decode.handle(KVProbe("probe-5", "prefill-test", probe.kv_endpoint, []))
+    huge = replace(probe.handoff, request_id="probe-5", num_blocks=1 << 40)
+    pair.decode.handle(KVProbe("probe-5", "prefill-test", huge))
     assert "empty or too large" in _result(pair, "probe-5").error
+    with pytest.raises(MessageError, match="num_blocks"):  # an empty probe does not get this far
+        replace(probe.handoff, num_blocks=0)
 
 
 def test_roles_ignore_the_probe_messages_meant_for_the_other_side(pair) -> None:
     pair.decode.handle(KVProbeRequest("probe-6", "decode-test", "tcp://127.0.0.1:9", 1))
-    pair.prefill.handle(KVProbe("probe-7", "prefill-test", {"transport": "tcp"}, [0]))
+    pair.prefill.handle(
+        KVProbe("probe-7", "prefill-test", HandOff("tcp", "tcp://127.0.0.1:9", "probe-7", 1, 1, 1))
+    )
     assert pair.decode.channels.router == [] and pair.prefill.channels.peers == []

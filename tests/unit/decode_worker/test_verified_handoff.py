@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from common.wire.messages import DecodeRequest
-from tests.helpers.kv_proxy import KVProxy, flip_a_byte, redirect_fetch
+from tests.helpers.kv_proxy import KVProxy, flip_a_byte, redirect_fetch, swap_served_hashes
 from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS
 from tests.unit.prefill_worker.harness import Pair, prefill_request, run_until
 
@@ -47,15 +47,14 @@ def _decode(pair: Pair, req: DecodeRequest, caplog) -> None:
 @pytest.mark.parametrize("corruption", ["wrong blocks", "stale epoch", "flipped bytes"])
 def test_a_corrupt_handoff_is_recomputed(pair, reference, caplog, corruption) -> None:
     req = _handoffs(pair, {"r": PROMPTS[LONG]})["r"]
-    proxy = None
-    if corruption == "wrong blocks":
-        src = req.src_block_ids
-        req = replace(req, src_block_ids=[src[1], src[0], *src[2:]])
-    elif corruption == "stale epoch":
-        req = replace(req, kv_endpoint={**req.kv_endpoint, "epoch": req.kv_endpoint["epoch"] + 1})
-    else:
-        proxy = KVProxy(req.kv_endpoint["address"], to_receiver=flip_a_byte)
-        req = replace(req, kv_endpoint={**req.kv_endpoint, "address": proxy.address})
+    handoff, proxy = req.handoff, None
+    if corruption == "stale epoch":
+        handoff = replace(handoff, epoch=handoff.epoch + 1)
+    else:  # on the wire: blocks reported out of the prompt's order, or a flipped bit in the data
+        rewrite = swap_served_hashes if corruption == "wrong blocks" else flip_a_byte
+        proxy = KVProxy(handoff.address, to_receiver=rewrite)
+        handoff = replace(handoff, address=proxy.address)
+    req = replace(req, handoff=handoff)
     try:
         _decode(pair, req, caplog)
     finally:
@@ -66,17 +65,14 @@ def test_a_corrupt_handoff_is_recomputed(pair, reference, caplog, corruption) ->
 
 
 def test_a_transfer_meant_for_another_request_is_recomputed(pair, reference, caplog) -> None:
-    """The fetch is served from another request's publication (a prompt as long, other tokens, so the
-    block ids asked for are among its blocks once the sender's ids are remapped below)."""
+    """The fetch is served from another request's publication (a prompt as long, other tokens)."""
     theirs = [(t + 1) % 500 for t in PROMPTS[LONG]]
     reqs = _handoffs(pair, {"mine": PROMPTS[LONG], "theirs": theirs})
-    mine = replace(reqs["mine"], src_block_ids=reqs["theirs"].src_block_ids)  # ids the sender serves
-    mine_src = reqs["mine"].src_block_ids
-    out, back = redirect_fetch(to_request="theirs", from_request="mine")
-    proxy = KVProxy(mine.kv_endpoint["address"], to_sender=out, to_receiver=back)
+    mine = reqs["mine"]
+    out, back = redirect_fetch(to=reqs["theirs"].handoff, from_request="mine")
+    proxy = KVProxy(mine.handoff.address, to_sender=out, to_receiver=back)
     try:
-        _decode(pair, replace(mine, kv_endpoint={**mine.kv_endpoint, "address": proxy.address}), caplog)
+        _decode(pair, replace(mine, handoff=replace(mine.handoff, address=proxy.address)), caplog)
     finally:
         proxy.close()
     assert pair.tokens("mine") == reference[LONG]
-    assert mine_src != mine.src_block_ids

@@ -47,7 +47,7 @@ def _sender_main(conn, transport: str, specs: list[CacheSpec], config_kw: dict) 
     senders = [create_sender(transport, cache, config) for cache in caches]
     for s in senders:
         s.start()
-    conn.send([s.endpoint() for s in senders])
+    conn.send([s.address for s in senders])
     released: dict[str, tuple[str, str | None]] = {}
     try:
         while True:
@@ -97,7 +97,7 @@ class SenderProc:
         if not self._conn.poll(start_timeout):
             self.kill()
             raise TimeoutError("sender process did not start")
-        self.endpoints: list[dict] = self._conn.recv()
+        self.addresses: list[str] = self._conn.recv()  # each sender's control socket
 
     def _call(self, cmd: str, which: int, *args, timeout: float = 10.0):
         self._conn.send((cmd, which, args))
@@ -203,12 +203,12 @@ def check_concurrent_transfers(proc: SenderProc, which: int, receiver, cache: to
     before = cache.clone()
     rids = [f"{tag}-{spec.dtype}-{i}" for i in range(len(REQUESTS))]
     chains = [chain_for(len(src), f"{tag}-{i}") for i, (src, _) in enumerate(REQUESTS)]
-    endpoints = [
+    handoffs = [
         proc.publish(rid, src, which=which, block_hashes=chain)
         for rid, (src, _), chain in zip(rids, REQUESTS, chains, strict=True)
     ]
-    for rid, endpoint, (src, dst), chain in zip(rids, endpoints, REQUESTS, chains, strict=True):
-        receiver.fetch(rid, endpoint, src, dst, timeout_s=30, block_hashes=chain)
+    for handoff, (_, dst), chain in zip(handoffs, REQUESTS, chains, strict=True):
+        receiver.fetch(handoff, dst, timeout_s=30, block_hashes=chain)
     results = wait_results(receiver, rids, timeout=40)
 
     expected = spec.make().to(cache.device)

@@ -94,9 +94,9 @@ def test_a_dropped_fetch_fails_late_and_the_lease_frees_the_sender(pair) -> None
     senders, receivers, src, dst = pair(KVFaults(drop=1.0, delay_s=DELAY_S), lease_s=1.0)
     try:
         before = dst.clone()
-        endpoint = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
+        handoff = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
         started = time.monotonic()
-        assert receivers.fetch("r1", endpoint, [3, 5], [10, 0]) is None
+        assert receivers.fetch(handoff, [10, 0]) is None
         (result,) = poll_until(receivers.poll)
         assert time.monotonic() - started >= DELAY_S
         assert result.status is TransferStatus.FAILED and "dropped" in result.error
@@ -112,9 +112,9 @@ def test_a_dropped_fetch_fails_late_and_the_lease_frees_the_sender(pair) -> None
 def test_a_delayed_fetch_arrives_intact_after_the_delay(pair) -> None:
     senders, receivers, src, dst = pair(KVFaults(delay=1.0, delay_s=DELAY_S))
     try:
-        endpoint = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
+        handoff = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
         started = time.monotonic()
-        assert receivers.fetch("r1", endpoint, [3, 5], [10, 0]) is None
+        assert receivers.fetch(handoff, [10, 0]) is None
         (result,) = poll_until(receivers.poll)
         assert time.monotonic() - started >= DELAY_S
         assert result.status is TransferStatus.DONE
@@ -130,8 +130,8 @@ def test_a_delay_past_the_lease_fails_instead_of_reading_released_blocks(pair) -
     senders, receivers, _, dst = pair(KVFaults(delay=1.0, delay_s=1.5), lease_s=0.5)
     try:
         before = dst.clone()
-        endpoint = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
-        assert receivers.fetch("r1", endpoint, [3, 5], [10, 0]) is None
+        handoff = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
+        assert receivers.fetch(handoff, [10, 0]) is None
         (release,) = poll_until(senders.poll_released)
         assert release.status is TransferStatus.FAILED  # the lease ran out first
         (result,) = poll_until(receivers.poll)

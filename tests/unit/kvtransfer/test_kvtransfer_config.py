@@ -1,4 +1,4 @@
-"""Configuration, transport choice, registry, cache checks and the wire format (no sockets)."""
+"""Configuration, transport choice, registry, cache checks and the cache layout on the wire (no sockets)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import msgpack
 import pytest
 import torch
 
+from common.wire.codec import encode
+from common.wire.handoff import HandOff
+from common.wire.kv_messages import BlockLayout, KVFetch, decode_kv
 from kvtransfer import KVTransferConfig, create_receiver, create_sender, resolve_transport
 from kvtransfer.base import check_kv_cache
-from kvtransfer.layout import CacheLayout, gather, parse_block_ids, scatter
-from kvtransfer.wire import FetchRequest, ProtocolError, decode
+from kvtransfer.layout import CacheLayout, gather, scatter
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -99,11 +100,11 @@ def test_constructors_do_no_io_and_close_is_safe_unstarted():
     cache = torch.zeros(2, 1, 4, 2, 1, 4)
     sender, receiver = create_sender("tcp", cache), create_receiver("tcp", cache)
     with pytest.raises(RuntimeError):
-        sender.endpoint()
+        sender.address  # noqa: B018 - the property raises
     with pytest.raises(RuntimeError):
         sender.publish("r", [0])
     with pytest.raises(RuntimeError):
-        receiver.fetch("r", {}, [0], [0])
+        receiver.fetch(HandOff("tcp", "tcp://127.0.0.1:9", "r", 1, 1, 1), [0])
     sender.close()
     receiver.close()
     sender.close()  # idempotent
@@ -130,55 +131,13 @@ def test_layout_mismatch_names_the_difference():
     assert bf16.block_bytes == 2 * 2 * 16 * 8 * 128 * 2
 
 
-@pytest.mark.parametrize(
-    "ids, message",
-    [
-        ([], "non-empty"),
-        ("12", "non-empty"),
-        ([1, 1], "repeat"),
-        ([4], r"\[0, 4\)"),
-        ([-1], r"\[0, 4\)"),
-        ([1.0], "only ints"),
-        ([True], "only ints"),
-    ],
-)
-def test_block_ids_are_validated(ids, message):
-    with pytest.raises(ValueError, match=message):
-        parse_block_ids("ids", ids, 4)
-
-
-def test_block_ids_accept_index_like_ints():
-    assert parse_block_ids("ids", (3, torch.tensor(1).item(), 0), 4) == [3, 1, 0]
-
-
-@pytest.mark.parametrize(
-    "frame",
-    [
-        b"",
-        b"\xc1",
-        msgpack.packb([1]),
-        msgpack.packb({1: 2}),
-        msgpack.packb({"t": "x", "rid": 1, "xid": 1}),
-        msgpack.packb({"t": "x", "rid": "r", "xid": True}),
-        b"\x00" * (2 << 20),
-    ],
-)
-def test_decode_rejects_garbage_with_protocol_error_only(frame):
-    with pytest.raises(ProtocolError):
-        decode(frame)
-
-
-def test_fetch_request_round_trip_and_validation():
+def test_a_fetch_carries_the_layout_the_sender_checks():
     layout = CacheLayout("float32", 2, 4, 1, 8)
-    request = FetchRequest("r", 3, [5, 1], layout, 2.5)
-    parsed = FetchRequest.parse(decode(request.encode(pair="p")))
-    assert (parsed.request_id, parsed.xid, parsed.src_block_ids, parsed.layout) == ("r", 3, [5, 1], layout)
-    assert parsed.timeout_s == 2.5 and parsed.fields["pair"] == "p"
-    bad = msgpack.packb(
-        {"t": "fetch", "rid": "r", "xid": 1, "src": [1], "layout": layout.to_wire(), "timeout": 0}
-    )
-    with pytest.raises(ProtocolError, match="timeout"):
-        FetchRequest.parse(decode(bad))
+    fetch = KVFetch("r", 3, 7, layout.to_wire(), 2.5, pair="p" * 8)
+    parsed = decode_kv(encode(fetch))
+    assert isinstance(parsed, KVFetch) and CacheLayout.from_wire(parsed.layout) == layout
+    with pytest.raises(ValueError, match="dtype 'x'"):
+        CacheLayout.from_wire(BlockLayout("x", [2, 4, 1, 8]))
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,10 @@ import torch
 from kv_procs import SPECS, bits, wait_results
 
 from common.net.curve import CurveKeys
+from common.wire.codec import encode
+from common.wire.kv_messages import KVFetch
 from kvtransfer import KVTransferConfig, TransferStatus, create_receiver, create_sender
 from kvtransfer.layout import CacheLayout
-from kvtransfer.wire import FetchRequest
 from tests.helpers.rogues import run_rogue
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,21 +25,21 @@ def test_only_key_holders_can_fetch_kv() -> None:
     sender.start()
     receivers = []
     try:
-        endpoint = sender.publish("r", [1, 2])
-        fetch = FetchRequest("r", 1, [1, 2], CacheLayout.of(source), 5.0).encode()
+        handoff = sender.publish("r", [1, 2])
+        fetch = encode(KVFetch("r", 1, handoff.nonce, CacheLayout.of(source).to_wire(), 5.0))
         for rogue in ("none", "wrong"):
-            assert run_rogue("fetch", endpoint["address"], fetch, keys, rogue, seconds=1.5) == 0  # no reply
+            assert run_rogue("fetch", handoff.address, fetch, keys, rogue, seconds=1.5) == 0  # no reply
         assert sender.poll_released() == []  # the rogues released nothing either
-        assert run_rogue("fetch", endpoint["address"], fetch, keys, "cluster", seconds=5) == 3  # control
+        assert run_rogue("fetch", handoff.address, fetch, keys, "cluster", seconds=5) == 3  # control
         sender.cancel("r")
 
-        endpoint = sender.publish("r2", [3, 4])
+        handoff = sender.publish("r2", [3, 4])
         for curve, want in ((None, TransferStatus.FAILED), (keys, TransferStatus.DONE)):
             cache = SPECS[0].with_(num_blocks=8, seed=5).make()
             receiver = create_receiver("tcp", cache, KVTransferConfig(curve=curve, poll_interval_s=0.01))
             receiver.start()
             receivers.append(receiver)
-            receiver.fetch("r2", endpoint, [3, 4], [0, 1], timeout_s=1.5 if curve is None else 20)
+            receiver.fetch(handoff, [0, 1], timeout_s=1.5 if curve is None else 20)
             assert wait_results(receiver, ["r2"])["r2"].status is want
         assert torch.equal(bits(cache[:, :, [0, 1]]), bits(source[:, :, [3, 4]]))
     finally:

@@ -4,6 +4,7 @@ two GPUs. Sender in a spawned process, receiver in this one, as on CPU."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -45,43 +46,43 @@ def test_one_gpu_two_processes_bitwise(gpu_pool, receivers, transport, which):
 def test_ipc_failures_are_reported(gpu_pool, receivers):
     proc = gpu_pool("ipc")
     receiver = receivers("ipc", GPU0[0].with_(num_blocks=8).make())
-    # Only the endpoint publish() returned for this very request lets a receiver read the blocks.
-    receiver.fetch("ipc-static", proc.endpoints[0], [1], [1], timeout_s=10)
-    assert "publish() returned" in wait_results(receiver, ["ipc-static"])["ipc-static"].error
+    # Only a CUDA IPC export of a cache lets a receiver read the blocks.
     other = proc.publish("ipc-other", [1])
-    receiver.fetch("ipc-not-mine", other, [1], [1], timeout_s=10)
-    assert "not this one" in wait_results(receiver, ["ipc-not-mine"])["ipc-not-mine"].error
+    forged = replace(other, ipc=replace(other.ipc, cache={"handle": b"x"}))
+    receiver.fetch(forged, [1], timeout_s=10)
+    assert "not a CUDA IPC export" in wait_results(receiver, ["ipc-other"])["ipc-other"].error
 
     lapsed = proc.publish("ipc-lease", [2], 0.3)
     assert proc.wait_released(["ipc-lease"], timeout=5)["ipc-lease"][0] == "failed"
-    receiver.fetch("ipc-lease", lapsed, [2], [2], timeout_s=10)
+    receiver.fetch(lapsed, [2], timeout_s=10)
     assert "lease ran out" in wait_results(receiver, ["ipc-lease"])["ipc-lease"].error
 
-    endpoint = proc.publish("ipc-dtype", [3, 4])
+    handoff = proc.publish("ipc-dtype", [3, 4])
     mismatched = receivers("ipc", GPU0[1].with_(num_blocks=8).make())  # float32 vs the sender's bfloat16
-    mismatched.fetch("ipc-dtype", endpoint, [3, 4], [0, 1], timeout_s=10)
+    mismatched.fetch(handoff, [0, 1], timeout_s=10)
     assert "dtype mismatch" in wait_results(mismatched, ["ipc-dtype"])["ipc-dtype"].error
     assert proc.wait_released(["ipc-dtype"])["ipc-dtype"][0] == "failed"
 
 
 def test_ipc_verifies_the_chain_before_and_the_bytes_after_the_copy(gpu_pool, receivers):
-    """kvtransfer/verify.py over ipc: the endpoint's hashes must match the prompt's chain (checked on the
+    """kvtransfer/verify.py over ipc: the hand-off's hashes must match the prompt's chain (checked on the
     host while the copy runs) and the checksums the sender took at publish time must match those the
     copy kernel took of what it copied; either failing is FAILED, and the sender released."""
     proc = gpu_pool("ipc")
     receiver = receivers("ipc", GPU0[0].with_(num_blocks=8, seed=3).make())
     chain = chain_for(3, "ipc-verify")
-    endpoint = proc.publish("ipc-verified", [5, 6, 7], block_hashes=chain)
-    receiver.fetch("ipc-verified", endpoint, [5, 6, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
+    handoff = proc.publish("ipc-verified", [5, 6, 7], block_hashes=chain)
+    receiver.fetch(handoff, [0, 1, 2], timeout_s=10, block_hashes=chain)
     assert wait_results(receiver, ["ipc-verified"])["ipc-verified"].status is TransferStatus.DONE
-    endpoint = proc.publish("ipc-wrong-blocks", [5, 6, 7], block_hashes=chain)
-    receiver.fetch("ipc-wrong-blocks", endpoint, [6, 5, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
+    other_prompt = chain_for(3, "another prompt")  # the sender published blocks of another prompt
+    handoff = proc.publish("ipc-wrong-blocks", [5, 6, 7], block_hashes=other_prompt)
+    receiver.fetch(handoff, [0, 1, 2], timeout_s=10, block_hashes=chain)
     assert "wrong blocks" in wait_results(receiver, ["ipc-wrong-blocks"])["ipc-wrong-blocks"].error
-    endpoint = proc.publish("ipc-rewritten", [5, 6, 7], block_hashes=chain)
-    sums = bytearray(endpoint["sums"])  # 8 bytes a block (verify.pack_sums)
+    handoff = proc.publish("ipc-rewritten", [5, 6, 7], block_hashes=chain)
+    sums = bytearray(handoff.ipc.sums)  # 8 bytes a block (verify.pack_sums)
     sums[8] ^= 1  # the second block's
-    rewritten = {**endpoint, "sums": bytes(sums)}
-    receiver.fetch("ipc-rewritten", rewritten, [5, 6, 7], [0, 1, 2], timeout_s=10, block_hashes=chain)
+    rewritten = replace(handoff, ipc=replace(handoff.ipc, sums=bytes(sums)))
+    receiver.fetch(rewritten, [0, 1, 2], timeout_s=10, block_hashes=chain)
     assert "checksum" in wait_results(receiver, ["ipc-rewritten"])["ipc-rewritten"].error
     released = proc.wait_released(["ipc-wrong-blocks", "ipc-rewritten"])
     assert all(status == "failed" for status, _ in released.values()), released
@@ -101,11 +102,11 @@ def test_ipc_verified_end_to_end_catches_a_block_rewritten_after_publishing(gpu_
         "ipc-clean-b": ([16], [6]),
     }
     chains = {rid: chain_for(len(src), rid) for rid, (src, _) in jobs.items()}
-    endpoints = {rid: proc.publish(rid, src, block_hashes=chains[rid]) for rid, (src, _) in jobs.items()}
+    handoffs = {rid: proc.publish(rid, src, block_hashes=chains[rid]) for rid, (src, _) in jobs.items()}
     proc.flip_bit(14)
     try:
-        for rid, (src, dst) in jobs.items():
-            receiver.fetch(rid, endpoints[rid], src, dst, timeout_s=30, block_hashes=chains[rid])
+        for rid, (_, dst) in jobs.items():
+            receiver.fetch(handoffs[rid], dst, timeout_s=30, block_hashes=chains[rid])
         receiver.flush()
         assert len(receiver._copying) == 1  # one checked copy for all three
         results = wait_results(receiver, list(jobs))
@@ -124,9 +125,7 @@ def test_ipc_verified_end_to_end_catches_a_block_rewritten_after_publishing(gpu_
         }
         plain = spec.with_(num_blocks=8).make()
         unverified = receivers("ipc", plain, verify=False)
-        unverified.fetch(
-            "ipc-flip-unverified", proc.publish("ipc-flip-unverified", [14]), [14], [0], timeout_s=30
-        )
+        unverified.fetch(proc.publish("ipc-flip-unverified", [14]), [0], timeout_s=30)
         result = wait_results(unverified, ["ipc-flip-unverified"])["ipc-flip-unverified"]
         assert result.status is TransferStatus.DONE, result.error
         assert not torch.equal(bits(plain[:, :, 0]), bits(expected[:, :, 14]))
@@ -140,9 +139,9 @@ def test_ipc_batches_many_fetches_into_one_copy(gpu_pool, receivers):
     cache = GPU0[0].with_(num_blocks=DST_BLOCKS, seed=3).make()
     receiver = receivers("ipc", cache)
     rids = [f"ipc-batch-{i}" for i in range(12)]
-    endpoints = [proc.publish(rid, [i, 47 - i]) for i, rid in enumerate(rids)]
-    for i, (rid, endpoint) in enumerate(zip(rids, endpoints, strict=True)):
-        receiver.fetch(rid, endpoint, [i, 47 - i], [2 * i, 2 * i + 1], timeout_s=30)
+    handoffs = [proc.publish(rid, [i, 47 - i]) for i, rid in enumerate(rids)]
+    for i, handoff in enumerate(handoffs):
+        receiver.fetch(handoff, [2 * i, 2 * i + 1], timeout_s=30)
     receiver.flush()
     assert len(receiver._copying) == 1  # one batch for the one sender
     results = wait_results(receiver, rids)
@@ -161,14 +160,14 @@ def test_gpu_killed_sender_fails_within_timeout(receivers, transport):
     try:
         device = "cuda:1" if transport == "nccl" else "cuda:0"
         receiver = receivers(transport, spec.with_(num_blocks=8, device=device).make())
-        endpoint = proc.publish("before-kill", [1, 2])
-        receiver.fetch("before-kill", endpoint, [1, 2], [0, 1], timeout_s=60)
+        handoff = proc.publish("before-kill", [1, 2])
+        receiver.fetch(handoff, [0, 1], timeout_s=60)
         first = wait_results(receiver, ["before-kill"], timeout=70)["before-kill"]
         assert first.status is TransferStatus.DONE, first.error
-        endpoint = proc.publish("after-kill", [3, 4])
+        handoff = proc.publish("after-kill", [3, 4])
         proc.kill()
         t0 = time.monotonic()
-        receiver.fetch("after-kill", endpoint, [3, 4], [2, 3], timeout_s=2.0)
+        receiver.fetch(handoff, [2, 3], timeout_s=2.0)
         result = wait_results(receiver, ["after-kill"], timeout=10)["after-kill"]
         assert result.status is TransferStatus.FAILED and result.error
         assert time.monotonic() - t0 < 4.0
@@ -184,8 +183,7 @@ def test_ipc_receiver_closes_the_mapping_of_a_sender_that_died(receivers):
     proc = SenderProc("ipc", [big])
     try:
         receiver = receivers("ipc", GPU0[0].with_(num_blocks=8).make())
-        endpoint = proc.publish("map-it", [1, 2])
-        receiver.fetch("map-it", endpoint, [1, 2], [0, 1], timeout_s=60)
+        receiver.fetch(proc.publish("map-it", [1, 2]), [0, 1], timeout_s=60)
         assert wait_results(receiver, ["map-it"], timeout=70)["map-it"].status is TransferStatus.DONE
         proc.kill()
         time.sleep(0.5)  # the driver has torn down the dead process's context by now

@@ -3,12 +3,15 @@ statuses, and a receiver fed garbage by a fake sender."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgpack
 import pytest
 import torch
 import zmq
 from kv_procs import CacheSpec, bits, wait_results
 
+from common.wire.handoff import HandOff, NcclStore
 from kvtransfer import KVTransferConfig, TransferStatus, create_receiver, create_sender
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,31 +43,34 @@ def test_publish_twice_and_non_string_id(sender):
         sender.publish(7, [2])
 
 
-def test_endpoint_reports_the_bound_ephemeral_port(sender):
-    endpoint = sender.endpoint()
-    assert endpoint["transport"] == "tcp"
-    host, port = endpoint["address"].removeprefix("tcp://").rsplit(":", 1)
+def test_the_handoff_names_the_publication_at_the_bound_ephemeral_port(sender):
+    handoff = sender.publish("r", [4, 2, 9])
+    assert (handoff.transport, handoff.request_id, handoff.num_blocks) == ("tcp", "r", 3)
+    host, port = handoff.address.removeprefix("tcp://").rsplit(":", 1)
     assert host == "127.0.0.1" and int(port) > 0
-    assert msgpack.unpackb(msgpack.packb(endpoint)) == endpoint
+    assert handoff.ipc is None and handoff.nccl is None  # tcp receivers need nothing more
+    assert sender.publish("r2", [1]).nonce != handoff.nonce  # one nonce per publication
+
+
+NCCL = NcclStore("127.0.0.1", 1, "gloo")
 
 
 @pytest.mark.parametrize(
-    "endpoint, src, dst, timeout, message",
+    "change, dst, timeout, message",
     [
-        ({"transport": "nccl", "address": "tcp://127.0.0.1:1"}, [1], [1], 5, "transport"),
-        ({"transport": "tcp"}, [1], [1], 5, "address"),
-        (None, [1, 2], [1], 5, "differ in length"),
-        (None, [1], [99], 5, "dst_block_ids"),
-        (None, [1, 2], [3, 3], 5, "repeat"),
-        (None, ["a"], [1], 5, "src_block_ids"),
-        (None, [1], [1], -1, "timeout_s"),
+        ({"transport": "nccl", "nccl": NCCL}, [1], 5, "transport"),
+        ({}, [1, 2], 5, "must match the 1 blocks published"),
+        ({}, [99], 5, "dst_block_ids"),
+        ({"num_blocks": 2}, [3, 3], 5, "repeat"),
+        ({}, ["a"], 5, "dst_block_ids"),
+        ({}, [1], -1, "timeout_s"),
     ],
 )
-def test_fetch_reports_bad_arguments_as_failed(sender, endpoint, src, dst, timeout, message):
+def test_fetch_reports_bad_arguments_as_failed(sender, change, dst, timeout, message):
     receiver = create_receiver("tcp", SPEC.make())
     receiver.start()
     try:
-        receiver.fetch("r", endpoint or sender.endpoint(), src, dst, timeout)
+        receiver.fetch(replace(sender.publish("r", [1]), **change), dst, timeout)
         result = receiver.poll()[0]  # reported at once, no network involved
         assert result.status is TransferStatus.FAILED and message in result.error
     finally:
@@ -77,11 +83,11 @@ def test_statuses_and_duplicate_fetch(sender):
     receiver.start()
     try:
         assert receiver.status("r") is None
-        endpoint = sender.publish("r", [4, 2])
-        receiver.fetch("r", endpoint, [4, 2], [0, 15])
+        handoff = sender.publish("r", [4, 2])
+        receiver.fetch(handoff, [0, 15])
         assert receiver.status("r") in (TransferStatus.PENDING, TransferStatus.TRANSFERRING)
         with pytest.raises(ValueError, match="in flight"):
-            receiver.fetch("r", endpoint, [4, 2], [0, 15])
+            receiver.fetch(handoff, [0, 15])
         assert wait_results(receiver, ["r"])["r"].status is TransferStatus.DONE
         assert receiver.status("r") is TransferStatus.DONE
         assert torch.equal(bits(cache[:, :, [0, 15]]), bits(SPEC.make()[:, :, [4, 2]]))
@@ -101,16 +107,17 @@ def test_receiver_survives_garbage_replies(sender):
     receiver = create_receiver("tcp", cache, KVTransferConfig(poll_interval_s=0.01))
     receiver.start()
     try:
-        receiver.fetch("r", {"transport": "tcp", "address": f"tcp://127.0.0.1:{port}"}, [0, 1], [2, 3], 10)
+        receiver.fetch(HandOff("tcp", f"tcp://127.0.0.1:{port}", "r", 1, 1, 2), [2, 3], 10)
         assert fake.poll(5000)
         ident, header = fake.recv_multipart()
         xid = msgpack.unpackb(header)["xid"]
-        data = {"t": "data", "rid": "r", "xid": xid, "first": 0, "count": 1}
+        data = {"type": "kv_data", "request_id": "r", "xid": xid, "first": 0, "count": 1, "sums": True}
         garbage = [
             [b"junk"],
             [msgpack.packb(["list"])],
-            [msgpack.packb({**data, "rid": "other"}), b"x"],  # another request
+            [msgpack.packb({**data, "request_id": "other"}), b"x"],  # another request
             [msgpack.packb({**data, "xid": xid + 1}), b"x"],  # another attempt
+            [msgpack.packb({"type": "abort", "request_id": "r"})],  # the codec's, but not for this socket
         ]
         for frames in garbage:
             fake.send_multipart([ident, *frames])
@@ -118,11 +125,10 @@ def test_receiver_survives_garbage_replies(sender):
         fake.send_multipart([ident, msgpack.packb({**data, "count": 2}), b"too short"])
         result = wait_results(receiver, ["r"])["r"]
         assert result.status is TransferStatus.FAILED and "malformed reply" in result.error
-        assert fake.poll(5000) and msgpack.unpackb(fake.recv_multipart()[1])["t"] == "error"
+        assert fake.poll(5000) and msgpack.unpackb(fake.recv_multipart()[1])["type"] == "kv_error"
         assert torch.equal(bits(cache), bits(before))
 
-        endpoint = sender.publish("ok", [5])
-        receiver.fetch("ok", endpoint, [5], [6])
+        receiver.fetch(sender.publish("ok", [5]), [6])
         assert wait_results(receiver, ["ok"])["ok"].status is TransferStatus.DONE
     finally:
         receiver.close()

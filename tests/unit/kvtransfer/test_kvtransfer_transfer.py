@@ -4,6 +4,7 @@ sockets on 127.0.0.1, for every transport that runs on CPU (nccl runs its protoc
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import msgpack
 import pytest
@@ -36,35 +37,43 @@ def test_concurrent_transfers_are_bitwise_exact(sender, receivers, which):
     check_concurrent_transfers(proc, which, receivers(transport, cache), cache, tag=transport)
 
 
-def test_unknown_request_fails(sender, receivers):
+@pytest.mark.parametrize("named", ["another request id", "another nonce"])
+def test_a_fetch_of_no_live_publication_is_refused(sender, receivers, named):
+    """The fetch names the publication (request id and nonce): the sender serves nothing else, and a
+    refusal does not end the publication it does hold."""
     transport, proc = sender
+    rid = f"{transport}-{named}"
+    handoff = proc.publish(rid, [1, 2])
+    wrong = replace(handoff, request_id=f"{rid}-never-published")
+    if named == "another nonce":
+        wrong = replace(handoff, nonce=handoff.nonce ^ 1)
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8).make())
-    receiver.fetch("never-published", proc.endpoints[0], [1, 2], [3, 4], timeout_s=10)
-    result = wait_results(receiver, ["never-published"])["never-published"]
-    assert result.status is FAILED
-    assert "unknown request_id" in result.error
+    receiver.fetch(wrong, [3, 4], timeout_s=10)
+    result = wait_results(receiver, [wrong.request_id])[wrong.request_id]
+    assert result.status is FAILED and "unknown publication" in result.error
+    assert proc.cancel(rid) is True  # still published
 
 
 def test_lease_expiry_releases_failed(sender, receivers):
     transport, proc = sender
     rid = f"{transport}-lease"
-    endpoint = proc.publish(rid, [1, 2, 3], 0.3)
+    handoff = proc.publish(rid, [1, 2, 3], 0.3)
     released = proc.wait_released([rid], timeout=5)
     assert released[rid][0] == "failed" and "lease" in released[rid][1]
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8).make())
-    receiver.fetch(rid, endpoint, [1, 2, 3], [0, 1, 2], timeout_s=10)
+    receiver.fetch(handoff, [0, 1, 2], timeout_s=10)
     assert wait_results(receiver, [rid])[rid].status is FAILED
 
 
 def test_cancel_drops_publication_without_release(sender, receivers):
     transport, proc = sender
     rid = f"{transport}-cancel"
-    endpoint = proc.publish(rid, [4, 5])
+    handoff = proc.publish(rid, [4, 5])
     assert proc.cancel(rid) is True
     assert proc.cancel(rid) is False
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8).make())
-    receiver.fetch(rid, endpoint, [4, 5], [0, 1], timeout_s=10)
-    assert "unknown request_id" in wait_results(receiver, [rid])[rid].error
+    receiver.fetch(handoff, [0, 1], timeout_s=10)
+    assert "unknown publication" in wait_results(receiver, [rid])[rid].error
     assert rid not in proc.released()
 
 
@@ -76,9 +85,9 @@ def test_cancel_drops_publication_without_release(sender, receivers):
 def test_layout_mismatch_fails_both_sides(sender, receivers, mismatch, message):
     transport, proc = sender
     rid = f"{transport}-mismatch-{message}"
-    endpoint = proc.publish(rid, [6, 7])
+    handoff = proc.publish(rid, [6, 7])
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8, **mismatch).make())
-    receiver.fetch(rid, endpoint, [6, 7], [0, 1], timeout_s=10)
+    receiver.fetch(handoff, [0, 1], timeout_s=10)
     result = wait_results(receiver, [rid])[rid]
     assert result.status is FAILED and message in result.error
     released = proc.wait_released([rid])
@@ -88,9 +97,9 @@ def test_layout_mismatch_fails_both_sides(sender, receivers, mismatch, message):
 def test_nonexistent_sender_fails_within_timeout(sender, receivers):
     transport, proc = sender
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8).make())
-    endpoint = dict(proc.endpoints[0], address=closed_port_address())
+    handoff = replace(proc.publish("nobody-home", [1]), address=closed_port_address())
     t0 = time.monotonic()
-    receiver.fetch("nobody-home", endpoint, [1], [1], timeout_s=0.5)
+    receiver.fetch(handoff, [1], timeout_s=0.5)
     result = wait_results(receiver, ["nobody-home"], timeout=5)["nobody-home"]
     assert result.status is FAILED and "timed out" in result.error
     assert time.monotonic() - t0 < 2.0
@@ -102,13 +111,13 @@ def test_killed_sender_fails_within_timeout(receivers, transport):
     proc = SenderProc(transport, [spec])
     try:
         receiver = receivers(transport, spec.with_(num_blocks=8).make())
-        endpoint = proc.publish("before-kill", [1, 2])
-        receiver.fetch("before-kill", endpoint, [1, 2], [0, 1], timeout_s=20)
+        handoff = proc.publish("before-kill", [1, 2])
+        receiver.fetch(handoff, [0, 1], timeout_s=20)
         assert wait_results(receiver, ["before-kill"])["before-kill"].status is DONE
-        endpoint = proc.publish("after-kill", [3, 4])
+        handoff = proc.publish("after-kill", [3, 4])
         proc.kill()
         t0 = time.monotonic()
-        receiver.fetch("after-kill", endpoint, [3, 4], [2, 3], timeout_s=1.0)
+        receiver.fetch(handoff, [2, 3], timeout_s=1.0)
         result = wait_results(receiver, ["after-kill"], timeout=10)["after-kill"]
         assert result.status is FAILED and result.error
         assert time.monotonic() - t0 < 3.0
@@ -120,8 +129,8 @@ def test_close_fails_in_flight_fetches_promptly(sender, receivers):
     transport, proc = sender
     receiver = create_receiver(transport, SPECS[0].with_(num_blocks=8).make())
     receiver.start()
-    endpoint = dict(proc.endpoints[0], address=closed_port_address())
-    receiver.fetch("in-flight", endpoint, [1], [1], timeout_s=60)
+    handoff = replace(proc.publish(f"{transport}-in-flight", [1]), address=closed_port_address())
+    receiver.fetch(handoff, [1], timeout_s=60)
     time.sleep(0.1)
     t0 = time.monotonic()
     receiver.close()
@@ -131,7 +140,7 @@ def test_close_fails_in_flight_fetches_promptly(sender, receivers):
 
 
 def _fetch(**fields) -> bytes:
-    msg = {"t": "fetch", "rid": "g", "xid": 1, "src": [8], "timeout": 1.0}
+    msg = {"type": "kv_fetch", "request_id": "g", "xid": 1, "nonce": "the publication's", "timeout_s": 1.0}
     msg["layout"] = {"dtype": "bfloat16", "shape": [3, 8, 2, 32]}  # SPECS[0]'s block layout
     return msgpack.packb({**msg, **fields})
 
@@ -141,19 +150,21 @@ GARBAGE = [
     [b"\xff\x00 not msgpack"],
     [msgpack.packb([1, 2, 3])],
     [msgpack.packb({1: 2})],
-    [msgpack.packb({"t": "fetch"})],
-    [msgpack.packb({"t": "bogus", "rid": "g", "xid": 1})],
-    [msgpack.packb({"t": "ack", "rid": "g", "xid": 999})],  # stale ack: must not release
-    [msgpack.packb({"t": "error", "rid": "g", "xid": 999, "error": "x"})],
-    [_fetch(src=["x"])],
-    [_fetch(src=[1, 1])],
-    [_fetch(src=[-1])],
-    [_fetch(timeout=float("nan"))],
-    [_fetch(timeout=-1)],
+    [msgpack.packb({"type": "kv_fetch"})],
+    [msgpack.packb({"type": "bogus", "request_id": "g", "xid": 1})],
+    [msgpack.packb({"type": "abort", "request_id": "g"})],  # a message of the codec, not of this socket
+    [msgpack.packb({"type": "kv_ack", "request_id": "g", "xid": 999})],  # stale ack: must not release
+    [msgpack.packb({"type": "kv_error", "request_id": "g", "xid": 999, "error": "x"})],
+    [_fetch(nonce=-1)],
+    [_fetch(xid=0)],
+    [_fetch(timeout_s=float("nan"))],
+    [_fetch(timeout_s=-1)],
     [_fetch(layout={"dtype": "x", "shape": [1]})],
+    [_fetch(layout={"dtype": "x", "shape": [3, 8, 2, 32]})],  # well-formed, unknown dtype: refused
     [_fetch(layout={"dtype": "bfloat16", "shape": [3, 8, 2, True]})],
-    [_fetch(rid="nope", src=[2**63 - 1])],
-    [_fetch(pair=["not", "an", "id"])],  # only the nccl transport reads it
+    [_fetch(request_id="nope", nonce=1)],  # no such publication: refused
+    [_fetch(nonce=12345)],  # another nonce: refused
+    [_fetch(pair=["not", "an", "id"])],
     [_fetch(), b"x" * 9],  # a fetch with stray frames is still served: its data goes nowhere useful
     [bytes(range(256)) * 8192],  # 2 MiB of noise
 ]
@@ -162,34 +173,38 @@ GARBAGE = [
 def test_sender_survives_garbage_frames(sender, receivers):
     transport, proc = sender
     rid = f"{transport}-garbage"
-    endpoint = proc.publish(rid, [8, 9])
+    handoff = proc.publish(rid, [8, 9])
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(proc.endpoints[0]["address"])
+    sock.connect(handoff.address)
     replies = []
     try:
         for frames in GARBAGE:
-            sock.send_multipart([_rename(f, rid) for f in frames])
+            sock.send_multipart([_rename(f, rid, handoff.nonce) for f in frames])
         while sock.poll(500):
             replies.append(msgpack.unpackb(sock.recv_multipart()[0]))
     finally:
         sock.close()
-    # Each bad fetch that names a request gets an error; over tcp the two well-formed ones are served.
-    assert sum(r["t"] == "error" for r in replies) >= 8
-    assert {r["t"] for r in replies} <= {"error", "data", "sums"}  # nccl: even those two lack a pair
+    # Each well-formed fetch the sender will not serve gets an error; over tcp the two good ones are served.
+    kinds = [r["type"] for r in replies]
+    assert kinds.count("kv_error") >= 3
+    assert set(kinds) <= {"kv_error", "kv_data", "kv_sums"}  # nccl: even the good ones lack a pair
     assert rid not in proc.released()  # and garbage released nothing
     receiver = receivers(transport, SPECS[0].with_(num_blocks=8).make())
-    receiver.fetch(rid, endpoint, [8, 9], [6, 7], timeout_s=20)
+    receiver.fetch(handoff, [6, 7], timeout_s=20)
     assert wait_results(receiver, [rid])[rid].status is DONE
     assert proc.wait_released([rid])[rid][0] == "done"
 
 
-def _rename(frame: bytes, rid: str) -> bytes:
-    """Point a garbage message at this test's request id where it names "g"."""
+def _rename(frame: bytes, rid: str, nonce: int) -> bytes:
+    """Point a garbage message at this test's publication where it names "g" (and its nonce)."""
     try:
         msg = msgpack.unpackb(frame, strict_map_key=False)
     except Exception:
         return frame
-    if isinstance(msg, dict) and msg.get("rid") == "g":
-        return msgpack.packb({**msg, "rid": rid})
+    if isinstance(msg, dict) and msg.get("request_id") == "g":
+        msg = {**msg, "request_id": rid}
+        if msg.get("nonce") == "the publication's":
+            msg["nonce"] = nonce
+        return msgpack.packb(msg)
     return frame

@@ -5,6 +5,8 @@ sender's publication; the same transfers without the corruption are DONE and bit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from kv_procs import SPECS, bits, chain_for, wait_results
@@ -35,9 +37,9 @@ def _blank():
     return SPECS[0].with_(num_blocks=8, seed=5).make()
 
 
-def _fetch(receiver, rid, endpoint, chain, src=SRC):
-    receiver.fetch(rid, endpoint, src, DST, timeout_s=20, block_hashes=chain)
-    return wait_results(receiver, [rid])[rid]
+def _fetch(receiver, handoff, chain):
+    receiver.fetch(handoff, DST, timeout_s=20, block_hashes=chain)
+    return wait_results(receiver, [handoff.request_id])[handoff.request_id]
 
 
 def test_checksums_see_a_flipped_bit_a_swapped_block_and_a_swapped_plane() -> None:
@@ -86,9 +88,9 @@ def test_sums_travel_as_they_were_taken() -> None:
 def test_a_clean_transfer_passes_every_check(sender, receivers) -> None:
     transport, proc = sender
     chain = chain_for(len(SRC), "clean")
-    endpoint = proc.publish(f"{transport}-clean", SRC, block_hashes=chain)
+    handoff = proc.publish(f"{transport}-clean", SRC, block_hashes=chain)
     cache = _blank()
-    result = _fetch(receivers(transport, cache), f"{transport}-clean", endpoint, chain)
+    result = _fetch(receivers(transport, cache), handoff, chain)
     assert result.status is TransferStatus.DONE, result.error
     assert torch.equal(bits(cache[:, :, DST]), bits(SPECS[0].make()[:, :, SRC]))
 
@@ -101,35 +103,31 @@ def _assert_failed_closed(result, cache, before, proc, rid, message) -> None:
     assert released[rid][0] == "failed"  # the receiver told the sender at once
 
 
-@pytest.mark.parametrize("corruption", ["wrong blocks", "stale epoch", "another request's nonce"])
+@pytest.mark.parametrize("corruption", ["wrong blocks", "stale epoch"])
 def test_a_transfer_bound_elsewhere_fails_closed(sender, receivers, corruption) -> None:
     transport, proc = sender
     rid = f"{transport}-{corruption}"
     chain = chain_for(len(SRC), rid)
-    endpoint = proc.publish(rid, SRC, block_hashes=chain)
-    src, message = SRC, "wrong blocks"
-    if corruption == "wrong blocks":  # the decode side asks for the prompt's blocks in the wrong order
-        src = [SRC[1], SRC[0], SRC[2]]
-    elif corruption == "stale epoch":  # the endpoint came from an earlier run of the sender
-        endpoint, message = {**endpoint, "epoch": endpoint["epoch"] ^ 1}, "another sender epoch"
-    else:
-        other = proc.publish(f"{rid}-other", [5, 6, 7], block_hashes=chain)
-        endpoint, message = {**endpoint, "nonce": other["nonce"]}, "another request"
+    if corruption == "wrong blocks":  # the sender published blocks of another prompt under this request
+        handoff, message = proc.publish(rid, SRC, block_hashes=chain_for(len(SRC), "other")), "wrong blocks"
+    else:  # the hand-off came from an earlier run of the sender
+        handoff = proc.publish(rid, SRC, block_hashes=chain)
+        handoff, message = replace(handoff, epoch=handoff.epoch ^ 1), "another sender epoch"
     cache = _blank()
     before = cache.clone()
-    result = _fetch(receivers(transport, cache), rid, endpoint, chain, src)
+    result = _fetch(receivers(transport, cache), handoff, chain)
     _assert_failed_closed(result, cache, before, proc, rid, message)
 
 
 def test_flipped_bytes_on_the_wire_fail_closed(sender_pool, receivers) -> None:
     proc = sender_pool("tcp")
     chain = chain_for(len(SRC), "flip")
-    endpoint = proc.publish("tcp-flip", SRC, block_hashes=chain)
-    proxy = KVProxy(endpoint["address"], to_receiver=flip_a_byte)
+    handoff = proc.publish("tcp-flip", SRC, block_hashes=chain)
+    proxy = KVProxy(handoff.address, to_receiver=flip_a_byte)
     try:
         cache = _blank()
         before = cache.clone()
-        result = _fetch(receivers("tcp", cache), "tcp-flip", {**endpoint, "address": proxy.address}, chain)
+        result = _fetch(receivers("tcp", cache), replace(handoff, address=proxy.address), chain)
         _assert_failed_closed(result, cache, before, proc, "tcp-flip", "checksum")
     finally:
         proxy.close()
@@ -139,12 +137,12 @@ def test_without_verification_the_flip_goes_unseen(sender_pool, receivers) -> No
     """The control for the test above: the flip really reaches the receiver, and only the checks stop
     it (a sender and receiver that do not verify deliver the corrupted block as DONE)."""
     proc = sender_pool("tcp")
-    endpoint = proc.publish("tcp-flip-unverified", SRC)
-    proxy = KVProxy(endpoint["address"], to_receiver=flip_a_byte)
+    handoff = proc.publish("tcp-flip-unverified", SRC)
+    proxy = KVProxy(handoff.address, to_receiver=flip_a_byte)
     try:
         cache = _blank()
         receiver = receivers("tcp", cache, verify=False)
-        result = _fetch(receiver, "tcp-flip-unverified", {**endpoint, "address": proxy.address}, None)
+        result = _fetch(receiver, replace(handoff, address=proxy.address), None)
         assert result.status is TransferStatus.DONE
         assert not torch.equal(bits(cache[:, :, DST]), bits(SPECS[0].make()[:, :, SRC]))
     finally:
@@ -156,14 +154,14 @@ def test_a_transfer_meant_for_another_request_fails_closed(sender, receivers) ->
     transport, proc = sender
     rid, other = f"{transport}-mine", f"{transport}-theirs"
     chain = chain_for(len(SRC), rid)
-    endpoint = proc.publish(rid, SRC, block_hashes=chain)
-    proc.publish(other, SRC, block_hashes=chain_for(len(SRC), other))
-    out, back = redirect_fetch(to_request=other, from_request=rid)
-    proxy = KVProxy(endpoint["address"], to_sender=out, to_receiver=back)
+    handoff = proc.publish(rid, SRC, block_hashes=chain)
+    theirs = proc.publish(other, SRC, block_hashes=chain_for(len(SRC), other))
+    out, back = redirect_fetch(to=theirs, from_request=rid)
+    proxy = KVProxy(handoff.address, to_sender=out, to_receiver=back)
     try:
         cache = _blank()
         before = cache.clone()
-        result = _fetch(receivers(transport, cache), rid, {**endpoint, "address": proxy.address}, chain)
+        result = _fetch(receivers(transport, cache), replace(handoff, address=proxy.address), chain)
         assert result.status is TransferStatus.FAILED and "another request" in result.error
         assert torch.equal(bits(cache), bits(before))
     finally:
@@ -175,8 +173,8 @@ def test_a_verifying_receiver_refuses_a_sender_that_sends_no_checksums(receivers
 
     proc = SenderProc("tcp", [SPECS[0]], verify=False)
     try:
-        endpoint = proc.publish("no-sums", SRC)
-        result = _fetch(receivers("tcp", _blank()), "no-sums", endpoint, None)
+        handoff = proc.publish("no-sums", SRC)
+        result = _fetch(receivers("tcp", _blank()), handoff, None)
         assert result.status is TransferStatus.FAILED and "no checksums" in result.error
     finally:
         proc.stop()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from kv_procs import CacheSpec
 
+from common.wire.handoff import HandOff, IpcExport
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.peers import KVReceiverSet, KVSenderSet, transport_for_peer, transports_for
 from tests.helpers.polling import poll_until
@@ -61,9 +62,9 @@ def peers():
 def test_blocks_move_and_the_publication_is_released(peers) -> None:
     senders, receivers, src, dst = peers
     assert senders.summary() == receivers.summary() == {"transports": ["tcp"]}
-    endpoint = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
-    assert endpoint["transport"] == "tcp"
-    assert receivers.fetch("r1", endpoint, [3, 5], [10, 0]) is None
+    handoff = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
+    assert (handoff.transport, handoff.request_id, handoff.num_blocks) == ("tcp", "r1", 2)
+    assert receivers.fetch(handoff, [10, 0]) is None
     (result,) = poll_until(receivers.poll)
     assert result.status is TransferStatus.DONE and result.num_bytes > 0
     assert torch.equal(dst[:, :, [10, 0]], src[:, :, [3, 5]])
@@ -74,9 +75,9 @@ def test_blocks_move_and_the_publication_is_released(peers) -> None:
 
 def test_a_transport_not_started_is_an_error_not_a_hang(peers) -> None:
     _, receivers, _, _ = peers
-    error = receivers.fetch("r1", {"transport": "ipc", "address": "tcp://127.0.0.1:9"}, [1], [1])
+    ipc = IpcExport(1, 1.0, {}, [1], [None], None)
+    error = receivers.fetch(HandOff("ipc", "tcp://127.0.0.1:9", "r1", 1, 1, 1, ipc=ipc), [1])
     assert "not accepted here" in error and "tcp" in error
-    assert "not accepted here" in receivers.fetch("r2", "garbage", [1], [1])
     assert receivers.poll() == []
 
 

@@ -45,8 +45,8 @@ def test_first_token_goes_to_the_router_before_the_decode_request(prefill) -> No
     ((addr, req),) = prefill.channels.peers
     assert addr == "tcp://127.0.0.1:9" and isinstance(req, DecodeRequest)
     assert req.first_token_id == out.token_ids[0] and req.prompt_token_ids == PROMPT
-    assert req.kv_endpoint["transport"] == "tcp"
-    assert len(req.src_block_ids) == math.ceil(40 / 16)
+    assert req.handoff.transport == "tcp" and req.handoff.request_id == req.request_id
+    assert req.handoff.num_blocks == math.ceil(40 / 16)
     assert handed_off(prefill)  # the blocks stay pinned until the decode side acknowledges
 
 

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.wire import kv_messages as kv
 from common.wire import messages as m
+from common.wire.handoff import HandOff, IpcExport
 from common.wire.hashing import probe_hash
 from common.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from common.wire.logprobs import TokenLogprob
@@ -17,6 +19,18 @@ from common.wire.messages import MessageError, decode, encode
 from common.wire.sampling_params import FinishReason, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+TCP_HANDOFF = HandOff("tcp", "tcp://127.0.0.1:5002", "r1", 5, 2**63 - 1, 2)
+IPC_HANDOFF = HandOff(
+    "ipc",
+    "tcp://h:2",
+    "kvprobe-1",
+    5,
+    9,
+    2,
+    ipc=IpcExport(77, 1.7e9, {"handle": b"\x00"}, [4, 0], [3, None], None),
+)
+LAYOUT = kv.BlockLayout("bfloat16", [2, 16, 4, 64])
+BINDING = kv.KVBinding(5, 9, [2**64 - 1, None])
 
 EXAMPLES: list[m.Message] = [
     m.WorkerRegister(
@@ -38,7 +52,7 @@ EXAMPLES: list[m.Message] = [
     m.WorkerHeartbeat("decode-0", 10, 20, 1, 2, 300, 1700000000.5),
     m.PrefillRequest("r1", [1, 2, 3], GREEDY, "decode-0", "tcp://h:1", None),
     m.GenerateRequest("r1", [1, 2, 3], SamplingParams(stop=["x"], seed=2**63 - 1, logprobs=2), 9.5),
-    m.DecodeRequest("r1", [1, 2, 3], 7, GREEDY, {"transport": "tcp"}, [4, 5], "prefill-0", 12.5),
+    m.DecodeRequest("r1", [1, 2, 3], 7, GREEDY, TCP_HANDOFF, "prefill-0", 12.5),
     m.TokenOutput("r1", "prefill-0", 0, [7], None, 3, 0),
     m.TokenBatch("decode-0", ["r1", "r2"], [3, 1], [[8], [9, 10]], [3, 40]),
     m.TokenOutput(
@@ -66,10 +80,17 @@ EXAMPLES: list[m.Message] = [
     m.SnapshotRequest("prefill-0"),
     m.Snapshot("prefill-0", 0, [5, 6]),
     m.KVProbeRequest("kvprobe-1-prefill-0-decode-0", "decode-0", "tcp://h:1", 32 << 20),
-    m.KVProbe("kvprobe-1", "prefill-0", {"transport": "tcp", "address": "tcp://h:2", "nonce": 5}, [0, 1]),
+    m.KVProbe("kvprobe-1", "prefill-0", IPC_HANDOFF),
     m.KVProbeResult("kvprobe-1", "prefill-0", "decode-0", "tcp", 1 << 20, 0.01),
     m.KVProbeResult("kvprobe-2", "prefill-0", "decode-0", "nccl", 0, 0.0, "timed out"),
     m.Shutdown(),
+    kv.KVFetch("r1", 1, 5, LAYOUT, 30.0, pair="a" * 32, drop_pairs=["b" * 32]),
+    kv.KVAck("r1", 1),
+    kv.KVError("r1", 0, "no such publication", pair_broken=True),
+    kv.KVCopied(["r1", "r2"]),
+    kv.KVData("r1", 1, 0, 4, True, BINDING),
+    kv.KVSums("r1", 1, 4, [-(2**63), 7]),
+    kv.KVReady("r1", 2, 4096, b"\x01" * 16, BINDING),
 ]
 
 
@@ -135,6 +156,15 @@ def _prefill(sampling: dict | None) -> dict:
     return {"type": "prefill_request", **fields, "sampling": wire, "deadline": None}
 
 
+def _payload(msg: m.Message) -> dict:
+    return msgpack.unpackb(encode(msg))
+
+
+def _decode_request(**handoff) -> dict:
+    payload = _payload(next(msg for msg in EXAMPLES if isinstance(msg, m.DecodeRequest)))
+    return {**payload, "handoff": {**payload["handoff"], **handoff}}
+
+
 def _register_fields(**over) -> dict:
     return {**msgpack.unpackb(encode(EXAMPLES[0])), "type": "worker_register", **over}
 
@@ -180,6 +210,15 @@ def _register_fields(**over) -> dict:
         (_prefill(sampling={"n": 2}), "sampling.n must be 1"),
         (_prefill(sampling=None), "sampling must be a map"),
         ({"type": "worker_register", **_register_fields(role="router")}, "role must be one of"),
+        (_decode_request(transport="udp"), "handoff.transport must be one of"),
+        (_decode_request(transport="ipc"), "ipc must be set exactly when transport is 'ipc'"),
+        (_decode_request(request_id="other"), "handoff.request_id must be 'r1'"),
+        (_decode_request(num_blocks=0), "handoff.num_blocks must be >= 1"),
+        ({**_payload(kv.KVFetch("r", 1, 1, LAYOUT, 1.0)), "timeout_s": -1}, "timeout_s must be a positive"),
+        (
+            {**_payload(kv.KVFetch("r", 1, 1, LAYOUT, 1.0)), "layout": {"dtype": "f", "shape": [1]}},
+            "4 positive",
+        ),
         (
             {
                 "type": "token_output",

@@ -1,0 +1,93 @@
+"""The one msgpack codec of the project's messages (never pickle): `Message`, `encode`, `decode`.
+
+Every message is a dataclass subclass of `Message` with a class-level `TYPE` tag; defining one registers
+it here. `encode(msg)` packs `{"type": TYPE, **fields}` with msgpack; `decode(data)` checks the tag,
+the field names and every field's type and raises `MessageError` -- a `ValueError` naming the field --
+for anything malformed, whatever the bytes. Constructing a message validates it the same way, so a bad
+message fails where it is built rather than on the far side of a socket.
+
+Two families use it: the router <-> worker messages (`common.wire.messages`) and the KV transfer's
+control messages between a sender and a receiver (`common.wire.kv_messages`); importing
+`common.wire.messages` registers both.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgpack
+
+from common.wire.wire_fields import MessageError, check_record, field_checkers, wire_form
+
+MESSAGE_TYPES: dict[str, type[Message]] = {}
+
+
+class Message:
+    """Base of all wire messages. Subclasses are dataclasses that set `TYPE`."""
+
+    TYPE: ClassVar[str] = ""
+    # Whether a malformed message of this type that still names its `request_id` should fail that
+    # request (commands that start work) rather than be dropped silently (see `decode`).
+    NAMES_WORK: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("TYPE"):  # a concrete message, not an intermediate base
+            if cls.TYPE in MESSAGE_TYPES:
+                raise TypeError(f"message type {cls.TYPE!r} is defined twice")
+            MESSAGE_TYPES[cls.TYPE] = cls
+
+    def __post_init__(self) -> None:
+        check_record(self)
+        self.validate()
+
+    def validate(self) -> None:
+        """Invariants across fields; raise MessageError naming the field."""
+
+
+def encode(msg: Message) -> bytes:
+    """msgpack of {"type": tag, **fields}; the message was validated when it was built."""
+    if not isinstance(msg, Message) or MESSAGE_TYPES.get(msg.TYPE) is not type(msg):
+        raise MessageError(f"not a wire message: {type(msg).__name__}")
+    payload = {"type": msg.TYPE, **{name: getattr(msg, name) for name, _ in field_checkers(type(msg))}}
+    try:
+        return msgpack.packb(payload, use_bin_type=True, default=wire_form)
+    except (TypeError, ValueError, OverflowError) as e:  # a field mutated after construction
+        raise MessageError(f"cannot encode {msg.TYPE}: {e}") from None
+
+
+def decode(data: bytes | memoryview) -> Message:
+    """Parse and validate one message; any malformed input raises MessageError, nothing else.
+
+    When a malformed command that starts work still carries a usable `request_id`, the error's
+    `request_id` is set, so the receiver can fail that request instead of leaving it hanging."""
+    try:
+        payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several unrelated types for garbage input
+        raise MessageError(f"not a msgpack message: {type(e).__name__}") from None
+    if not isinstance(payload, dict):
+        raise MessageError("message must be a msgpack map")
+    tag = payload.pop("type", None)
+    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise MessageError(f"type: unknown message type {tag!r}")
+    try:
+        return _build(cls, payload)
+    except MessageError as e:
+        request_id = payload.get("request_id")
+        if cls.NAMES_WORK and type(request_id) is str and request_id:
+            e.request_id = request_id
+        raise
+
+
+def _build(cls: type[Message], payload: dict) -> Message:
+    names = {name for name, _ in field_checkers(cls)}
+    unknown = [k for k in payload if k not in names]
+    if unknown:
+        raise MessageError(f"{cls.TYPE}: unknown field {unknown[0]!r}")
+    try:
+        return cls(**payload)
+    except MessageError:
+        raise
+    except TypeError as e:  # a required field is missing
+        raise MessageError(f"{cls.TYPE}: {e}") from None
