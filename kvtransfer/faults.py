@@ -123,7 +123,7 @@ class FaultyReceiver:
         for held in due:
             error = "injected fault: transfer dropped" if held.kind == "drop" else self._start_late(held)
             if error is not None:
-                results.append(TransferResult(held.handoff.request_id, TransferStatus.FAILED, error=error))
+                results.append(TransferResult(held.request_id, TransferStatus.FAILED, error=error))
         return results
 
     def _start_late(self, held: _Held) -> str | None:
