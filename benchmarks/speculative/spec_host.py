@@ -39,7 +39,8 @@ from common.runner.model_runner import ModelRunner, graph_rows  # noqa: E402
 from common.runner.sampler import Sampler  # noqa: E402
 from common.runner.step_handle import StepHandle  # noqa: E402
 from common.spec_decode import speculative  # noqa: E402
-from common.spec_decode.spec_policy import StepClock, StepCosts  # noqa: E402
+from common.runner.step_costs import StepCosts  # noqa: E402
+from common.spec_decode.spec_policy import StepClock  # noqa: E402
 
 # (phase, depth): report order; a deeper row is part of the shallower one above it.
 PHASES = [

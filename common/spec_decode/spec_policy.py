@@ -16,9 +16,9 @@ a sequence's acceptance record lives on the sequence and changes only in `record
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 
 from common.core.sequence import Sequence
+from common.runner.step_costs import StepCosts
 
 # Acceptance counts decay by this factor per verification, so the draft length follows the text the
 # sequence is writing now (copying, then free prose, then copying again).
@@ -39,39 +39,6 @@ _OUTLIER_FACTOR = 3.0
 # batch at their replay and they were tried at a loss (b63e584: batch 64 at 0.66-0.94x).
 _PRIOR_HOST_SECONDS_PER_STEP = 200e-6
 _HOST_SECONDS_PER_ROW = 15e-6
-
-
-@dataclass(frozen=True)
-class StepCosts:
-    """Measured seconds of one step by padded row count (`sizes` ascending, `seconds` alike)."""
-
-    sizes: tuple[int, ...]
-    seconds: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        if not self.sizes or len(self.sizes) != len(self.seconds):
-            raise ValueError("step costs need one time per size")
-        if list(self.sizes) != sorted(self.sizes):
-            raise ValueError("step cost sizes must be ascending")
-
-    @property
-    def max_rows(self) -> int:
-        return self.sizes[-1]
-
-    def padded(self, rows: int) -> int:
-        """The measured size a step of `rows` rows runs at."""
-        return self.sizes[self.slot(rows)]
-
-    def cost(self, rows: int) -> float:
-        """Seconds for a step of `rows` rows (padded up to the next measured size)."""
-        return self.seconds[self.slot(rows)]
-
-    def slot(self, rows: int) -> int:
-        """Index of the measured size a step of `rows` rows runs at."""
-        i = bisect.bisect_left(self.sizes, rows)
-        if i == len(self.sizes):
-            raise ValueError(f"rows ({rows}) exceed the largest measured size ({self.sizes[-1]})")
-        return i
 
 
 class StepClock:

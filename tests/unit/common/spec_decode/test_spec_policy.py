@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from common.core.sequence import Sequence
+from common.runner.step_costs import StepCosts
 from common.spec_decode.spec_policy import (
     StepClock,
-    StepCosts,
     acceptance_rate,
     any_pays,
     choose_drafts,
