@@ -87,7 +87,7 @@ def test_preempts_most_recently_admitted_and_requeues_at_head():
     batch, plan, _ = _step(s)  # a's 9th token needs a block: b, admitted last, gives its own up
     assert plan == [(a.seq_id, 1)]
     assert batch.preempted == [b]
-    assert s.waiting[0] is b and b.status == SequenceStatus.WAITING and b.num_cached_tokens == 0
+    assert s.waiting.peek() is b and b.status == SequenceStatus.WAITING and b.num_cached_tokens == 0
     assert b.block_table == [] and b.num_preemptions == 1
     assert len(b) == 9  # its sampled tokens are kept and recomputed later
 
