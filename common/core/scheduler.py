@@ -26,7 +26,7 @@ from common.core.request_queue import RequestQueue
 from common.core.sequence import FinishReason, Sequence, SequenceStatus
 from common.core.stopping import finishes_in_flight, first_stop
 from common.runner.output import RunnerOutput
-from common.spec_decode.speculative import SpecStats, accept_drafts
+from common.spec_decode.speculator import NoSpeculator, Speculator
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,12 @@ class SeqUpdate(NamedTuple):  # a tuple: one is made per sequence per step, and 
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    """`speculator`: proposes drafts each step and accepts what the target confirms (None: nothing
+    speculates; the scheduler then composes a `NoSpeculator`, so it never asks whether one exists)."""
+
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager, speculator: Speculator | None = None
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
         self.waiting: RequestQueue[Sequence] = RequestQueue()  # the admission policy
@@ -75,8 +80,7 @@ class Scheduler:
         self.transferring: dict[int, Sequence] = {}
         self.handed_off: dict[int, Sequence] = {}
         self._admit_counter = count()
-        self.proposer = None  # speculative decoding: a `Proposer`, whose `plan` adds drafts each step
-        self.spec_stats = SpecStats()
+        self.speculator: Speculator = speculator if speculator is not None else NoSpeculator()
         self._deferred_free: list[Sequence] = []  # finished while a launched step writes their KV
 
     # ---- intake --------------------------------------------------------------------------------
@@ -121,8 +125,7 @@ class Scheduler:
         return batch
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        if self.proposer is not None:
-            self.proposer.plan(self.running, budget)
+        self.speculator.plan(self.running, budget)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -172,8 +175,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         seq.drop_drafts()
-        if self.proposer is not None:
-            self.proposer.release(seq)
+        self.speculator.release(seq, finished=False)
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.reset_for_recompute()
@@ -213,7 +215,7 @@ class Scheduler:
             seq.resolve_placeholder(tokens[0])
             return tokens
         if seq.num_draft_tokens:
-            return accept_drafts(seq, tokens, self.spec_stats)
+            return self.speculator.accept(seq, tokens)
         seq.commit_scheduled()
         seq.append_tokens(tokens)
         return tokens
@@ -249,8 +251,7 @@ class Scheduler:
             self._deferred_free.append(seq)
         else:
             self.block_manager.free(seq)
-        if self.proposer is not None:
-            self.proposer.release(seq)
+        self.speculator.release(seq, finished=True)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
