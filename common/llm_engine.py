@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 from common.config import EngineConfig
 from common.core import run_ahead
 from common.core.block_manager import BlockManager
-from common.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SeqUpdate
+from common.core.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from common.core.sequence import Sequence
 from common.device import resolve_platform
 from common.model_config import ModelConfig
 from common.runner.model_runner import ModelRunner
-from common.spec_decode.spec_policy import StepClock
-from common.spec_decode.speculative import SKIP_AFTER_NO_MATCH, NgramProposer, Proposer, SpeculativeConfig
+from common.spec_decode.proposer_speculator import build_speculator
+from common.spec_decode.speculator import Speculator
 from common.wire.blocks import blocks_for
 from common.wire.kv_events import KVEvent
 from common.wire.sampling_params import SamplingParams
@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-# A decode-shaped step takes milliseconds; a longer gap between two steps is idle time, not step time.
-_MAX_TIMED_STEP_SECONDS = 0.1
 
 
 @dataclass
@@ -68,14 +65,18 @@ class EngineLoad:
 
 
 class LLMEngine:
-    """Build with `LLMEngine.from_config(config)` (loads the model and allocates the KV cache)."""
+    """Build with `LLMEngine.from_config(config)` (loads the model and allocates the KV cache).
+
+    `async_scheduling`: launch plain decode steps before the host has their predecessor's tokens
+    (`common.core.run_ahead`); `speculator`: speculative decoding, composed by the scheduler."""
 
     def __init__(
         self,
         config: EngineConfig,
         model_config: ModelConfig,
         runner: ModelRunner,
-        proposer: Proposer | None = None,
+        async_scheduling: bool,
+        speculator: Speculator | None = None,
     ) -> None:
         self.config = config
         self.model_config = model_config
@@ -84,56 +85,38 @@ class LLMEngine:
         self.block_manager = BlockManager(
             runner.num_kv_blocks, config.kvcache_block_size, config.enable_prefix_caching
         )
-        sched_cfg = SchedulerConfig(
+        self.scheduler_config = SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             role=config.role,
             eos_token_ids=frozenset(model_config.eos_token_ids),
         )
-        self.scheduler = Scheduler(sched_cfg, self.block_manager)
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, speculator)
         self.timings = StepTimings()
-        self.async_scheduling = (
-            runner.platform.is_cuda if config.async_scheduling is None else config.async_scheduling
-        )
-        if config.tensor_parallel_size > 1 and self.async_scheduling:
-            # Run-ahead feeds device-side tokens that only rank 0 (the sampler) holds.
-            logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
-            self.async_scheduling = False
+        self.async_scheduling = async_scheduling
         self._in_flight: run_ahead.InFlightStep | None = None
-        # (verify, rows, start, rows of the run-ahead step it drained first) of the last timed step
-        self._timed_step: tuple[bool, int, float, int] | None = None
-        self._ahead_rows = 0  # rows of the last step if it ran ahead (a draining step waits for it)
-        if config.speculative == "ngram" and proposer is None:
-            proposer = NgramProposer(SpeculativeConfig.from_engine(config), self.max_model_len)
-        self.set_proposer(proposer)
 
-    def set_proposer(self, proposer: Proposer | None) -> None:
-        """Speculate with `proposer` from the next step on (None: stop speculating). The proposer
-        weighs drafts against this runner's measured step costs (timed once, on first use)."""
-        if proposer is not None:
-            costs = self.runner.step_costs()
-            proposer.clock = StepClock(costs) if costs is not None else None
-            # Proposing drains a run-ahead pipeline unless the proposer can propose behind it.
-            drains = self.async_scheduling and not proposer.proposes_behind
-            proposer.skip_after_no_match = SKIP_AFTER_NO_MATCH if drains else 0
-        self.scheduler.proposer = proposer
+    def replace_speculator(self, speculator: Speculator | None) -> None:
+        """Speculate with `speculator` from now on (None: not at all), for benchmarks comparing
+        speculators on one loaded model. Only between requests: the scheduler is rebuilt around it."""
+        sched = self.scheduler
+        if self.has_unfinished or sched.num_unfinished or sched.handed_off:
+            raise ValueError("replace_speculator: the engine still has requests")
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, speculator)
 
     @classmethod
     def from_config(cls, config: EngineConfig, runner_cls: type[ModelRunner] = ModelRunner) -> LLMEngine:
-        """The one way to build an engine: model, KV cache and (when configured) the speculative
-        proposer. `runner_cls` lets a caller size the KV cache its own way (cluster workers sharing a
-        GPU pass `SharedGpuRunner`); everything else is built the same for every caller."""
+        """The one way to build an engine: model, KV cache and (when configured) the speculator.
+        `runner_cls` lets a caller size the KV cache its own way (cluster workers sharing a GPU pass
+        `SharedGpuRunner`); everything else is built the same for every caller."""
         model_config = ModelConfig.from_dir(config.model)
         max_model_len = resolve_max_model_len(config, model_config)
         platform = resolve_platform(config.device)
         runner = runner_cls.load(config, model_config, platform, max_model_len)
-        proposer = None
-        if config.speculative == "draft":
-            from common.spec_decode.draft_proposer import build_draft_proposer
-
-            proposer = build_draft_proposer(config, model_config, runner, max_model_len)
-        return cls(config, model_config, runner, proposer)
+        ahead = run_ahead_enabled(config, runner)
+        speculator = build_speculator(config, model_config, runner, max_model_len, ahead)
+        return cls(config, model_config, runner, ahead, speculator)
 
     # ---- requests ------------------------------------------------------------------------------
     def make_sequence(
@@ -211,32 +194,12 @@ class LLMEngine:
             updates += self.scheduler.update_from_output(batch.seqs, handle.result())
             self.timings.device_wait += handle.wait_seconds
         result.updates = updates
-        self._time_step(t0, batch, ran_ahead=self._in_flight is not None, drained=drained)
+        ran_ahead = self._in_flight is not None
+        self.scheduler.speculator.observe_step(t0, batch, ran_ahead=ran_ahead, drained=drained)
         self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
         result.num_prefill_tokens = batch.num_prefill_tokens
         result.num_decode_tokens = batch.num_decode_tokens
         return result
-
-    def _time_step(self, start: float, batch: ScheduledBatch, ran_ahead: bool, drained: bool) -> None:
-        """Feed the speculation policy's clock: the previous step took from its start to this one's.
-        Only plain decode steps that ran ahead (or any, when no step does) and verification steps are
-        timed: the two it compares. A step that first drained a run-ahead step waits there for that
-        step's device work, so the drained step's own interval is cut short (not recorded) and one
-        plain step of its size is taken off the draining step's (a verification launched behind a
-        run-ahead step counts as draining it: it ends after that step's device work too)."""
-        clock = self.scheduler.proposer.clock if self.scheduler.proposer is not None else None
-        if clock is None:
-            return
-        if self._timed_step is not None and not drained:
-            verify, rows, began, drained_rows = self._timed_step
-            seconds = start - began - (clock.plain_cost(drained_rows) if drained_rows else 0.0)
-            if 0 < seconds < _MAX_TIMED_STEP_SECONDS:  # longer: the engine sat idle in between
-                clock.observe(verify, rows, seconds)
-        verify = batch.num_draft_tokens > 0
-        timed = verify or (batch.is_decode and (ran_ahead or not self.async_scheduling))
-        drained_rows = self._ahead_rows if drained else 0
-        self._timed_step = (verify, batch.num_decode_tokens, start, drained_rows) if timed else None
-        self._ahead_rows = batch.num_decode_tokens if ran_ahead else 0
 
     def _resolve(self, launched: set[int]) -> list[SeqUpdate]:
         if self._in_flight is None:
@@ -316,6 +279,16 @@ class LLMEngine:
             num_transferring=len(sched.transferring),
             queued_prefill_tokens=sched.queued_prefill_tokens,
         )
+
+
+def run_ahead_enabled(config: EngineConfig, runner: ModelRunner) -> bool:
+    """Whether plain decode steps run ahead: as configured, by default on CUDA; never with tensor
+    parallelism (run-ahead feeds device-side tokens that only rank 0, the sampler, holds)."""
+    enabled = runner.platform.is_cuda if config.async_scheduling is None else config.async_scheduling
+    if config.tensor_parallel_size > 1 and enabled:
+        logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
+        return False
+    return enabled
 
 
 def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:

@@ -1,10 +1,11 @@
 """The decode role's request handling (the engine loop itself is common/worker/service.py).
 
 Two commands start a request here:
-* DecodeRequest (from a prefill worker) -> Sequence(prompt + first token) -> wait in `pending` until
-  the cache has room for the prompt's blocks (never dropped) -> engine.reserve_transfer -> receiver
-  fetch -> DONE: engine.complete_transfer (joins the decode batch) / FAILED: engine.fail_transfer
-  (the engine recomputes the prompt here). DONE means the transfer passed its checks (kvtransfer's
+* DecodeRequest (from a prefill worker) -> Sequence(prompt + first token) -> wait in `pending` (in
+  the admission policy's order, common/core/request_queue.py) until the cache has room for the
+  prompt's blocks (never dropped) -> engine.reserve_transfer -> receiver fetch -> DONE:
+  engine.complete_transfer (joins the decode batch) / FAILED: engine.fail_transfer (the engine
+  recomputes the prompt here). DONE means the transfer passed its checks (kvtransfer's
   verify.py: nonce, sender epoch, the prompt's block-hash chain computed here, checksums of the bytes);
   a transfer that fails them is FAILED like any other, so it is recomputed, never decoded on. Tokens
   are sent from index 1 (index 0, the first token, came from the prefill worker).
@@ -32,9 +33,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass
 
+from common.core.request_queue import RequestQueue
 from common.core.sequence import Sequence, SequenceStatus
 from common.llm_engine import StepResult
 from common.wire import request_log
@@ -76,7 +77,8 @@ class DecodeRole(WorkerRole):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pending: deque[str] = deque()  # waiting for room to reserve the prompt's blocks, FIFO
+        # Request ids waiting for room to reserve the prompt's blocks, in the admission policy's order.
+        self.pending: RequestQueue[str] = RequestQueue()
         self.probes: ProbeReceiver | None = None  # made at the first KV path probe
 
     def open_kv(self, ctx: WorkerContext) -> KVReceiverSet:
@@ -106,7 +108,7 @@ class DecodeRole(WorkerRole):
             return
         self.jobs[rid] = DecodeJob(msg, seq, next_index=1)
         if transferable(msg, self.engine.block_size):
-            self.pending.append(rid)
+            self.pending.push(rid)
             self._admit_pending()
         else:
             log.warning("%s: the hand-off does not cover the prompt; recomputing it here", rid)
@@ -209,10 +211,10 @@ class DecodeRole(WorkerRole):
 
     def _admit_pending(self) -> None:
         while self.pending:
-            job = self.jobs[self.pending[0]]
+            job = self.jobs[self.pending.peek()]
             if not self.engine.reserve_transfer(job.seq):
                 return  # no room yet: retried after the next step frees blocks
-            self.pending.popleft()
+            self.pending.pop()
             self._start_fetch(job)
 
     def _start_fetch(self, job: DecodeJob) -> None:

@@ -37,9 +37,11 @@ from common.llm_engine import LLMEngine  # noqa: E402
 from common.runner import graph_inputs, model_runner  # noqa: E402
 from common.runner.model_runner import ModelRunner, graph_rows  # noqa: E402
 from common.runner.sampler import Sampler  # noqa: E402
+from common.runner.step_costs import StepCosts  # noqa: E402
 from common.runner.step_handle import StepHandle  # noqa: E402
-from common.spec_decode import speculative  # noqa: E402
-from common.spec_decode.spec_policy import StepClock, StepCosts  # noqa: E402
+from common.spec_decode import proposer_speculator, speculative  # noqa: E402
+from common.spec_decode.proposer_speculator import ProposerSpeculator  # noqa: E402
+from common.spec_decode.step_clock import StepClock  # noqa: E402
 
 # (phase, depth): report order; a deeper row is part of the shallower one above it.
 PHASES = [
@@ -47,7 +49,7 @@ PHASES = [
     ("may_speculate", 1),
     ("update_from_output (plain)", 1),
     ("schedule", 1),
-    ("proposer.plan", 2),
+    ("speculator.plan", 2),
     ("propose (n-gram)", 3),
     ("choose_drafts", 3),
     ("launch (host)", 1),
@@ -128,13 +130,13 @@ def instrument(phases: Phases) -> list:
     """Wrap the engine's phases; returns the patches to undo."""
     patches: list = []
     w = phases.wrap
-    w(speculative.Proposer, "may_speculate", "may_speculate", patches)
-    w(speculative.Proposer, "plan", "proposer.plan", patches)
+    w(ProposerSpeculator, "may_speculate", "may_speculate", patches)
+    w(ProposerSpeculator, "plan", "speculator.plan", patches)
     w(speculative.NgramProposer, "draft", "propose (n-gram)", patches)
-    w(speculative, "choose_drafts", "choose_drafts", patches)
+    w(proposer_speculator, "choose_drafts", "choose_drafts", patches)
     w(scheduler.Scheduler, "schedule", "schedule", patches)
     w(scheduler.Scheduler, "update_from_output", _update_label, patches)
-    w(scheduler, "accept_drafts", "accept_drafts", patches)
+    w(ProposerSpeculator, "accept", "accept_drafts", patches)
     w(model_runner, "prepare_step", "prepare_step (eager)", patches)
     w(model_runner, "prepare_sampling", "prepare_sampling", patches)
     w(Sampler, "__call__", "sampler", patches)
@@ -198,8 +200,8 @@ class ReplayProposer(speculative.NgramProposer):
     answer's next tokens, each replaced by a wrong one with probability 1 - `acceptance`: a random
     model does not copy its prompt, and this gives copy-heavy text's draft lengths instead."""
 
-    def __init__(self, k: int, max_model_len: int, answers: dict, acceptance: float) -> None:
-        super().__init__(speculative.SpeculativeConfig(k), max_model_len)
+    def __init__(self, k: int, answers: dict, acceptance: float) -> None:
+        super().__init__(speculative.SpeculativeConfig(k))
         rng = random.Random(k)
         # Drafts as the answer with wrong tokens in fixed places, looked up per sequence once.
         self.drafts = {
@@ -221,7 +223,7 @@ def answers(llm: LLM, n: int, seed: int, length: int) -> dict[tuple[int, ...], l
     """Random prompts and their greedy answers (the engine without speculation)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(512) for _ in range(rng.randint(100, 300))] for _ in range(n)]
-    llm.engine.set_proposer(None)
+    llm.engine.replace_speculator(None)
     greedy = SamplingParams(temperature=0, max_tokens=length, ignore_eos=True)
     outs = llm.generate(prompts, greedy, use_tqdm=False)
     return {tuple(p): o["token_ids"] for p, o in zip(prompts, outs, strict=True)}
@@ -232,13 +234,19 @@ def measure(llm: LLM, k: int, batch: int, max_tokens: int, acceptance: float) ->
     engine = llm.engine
     known = answers(llm, _PROMPTS, seed=k, length=max_tokens)
     prompts = [list(p) for p in known]
-    proposer = ReplayProposer(k, engine.max_model_len, known, acceptance)
-    engine.set_proposer(proposer)
     sizes = graph_inputs.capture_sizes(graph_rows(llm.config))
-    proposer.clock = FrozenClock(StepCosts(tuple(sizes), tuple(1e-3 * (1.0 + s / 512) for s in sizes)))
+    clock = FrozenClock(StepCosts(tuple(sizes), tuple(1e-3 * (1.0 + s / 512) for s in sizes)))
+    speculator = ProposerSpeculator(
+        ReplayProposer(k, known, acceptance),
+        speculative.SpeculativeConfig(k),
+        engine.max_model_len,
+        clock,
+        run_ahead=engine.async_scheduling,
+    )
+    engine.replace_speculator(speculator)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:batch], params, use_tqdm=False)  # warm-up
-    engine.scheduler.spec_stats = speculative.SpecStats()
+    speculator.stats = speculative.SpecStats()  # count the measured runs only
     phases = Phases()
     patches = instrument(phases)
     try:
@@ -247,7 +255,7 @@ def measure(llm: LLM, k: int, batch: int, max_tokens: int, acceptance: float) ->
     finally:
         for owner, name, original in reversed(patches):
             setattr(owner, name, original)
-    phases.stats = engine.scheduler.spec_stats
+    phases.stats = speculator.stats
     return phases
 
 

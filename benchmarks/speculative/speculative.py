@@ -39,6 +39,7 @@ from benchmarks.speculative.speculative_prompts import WORKLOADS  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
 from common.llm_engine import StepTimings  # noqa: E402
 from common.spec_decode.draft_proposer import build_draft_proposer  # noqa: E402
+from common.spec_decode.proposer_speculator import ProposerSpeculator, measured_clock  # noqa: E402
 from common.spec_decode.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
 from common.tools.chat import build_chat_prompt  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
@@ -56,13 +57,25 @@ def prompt_rounds(llm: LLM, texts: list[str], batch: int) -> list[list[list[int]
 
 
 def run(
-    llm: LLM, rounds: list[list[list[int]]], proposer: Proposer | None, max_tokens: int, stop_at_eos: bool
-) -> tuple[float, list[list[int]], SpecStats]:
-    """(seconds per output token after the first, per sequence, outputs, speculation stats) over all
-    rounds. With `stop_at_eos` answers end at their end-of-turn, and only the tokens produced count."""
+    llm: LLM,
+    rounds: list[list[list[int]]],
+    proposer: Proposer | None,
+    k: int,
+    max_tokens: int,
+    stop_at_eos: bool,
+) -> tuple[float, list[list[int]], ProposerSpeculator | None]:
+    """(seconds per output token after the first, per sequence, outputs, the speculator that ran) over
+    all rounds, each run with a fresh speculator (its own stats and step clock) proposing up to k
+    drafts. With `stop_at_eos` answers end at their end-of-turn, and only the tokens produced count."""
     engine = llm.engine
-    engine.set_proposer(proposer)
-    engine.scheduler.spec_stats = SpecStats()
+    speculator = None
+    if proposer is not None:
+        config = SpeculativeConfig.from_engine(replace(llm.config, num_speculative_tokens=k))
+        clock = measured_clock(engine.runner)
+        speculator = ProposerSpeculator(
+            proposer, config, engine.max_model_len, clock, engine.async_scheduling
+        )
+    engine.replace_speculator(speculator)
     engine.timings = StepTimings()
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=not stop_at_eos)
     elapsed, outputs = 0.0, []
@@ -77,7 +90,7 @@ def run(
         outputs += [s.completion_token_ids for s in seqs]
     # A round's time is every one of its sequences' time: per sequence, it produced the mean count.
     after_first = sum(max(0, len(o) - 1) for o in outputs) / len(rounds[0])
-    return elapsed / max(after_first, 1), outputs, engine.scheduler.spec_stats
+    return elapsed / max(after_first, 1), outputs, speculator
 
 
 def truncated_copy(src: str, dst: Path, num_layers: int) -> str:
@@ -109,13 +122,11 @@ def proposers(llm: LLM, ks: list[int], draft_dir: str | None) -> list[tuple[str,
     engine = llm.engine
     out: list[tuple[str, int, Proposer | None]] = [("-", 0, None)]
     for k in ks:
-        out.append(("ngram", k, NgramProposer(SpeculativeConfig(k), engine.max_model_len)))
+        out.append(("ngram", k, NgramProposer(SpeculativeConfig())))
     if draft_dir is not None:
         config = replace(llm.config, speculative="draft", draft_model=draft_dir)
         draft = build_draft_proposer(config, engine.model_config, engine.runner, engine.max_model_len)
-        for k in ks:
-            draft.config = SpeculativeConfig.from_engine(replace(config, num_speculative_tokens=k))
-            out.append(("draft", k, draft))
+        out.extend(("draft", k, draft) for k in ks)
     return out
 
 
@@ -165,21 +176,22 @@ def sweep(llm: LLM, args, runs: list[tuple[str, int, Proposer | None]]) -> dict[
     for name in args.workloads:
         for batch in args.batches:
             prompts = prompt_rounds(llm, WORKLOADS[name], batch)
-            run(llm, prompts[:1], None, 4, args.stop_at_eos)  # warm-up
-            base, ref, _ = run(llm, prompts, None, args.max_tokens, args.stop_at_eos)
+            run(llm, prompts[:1], None, 0, 4, args.stop_at_eos)  # warm-up
+            base, ref, _ = run(llm, prompts, None, 0, args.max_tokens, args.stop_at_eos)
             for kind, k, proposer in runs:
-                tpot, outs, stats = (
-                    (base, ref, SpecStats())
+                tpot, outs, speculator = (
+                    (base, ref, None)
                     if proposer is None
-                    else run(llm, prompts, proposer, args.max_tokens, args.stop_at_eos)
+                    else run(llm, prompts, proposer, k, args.max_tokens, args.stop_at_eos)
                 )
+                stats = speculator.stats if speculator is not None else SpecStats()
                 same = sum(a == b for a, b in zip(outs, ref, strict=True)) / len(ref)
                 print(
                     f"{name:<9}{batch:>6}{kind:>9}{k:>3}{tpot * 1e3:>10.2f}{base / tpot:>9.2f}"
                     f"{stats.acceptance_rate:>8.2f}{stats.tokens_per_step:>9.2f}{same:>6.2f}",
                     flush=True,
                 )
-                clock = proposer.clock if proposer is not None else None
+                clock = speculator.clock if speculator is not None else None
                 if args.verbose and clock is not None:
                     plain = {k: round(v * 1e3, 3) for k, v in sorted(clock.plain.items())}
                     verify = {k: round(v * 1e3, 3) for k, v in sorted(clock.verify.items())}

@@ -1,2 +1,2 @@
 """The engine's bookkeeping, independent of the device: sequences, the block manager, the scheduler,
-run-ahead decoding and the stop rules."""
+the admission policy (request_queue.py), run-ahead decoding and the stop rules."""

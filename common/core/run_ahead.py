@@ -13,10 +13,10 @@ Invariants:
   input token is already on the host (`joins_as_decode`: a decode worker's requests whose KV just
   arrived; their rows read the host token, `src_rows` -1), and nothing needs token values on the
   host first (logprobs, penalties, a batch a proposer that needs every token on the host wants to
-  propose for: `Proposer.may_speculate`). That next step may admit waiting requests or verify drafts
-  proposed one step behind (`Proposer.proposes_behind`, the n-gram lookup): such a step is launched
-  behind the in-flight step (its placeholder rows read the device tokens, the runner maps each
-  sequence's source to its placeholder, the last scheduled token but its drafts), then runs
+  propose for: `Speculator.holds_run_ahead`). That next step may admit waiting requests or verify
+  drafts proposed one step behind (`Proposer.proposes_behind`, the n-gram lookup): such a step is
+  launched behind the in-flight step (its placeholder rows read the device tokens, the runner maps
+  each sequence's source to its placeholder, the last scheduled token but its drafts), then runs
   synchronously.
 * A sequence whose in-flight token is its last by length (`max_tokens`, the model's context) is not
   scheduled again (`Scheduler` skips it: `stopping.finishes_in_flight`): the next step runs ahead
@@ -64,15 +64,14 @@ class Drain(StrEnum):
     """Why an in-flight step must be resolved before the next one is launched (the device idles
     while the host then schedules and prepares that step; counted in `StepTimings.drains`)."""
 
-    SPECULATE = "speculate"  # the proposer reads host-side tokens
+    SPECULATE = "speculate"  # the speculator proposes from host-side tokens
     NEW_SEQUENCE = "new_sequence"  # a running sequence outside the in-flight step is not a plain decode
     HOST_TOKENS = "host_tokens"  # logprobs or penalties need the token values
 
 
 def drain_reason(step: InFlightStep, scheduler: Scheduler) -> Drain | None:
     """None when the next step can be launched behind `step`; else why `step` must resolve first."""
-    proposer = scheduler.proposer
-    if proposer is not None and not proposer.proposes_behind and proposer.may_speculate(scheduler.running):
+    if scheduler.speculator.holds_run_ahead(scheduler.running):
         return Drain.SPECULATE  # proposals read the host-side tokens: resolve, then speculate
     for seq in scheduler.running:  # a sequence in `step.rows` holds that step's placeholder
         if seq.seq_id not in step.rows and not joins_as_decode(seq):

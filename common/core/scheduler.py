@@ -3,8 +3,9 @@
 Each step first gives every running sequence its next tokens (one for a decoding sequence, the
 next chunk for one still prefilling), then admits waiting sequences into the remaining token
 budget. Any prompt may be split into chunks, not only the first of a batch. When the KV cache runs
-out, the most recently admitted running sequence is preempted: its blocks are freed and it goes back
-to the head of the queue to be recomputed (its cached prefix usually survives in the LRU).
+out, a running sequence is preempted: its blocks are freed and it goes back to the queue to be
+recomputed (its cached prefix usually survives in the LRU). Which sequence waits, is admitted or is
+preempted is the admission policy's choice (`common/core/request_queue.py`, FCFS).
 
 Roles: `mixed` runs a request from prompt to finish. `prefill` hands a sequence off as soon as its
 first token is sampled, keeping its blocks pinned until `release`. `decode` receives sequences
@@ -15,17 +16,17 @@ them locally if the transfer fails.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import count
 from typing import NamedTuple
 
 from common.core.block_manager import BlockManager
+from common.core.request_queue import RequestQueue
 from common.core.sequence import FinishReason, Sequence, SequenceStatus
 from common.core.stopping import finishes_in_flight, first_stop
 from common.runner.output import RunnerOutput
-from common.spec_decode.speculative import SpecStats, accept_drafts
+from common.spec_decode.speculator import NoSpeculator, Speculator
 
 
 @dataclass(frozen=True)
@@ -66,16 +67,20 @@ class SeqUpdate(NamedTuple):  # a tuple: one is made per sequence per step, and 
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    """`speculator`: proposes drafts each step and accepts what the target confirms (None: nothing
+    speculates; the scheduler then composes a `NoSpeculator`, so it never asks whether one exists)."""
+
+    def __init__(
+        self, config: SchedulerConfig, block_manager: BlockManager, speculator: Speculator | None = None
+    ) -> None:
         self.config = config
         self.block_manager = block_manager
-        self.waiting: deque[Sequence] = deque()
+        self.waiting: RequestQueue[Sequence] = RequestQueue()  # the admission policy
         self.running: list[Sequence] = []
         self.transferring: dict[int, Sequence] = {}
         self.handed_off: dict[int, Sequence] = {}
         self._admit_counter = count()
-        self.proposer = None  # speculative decoding: a `Proposer`, whose `plan` adds drafts each step
-        self.spec_stats = SpecStats()
+        self.speculator: Speculator = speculator if speculator is not None else NoSpeculator()
         self._deferred_free: list[Sequence] = []  # finished while a launched step writes their KV
 
     # ---- intake --------------------------------------------------------------------------------
@@ -96,7 +101,7 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.validate(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+        self.waiting.push(seq)
 
     @property
     def has_work(self) -> bool:
@@ -120,8 +125,7 @@ class Scheduler:
         return batch
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        if self.proposer is not None:
-            self.proposer.plan(self.running, budget)
+        self.speculator.plan(self.running, budget)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -130,7 +134,7 @@ class Scheduler:
                 continue  # its in-flight token is its last: the step's resolve finishes it
             n = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.grow(seq, seq.num_cached_tokens + n):
-                victim = self.running[-1]
+                victim = self.waiting.victim(self.running)
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is seq:
@@ -141,12 +145,12 @@ class Scheduler:
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self.waiting.peek()
             match = self.block_manager.match_prefix(seq)
             n = min(len(seq) - match.num_tokens, budget)
             if not self.block_manager.can_admit(seq, match, match.num_tokens + n):
                 break
-            self.waiting.popleft()
+            self.waiting.pop()
             self.block_manager.admit(seq, match, match.num_tokens + n)
             if seq.num_preemptions == 0 and seq.admit_order < 0:
                 seq.num_prefix_hit_tokens = match.num_tokens
@@ -171,13 +175,12 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         seq.drop_drafts()
-        if self.proposer is not None:
-            self.proposer.release(seq)
+        self.speculator.release(seq, finished=False)
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.reset_for_recompute()
         seq.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self.waiting.requeue(seq)
 
     # ---- after the model ran -------------------------------------------------------------------
     def update_from_output(
@@ -212,7 +215,7 @@ class Scheduler:
             seq.resolve_placeholder(tokens[0])
             return tokens
         if seq.num_draft_tokens:
-            return accept_drafts(seq, tokens, self.spec_stats)
+            return self.speculator.accept(seq, tokens)
         seq.commit_scheduled()
         seq.append_tokens(tokens)
         return tokens
@@ -248,8 +251,7 @@ class Scheduler:
             self._deferred_free.append(seq)
         else:
             self.block_manager.free(seq)
-        if self.proposer is not None:
-            self.proposer.release(seq)
+        self.speculator.release(seq, finished=True)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
@@ -302,4 +304,4 @@ class Scheduler:
         self.transferring.pop(seq.seq_id)
         self.block_manager.free(seq)
         seq.reset_for_recompute()
-        self.waiting.append(seq)
+        self.waiting.push(seq)

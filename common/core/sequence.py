@@ -79,14 +79,6 @@ class Sequence:
         self.num_preemptions = 0
         self.num_pending_tokens = 0  # trailing placeholders whose values are still on the device
         self.num_draft_tokens = 0  # trailing speculative proposals being verified this step
-        # Speculative decoding: the completion length before which the sequence does not propose
-        # (written only by `speculative.wait`).
-        self.spec_resume_at = 0
-        # Decayed counts of accepted and rejected drafts and the completion length they date from
-        # (written only by `spec_policy.record_acceptance`).
-        self.spec_accepted = 0.0
-        self.spec_rejected = 0.0
-        self.spec_verified_at = 0
         self.logprobs: list[TokenLogprob] = []
         # A seeded request's own random stream for its whole life (created by the runner on first use).
         self.generator: torch.Generator | None = None

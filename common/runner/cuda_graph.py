@@ -33,7 +33,7 @@ from common.runner.graph_inputs import (
     prepare_rows,
     query_lens,
 )
-from common.spec_decode.spec_policy import StepCosts
+from common.runner.step_costs import StepCosts
 
 logger = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from common.runner.inputs import (
 )
 from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
+from common.runner.step_costs import StepCosts
 from common.runner.step_handle import HostTokens, StepHandle
 from common.runner.tp_group import TPGroup, start_group
-from common.spec_decode.spec_policy import StepCosts
 from common.wire.blocks import blocks_for
 from common.wire.sampling_params import SamplingParams
 

@@ -18,16 +18,16 @@ from common.core.block_manager import BlockManager
 from common.core.sequence import Sequence
 from common.model_config import ModelConfig
 from common.runner.model_runner import ModelRunner
-from common.spec_decode.speculative import Proposer, SpeculativeConfig
+from common.spec_decode.speculative import Proposer
 from common.wire.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0.0, max_tokens=1 << 30, ignore_eos=True)
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, config: SpeculativeConfig, max_model_len: int, runner: ModelRunner) -> None:
-        super().__init__(config, max_model_len)
+    def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.max_len = runner.max_model_len  # the draft model's context bounds what it can draft for
         self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, enable_prefix_caching=False)
         self.mirrors: dict[int, Sequence] = {}
 
@@ -141,4 +141,4 @@ def build_draft_proposer(
         seed=config.seed,
     )
     draft_runner = ModelRunner.load(engine, draft_config, runner.platform, limit)
-    return DraftModelProposer(SpeculativeConfig.from_engine(config), limit, draft_runner)
+    return DraftModelProposer(draft_runner)

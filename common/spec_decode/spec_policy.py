@@ -10,15 +10,18 @@ rows cost their full share, so speculation stops paying. `StepCosts` holds that 
 replays at start-up); without it (the CPU) the fixed `max_batch` rule of `SpeculativeConfig` applies.
 
 Invariants: the policy only ever shortens or drops proposals (exactness is `accept_drafts`' job), and
-a sequence's acceptance record lives on the sequence and changes only in `record_acceptance`.
+a sequence's acceptance record (`Acceptance`) lives in the speculator's table, keyed by sequence id,
+and changes only through its `record` and `wait`.
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
+from typing import TypeVar
 
-from common.core.sequence import Sequence
+from common.spec_decode.step_clock import StepClock
+
+K = TypeVar("K")  # what a caller names each proposal by (a sequence)
 
 # Acceptance counts decay by this factor per verification, so the draft length follows the text the
 # sequence is writing now (copying, then free prose, then copying again).
@@ -27,198 +30,97 @@ _DECAY = 0.7
 # stopped speculating after misses tries again later (the text it writes may have turned to copying):
 # after 10 such tokens its record weighs a third.
 _IDLE_DECAY = 0.9
-# Weight of the newest step in a size's moving average of observed step times.
-_STEP_EMA = 0.2
-# An observed step this many times slower than the current estimate is a one-off and is not learned.
-_OUTLIER_FACTOR = 3.0
-# The host's share of a synchronous verification step beyond its replay, modelled as a per-step part
-# (schedule, propose, launch, read back: learned, this is its prior) plus a per-row part (sampling
-# rows and accepting drafts: fixed). Learning only a per-row rate blew up the estimate of long
-# verifications from short ones (H200 at 7561408: 282 us "per row" from 2-4-row steps, so longer
-# ones were never tried); learning only a per-step cost priced 200-row verifications of a 64-row
-# batch at their replay and they were tried at a loss (b63e584: batch 64 at 0.66-0.94x).
-_PRIOR_HOST_SECONDS_PER_STEP = 200e-6
-_HOST_SECONDS_PER_ROW = 15e-6
 
 
-@dataclass(frozen=True)
-class StepCosts:
-    """Measured seconds of one step by padded row count (`sizes` ascending, `seconds` alike)."""
+@dataclass
+class Acceptance:
+    """One sequence's speculation record: decayed counts of its accepted and rejected drafts, and when
+    it may propose again. The speculator keeps one per speculating sequence, keyed by sequence id;
+    only `record` and `wait` write it. `length` arguments are the sequence's completion length now
+    (every decode step adds a token, so lengths also count steps)."""
 
-    sizes: tuple[int, ...]
-    seconds: tuple[float, ...]
+    accepted: float = 0.0
+    rejected: float = 0.0
+    verified_at: int = 0  # completion length the counts date from (the last verification)
+    resume_at: int = 0  # completion length before which the sequence does not propose
 
-    def __post_init__(self) -> None:
-        if not self.sizes or len(self.sizes) != len(self.seconds):
-            raise ValueError("step costs need one time per size")
-        if list(self.sizes) != sorted(self.sizes):
-            raise ValueError("step cost sizes must be ascending")
+    def rate(self, length: int) -> float:
+        """Estimated chance that the sequence's next draft token is accepted (Laplace-smoothed,
+        decayed per verification and faded by the tokens gained since the last one)."""
+        fade = self._idle_fade(length)
+        accepted, rejected = fade * self.accepted, fade * self.rejected
+        return (accepted + 1.0) / (accepted + rejected + 2.0)
 
-    @property
-    def max_rows(self) -> int:
-        return self.sizes[-1]
+    def record(self, length: int, proposed: int, accepted: int) -> None:
+        """Fold one verification in: `accepted` hits and, unless every draft was accepted, one miss
+        (the first rejected draft ends the run; later drafts say nothing). `length` counts the
+        verification's tokens (the accepted drafts and the sampled one)."""
+        fade = _DECAY * self._idle_fade(length - (accepted + 1))
+        self.accepted = fade * self.accepted + accepted
+        self.rejected = fade * self.rejected + (1.0 if accepted < proposed else 0.0)
+        self.verified_at = length
 
-    def padded(self, rows: int) -> int:
-        """The measured size a step of `rows` rows runs at."""
-        return self.sizes[self.slot(rows)]
+    def draft_length(self, length: int, max_tokens: int) -> int:
+        """Drafts worth proposing: about the expected accepted run plus one, at least 1, at most
+        max_tokens (all of them before the first verification: a sequence starts optimistic)."""
+        if self.accepted == 0.0 and self.rejected == 0.0:
+            return max_tokens
+        a = self.rate(length)
+        expected_run = a / (1.0 - a)
+        return max(1, min(max_tokens, int(expected_run + 1.5)))
 
-    def cost(self, rows: int) -> float:
-        """Seconds for a step of `rows` rows (padded up to the next measured size)."""
-        return self.seconds[self.slot(rows)]
+    def is_waiting(self, length: int) -> bool:
+        """The sequence waits before proposing again (after a rejection, or finding nothing to
+        propose). A wait is kept as the length at which it ends: every decode step adds a token, so it
+        counts itself down, and no step has to visit the sequences that wait."""
+        return length < self.resume_at
 
-    def slot(self, rows: int) -> int:
-        """Index of the measured size a step of `rows` rows runs at."""
-        i = bisect.bisect_left(self.sizes, rows)
-        if i == len(self.sizes):
-            raise ValueError(f"rows ({rows}) exceed the largest measured size ({self.sizes[-1]})")
-        return i
+    def wait(self, length: int, steps: int) -> None:
+        """Skip the next `steps` steps that would let the sequence propose."""
+        self.resume_at = length + steps
 
-
-class StepClock:
-    """What a step really costs on this engine, learned from its own steps.
-
-    The graph replay times (`StepCosts`) are only the device's part. A plain decode step runs ahead,
-    so its host work hides behind the device; a verification step is synchronous (its proposals read
-    the tokens on the host), so the host's scheduling, proposing, sampling and acceptance add to it.
-    The engine reports every plain run-ahead step and every verification step (wall seconds from one
-    step's start to the next); each padded size keeps a moving average, and sizes not yet seen are
-    estimated from the replay time plus the host's share: the per-step part learned so far and a
-    fixed per-row part."""
-
-    def __init__(self, costs: StepCosts) -> None:
-        self.costs = costs
-        self.plain: dict[int, float] = {}
-        self.verify: dict[int, float] = {}
-        self.host_per_step = _PRIOR_HOST_SECONDS_PER_STEP
-        self._verifications = 0  # verification steps observed (what `_best_rates` was computed at)
-        self._rates_key: tuple[int, float] | None = None
-        self._best_rates: list[float] = []
-
-    @property
-    def max_rows(self) -> int:
-        return self.costs.max_rows
-
-    def observe(self, verify: bool, rows: int, seconds: float) -> None:
-        if rows > self.costs.max_rows:
-            return
-        size = self.costs.padded(rows)
-        table = self.verify if verify else self.plain
-        current = self.verify_cost(rows) if verify else self.plain_cost(rows)
-        if seconds > _OUTLIER_FACTOR * current:
-            return  # a one-off (a draft model's first prefill of a prompt, a collector pause)
-        table[size] = seconds if size not in table else (1 - _STEP_EMA) * table[size] + _STEP_EMA * seconds
-        if verify:
-            extra = max(0.0, seconds - self.costs.cost(rows) - _HOST_SECONDS_PER_ROW * rows)
-            self.host_per_step = (1 - _STEP_EMA) * self.host_per_step + _STEP_EMA * extra
-            self._verifications += 1
-
-    def can_pay(self, num_rows: int) -> bool:
-        """Could any verification beside a plain step of `num_rows` rows pay, even with every draft
-        accepted (a step of s rows then yields s tokens)? A bound checked every step before anything
-        else: O(1) while no verification is observed (the large batches where none pays)."""
-        i = bisect.bisect_right(self.costs.sizes, num_rows)
-        rates = self._rates()
-        return i < len(rates) and rates[i] > num_rows / self.plain_cost(num_rows)
-
-    def _rates(self) -> list[float]:
-        """[i]: the best tokens per second of a fully accepted verification of sizes[i] rows or more.
-        Depends only on verification costs, so it is recomputed after a verification is observed."""
-        key = (self._verifications, self.host_per_step)
-        if key != self._rates_key:
-            rates = [s / self.verify_cost(s) for s in self.costs.sizes]
-            for i in range(len(rates) - 2, -1, -1):
-                rates[i] = max(rates[i], rates[i + 1])
-            self._rates_key, self._best_rates = key, rates
-        return self._best_rates
-
-    def plain_cost(self, rows: int) -> float:
-        return self.plain.get(self.costs.padded(rows), self.costs.cost(rows))
-
-    def verify_costs(self, first: int, stop: int) -> list[float]:
-        """`verify_cost(rows)` for rows in range(first, stop), in one walk over the sizes."""
-        sizes, seconds, learned = self.costs.sizes, self.costs.seconds, self.verify
-        i, out = self.costs.slot(first), []
-        for rows in range(first, stop):
-            if sizes[i] < rows:  # rows grow by one, sizes strictly: at most one size further
-                i += 1
-            cost = learned.get(sizes[i])
-            out.append(seconds[i] + self._host(rows) if cost is None else cost)
-        return out
-
-    def _host(self, rows: int) -> float:
-        return self.host_per_step + _HOST_SECONDS_PER_ROW * rows
-
-    def verify_cost(self, rows: int) -> float:
-        estimate = self.costs.cost(rows) + self._host(rows)
-        return self.verify.get(self.costs.padded(rows), estimate)
+    def _idle_fade(self, length: int) -> float:
+        """How much of the record is left at `length`: it fades per token gained since the
+        verification it dates from."""
+        idle = length - self.verified_at
+        return _IDLE_DECAY**idle if idle > 0 else 1.0
 
 
-def _idle_fade(seq: Sequence, length: int) -> float:
-    """How much of the record is left at completion length `length`: it fades per token gained since
-    the verification it dates from."""
-    idle = length - seq.spec_verified_at
-    return _IDLE_DECAY**idle if idle > 0 else 1.0
+# Read where a sequence has no record yet (never written: `Acceptance` writers take their own).
+FRESH = Acceptance()
 
 
-def acceptance_rate(seq: Sequence) -> float:
-    """Estimated chance that the sequence's next draft token is accepted (Laplace-smoothed, decayed
-    per verification and faded by the tokens gained since the last one)."""
-    fade = _idle_fade(seq, seq.num_completion_tokens)
-    accepted, rejected = fade * seq.spec_accepted, fade * seq.spec_rejected
-    return (accepted + 1.0) / (accepted + rejected + 2.0)
-
-
-def record_acceptance(seq: Sequence, proposed: int, accepted: int) -> None:
-    """Fold one verification into the sequence's record: `accepted` hits and, unless every draft was
-    accepted, one miss (the first rejected draft ends the run; later drafts say nothing). Call it once
-    the verification's tokens (the accepted drafts and the sampled one) are appended."""
-    fade = _DECAY * _idle_fade(seq, seq.num_completion_tokens - (accepted + 1))
-    seq.spec_accepted = fade * seq.spec_accepted + accepted
-    seq.spec_rejected = fade * seq.spec_rejected + (1.0 if accepted < proposed else 0.0)
-    seq.spec_verified_at = seq.num_completion_tokens
-
-
-def draft_length(seq: Sequence, max_tokens: int) -> int:
-    """Drafts worth proposing: about the expected accepted run plus one, at least 1, at most max_tokens
-    (all of them before the first verification: a sequence starts optimistic)."""
-    if seq.spec_accepted == 0.0 and seq.spec_rejected == 0.0:
-        return max_tokens
-    a = acceptance_rate(seq)
-    expected_run = a / (1.0 - a)
-    return max(1, min(max_tokens, int(expected_run + 1.5)))
-
-
-def draft_gains(seq: Sequence, drafts: int) -> list[float]:
-    """Expected tokens each of a proposal's drafts adds: the j-th counts only if the j - 1 before it
-    were accepted too (a^j for j = 1..drafts), so the gains fall along the proposal."""
-    a, gain, gains = acceptance_rate(seq), 1.0, []
+def draft_gains(rate: float, drafts: int) -> list[float]:
+    """Expected tokens each of a proposal's drafts adds at acceptance rate `rate`: the j-th counts
+    only if the j - 1 before it were accepted too (rate^j for j = 1..drafts), so the gains fall along
+    the proposal."""
+    gain, gains = 1.0, []
     for _ in range(drafts):
-        gain *= a
+        gain *= rate
         gains.append(gain)
     return gains
 
 
-def choose_drafts(
-    clock: StepClock, num_rows: int, wanted: list[tuple[Sequence, int]]
-) -> list[tuple[Sequence, int]]:
-    """The (sequence, draft count) pairs worth verifying in a step of `num_rows` plain rows, each count
-    at most the wanted one (in `wanted`'s order; [] when none pays).
+def choose_drafts(clock: StepClock, num_rows: int, wanted: list[tuple[K, float, int]]) -> list[tuple[K, int]]:
+    """The (key, draft count) pairs worth verifying in a step of `num_rows` plain rows, from `wanted`'s
+    (key, acceptance rate, draft count) entries: each count at most the wanted one, in `wanted`'s
+    order; [] when none pays.
 
     Drafts join one at a time by their gain (`draft_gains`; a sequence's drafts therefore join in
     order, and each count is a prefix of its proposal) while the rows fit the largest captured step;
     the prefix with the most expected tokens per second wins if it beats the plain step."""
     # Ties keep `wanted`'s order, and within a proposal gains fall: its drafts join in order.
-    gains = sorted((-g, i) for i, (seq, drafts) in enumerate(wanted) for g in draft_gains(seq, drafts))
+    gains = sorted((-g, i) for i, (_, rate, drafts) in enumerate(wanted) for g in draft_gains(rate, drafts))
     best = _best_prefix(clock, num_rows, [-g for g, _ in gains])
     counts = [0] * len(wanted)
     for _, i in gains[:best]:
         counts[i] += 1
-    return [(seq, c) for (seq, _), c in zip(wanted, counts, strict=True) if c]
+    return [(key, c) for (key, _, _), c in zip(wanted, counts, strict=True) if c]
 
 
-def any_pays(clock: StepClock, num_rows: int, wanted: list[tuple[Sequence, int]]) -> bool:
+def any_pays(clock: StepClock, num_rows: int, wanted: list[tuple[K, float, int]]) -> bool:
     """Would `choose_drafts` choose anything? (Stops at the first draft prefix that pays.)"""
-    gains = sorted((g for seq, drafts in wanted for g in draft_gains(seq, drafts)), reverse=True)
+    gains = sorted((g for _, rate, drafts in wanted for g in draft_gains(rate, drafts)), reverse=True)
     return _best_prefix(clock, num_rows, gains, first=True) > 0
 
 

@@ -49,7 +49,7 @@ def _generate(llm: LLM) -> list[list[int]]:
 def _always_speculate(llm: LLM) -> None:
     """Exactness is under test, not the cost policy: drop the measured clock so every step that can
     verify does (the fixed batch rule, with speculative_max_batch above the batch)."""
-    llm.engine.scheduler.proposer.clock = None
+    llm.engine.scheduler.speculator.clock = None
 
 
 def _count_graph_verifications(llm: LLM) -> list[bool]:
@@ -78,11 +78,11 @@ def plain_outputs(model_dir) -> list[list[int]]:
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_fp32_greedy_identical_with_ngram_verification_in_graphs(model_dir, plain_outputs, k):
     llm = _llm(model_dir, speculative="ngram", num_speculative_tokens=k)
-    assert llm.engine.scheduler.proposer.clock is not None  # the policy weighs measured step costs
+    assert llm.engine.scheduler.speculator.clock is not None  # the policy weighs measured step costs
     _always_speculate(llm)
     verified = _count_graph_verifications(llm)
     assert _generate(llm) == plain_outputs
-    stats = llm.engine.scheduler.spec_stats
+    stats = llm.engine.scheduler.speculator.stats
     assert stats.accepted > 0 and verified, (stats, verified)
     assert any(verified), "no verification was launched behind a run-ahead step"
     assert "speculate" not in llm.engine.timings.drains
@@ -90,11 +90,11 @@ def test_fp32_greedy_identical_with_ngram_verification_in_graphs(model_dir, plai
 
 def test_fp32_greedy_identical_with_a_draft_model_on_graphs(model_dir, plain_outputs):
     llm = _llm(model_dir, speculative="draft", draft_model=model_dir, num_speculative_tokens=4)
-    proposer = llm.engine.scheduler.proposer
+    proposer = llm.engine.scheduler.speculator.proposer
     assert proposer.runner.graphs is not None  # the draft runs its own CUDA graphs
     _always_speculate(llm)
     assert _generate(llm) == plain_outputs
-    stats = llm.engine.scheduler.spec_stats
+    stats = llm.engine.scheduler.speculator.stats
     assert stats.proposed > 0 and stats.accepted == stats.proposed  # the draft is the target
     assert proposer.mirrors == {} and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
 

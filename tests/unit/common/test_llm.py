@@ -48,7 +48,7 @@ def test_stop_string_ends_text_and_tokens(llm, haiku, stop):
     bm = llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks
     if llm.config.speculative:  # the answer repeats itself: drafts were accepted around the stops
-        assert llm.engine.scheduler.spec_stats.accepted > 0
+        assert llm.engine.scheduler.speculator.stats.accepted > 0
 
 
 def test_stop_strings_wait_for_min_tokens(llm, haiku):

@@ -81,7 +81,7 @@ def test_a_speculating_engine_gives_the_same_answers(greedy_outputs):
     outs = _generate_cases(llm, 0.0)
     _check_all(outs)
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in greedy_outputs]
-    assert llm.engine.scheduler.spec_stats.proposed > 0  # the free-text request was speculated
+    assert llm.engine.scheduler.speculator.stats.proposed > 0  # the free-text request was speculated
     llm.close()
 
 

@@ -34,10 +34,10 @@ def test_worker_engine_has_the_configured_proposer(tiny_model_dirs, speculative)
     try:
         assert isinstance(engine.runner, SharedGpuRunner)  # the worker path, not a plain ModelRunner
         expected = DraftModelProposer if speculative == "draft" else NgramProposer
-        assert isinstance(engine.scheduler.proposer, expected)
+        assert isinstance(engine.scheduler.speculator.proposer, expected)
         reference = LLM(model, num_kvcache_blocks=64).generate(PROMPTS, GREEDY, use_tqdm=False)
         assert run_to_completion(engine, PROMPTS) == [o["token_ids"] for o in reference]
-        assert engine.scheduler.spec_stats.proposed > 0  # it did speculate
+        assert engine.scheduler.speculator.stats.proposed > 0  # it did speculate
     finally:
         engine.close()
 
@@ -62,9 +62,9 @@ def test_gpu_worker_engine_speculates_with_a_draft_model(tiny_model_dirs) -> Non
     engine = build_engine(config)
     try:
         assert engine.runner.platform.is_cuda and isinstance(engine.runner, SharedGpuRunner)
-        assert isinstance(engine.scheduler.proposer, DraftModelProposer)
+        assert isinstance(engine.scheduler.speculator.proposer, DraftModelProposer)
         run_to_completion(engine, PROMPTS)
-        assert engine.scheduler.spec_stats.accepted > 0  # the draft is the target: drafts are accepted
+        assert engine.scheduler.speculator.stats.accepted > 0  # the draft is the target: drafts are accepted
     finally:
         engine.close()
         torch.cuda.empty_cache()

@@ -8,6 +8,7 @@ from common.core.block_manager import BlockManager
 from common.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SeqUpdate
 from common.core.sequence import FinishReason, Sequence, SequenceStatus
 from common.runner.output import RunnerOutput
+from common.spec_decode.proposer_speculator import ProposerSpeculator
 from common.spec_decode.speculative import NgramProposer, SpeculativeConfig
 from common.wire.sampling_params import SamplingParams
 
@@ -15,9 +16,9 @@ BS = 4
 EOS = 3
 
 
-def _sched(blocks=64, budget=16, max_seqs=8, role="mixed", max_len=256) -> Scheduler:
+def _sched(blocks=64, budget=16, max_seqs=8, role="mixed", max_len=256, speculator=None) -> Scheduler:
     cfg = SchedulerConfig(max_seqs, budget, max_len, role, frozenset({EOS}))
-    return Scheduler(cfg, BlockManager(blocks, BS))
+    return Scheduler(cfg, BlockManager(blocks, BS), speculator)
 
 
 def _seq(n: int, start: int = 10, **params) -> Sequence:
@@ -87,7 +88,7 @@ def test_preempts_most_recently_admitted_and_requeues_at_head():
     batch, plan, _ = _step(s)  # a's 9th token needs a block: b, admitted last, gives its own up
     assert plan == [(a.seq_id, 1)]
     assert batch.preempted == [b]
-    assert s.waiting[0] is b and b.status == SequenceStatus.WAITING and b.num_cached_tokens == 0
+    assert s.waiting.peek() is b and b.status == SequenceStatus.WAITING and b.num_cached_tokens == 0
     assert b.block_table == [] and b.num_preemptions == 1
     assert len(b) == 9  # its sampled tokens are kept and recomputed later
 
@@ -182,8 +183,8 @@ def test_rejects_what_can_never_run():
 
 def _speculating(**params) -> tuple[Scheduler, Sequence]:
     """A decoding sequence whose next step verifies the n-gram proposal [1, 2, 3]."""
-    s = _sched(budget=32)
-    s.proposer = NgramProposer(SpeculativeConfig(num_tokens=3), max_model_len=256)
+    config = SpeculativeConfig(num_tokens=3)
+    s = _sched(budget=32, speculator=ProposerSpeculator(NgramProposer(config), config, max_model_len=256))
     seq = Sequence([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=20, ignore_eos=True, **params), BS)
     s.add(seq)
     _step(s, token=3)  # prefill; the sequence now ends with a third "1 2 3"
@@ -198,7 +199,7 @@ def test_update_from_output_keeps_confirmed_drafts_only():
     assert [u.new_token_id for u in updates] == [1, 2, 9]  # two drafts confirmed, then the correction
     assert seq.completion_token_ids == [3, 1, 2, 9]
     assert seq.num_cached_tokens == len(seq) - 1 and seq.num_draft_tokens == 0
-    assert (s.spec_stats.proposed, s.spec_stats.accepted) == (3, 2)
+    assert (s.speculator.stats.proposed, s.speculator.stats.accepted) == (3, 2)
 
 
 def test_stop_inside_an_accepted_run_ends_the_output_there():

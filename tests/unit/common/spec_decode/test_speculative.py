@@ -97,7 +97,7 @@ def test_greedy_outputs_identical_with_speculation(tiny_model_dirs, k, kv_blocks
     behind = _count_verifications_behind(spec, monkeypatch)
     outs = [o["token_ids"] for o in spec.generate(prompts, params, use_tqdm=False)]
     assert outs == expected
-    stats = spec.engine.scheduler.spec_stats
+    stats = spec.engine.scheduler.speculator.stats
     assert stats.proposed > 0 and stats.accepted > 0
     assert bool(behind) == run_ahead_on
     assert "speculate" not in spec.engine.timings.drains
@@ -178,7 +178,7 @@ def two_sample_total_variation(
         params = SamplingParams(temperature=1.0, max_tokens=5, ignore_eos=True)
         outs = llm.generate([prompt] * n, params, use_tqdm=False)
         counts.append(Counter(o["token_ids"][3] for o in outs))
-        stats = llm.engine.scheduler.spec_stats
+        stats = llm.engine.scheduler.speculator.stats
     tv = _binned_total_variation(counts[0], counts[1], n)
     return tv, stats.accepted, stats.proposed - stats.accepted
 
@@ -209,11 +209,11 @@ def test_draft_model_proposals_keep_greedy_outputs(tiny_model_dirs, draft, kv_bl
         num_speculative_tokens=3,
     )
     assert [o["token_ids"] for o in spec.generate(prompts, params, use_tqdm=False)] == expected
-    stats = spec.engine.scheduler.spec_stats
+    stats = spec.engine.scheduler.speculator.stats
     assert stats.proposed > 0
     if draft == "llama":
         assert stats.accepted == stats.proposed and stats.tokens_per_step > 3
-    proposer = spec.engine.scheduler.proposer
+    proposer = spec.engine.scheduler.speculator.proposer
     assert proposer.mirrors == {} and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
 
 
@@ -251,4 +251,4 @@ def test_speculation_alongside_run_ahead(tiny_model_dirs, monkeypatch):
     monkeypatch.setattr(run_ahead, "start", counting)
     outs = [o["token_ids"] for o in spec.generate(prompts, params, use_tqdm=False)]
     assert outs == expected
-    assert spec.engine.scheduler.spec_stats.verify_steps > 0 and launched_ahead
+    assert spec.engine.scheduler.speculator.stats.verify_steps > 0 and launched_ahead
