@@ -78,11 +78,6 @@ def resolve_transport(transport: str, device_type: str, same_host: bool) -> str:
     return "tcp"
 
 
-def zmq_host(host: str) -> str:
-    """`host` as it goes into a ZMQ tcp:// address (IPv6 literals need brackets)."""
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
 def validate_seconds(name: str, value: object) -> str | None:
     """The error for a bad duration (used on values that arrive at runtime), or None."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 import zmq
 
-from common.net import curve
+from common.net.sockets import SocketOptions, open_sockets
 from common.net.waker import Waker
 from common.wire.blocks import check_block_ids
 from common.wire.codec import Message, encode
@@ -34,6 +34,10 @@ from .layout import CacheLayout
 from .verify import VerificationFailed, check_binding
 
 logger = logging.getLogger(__name__)
+
+# RCVHWM 0: a bounded queue would stall the sender's data frames; IPV6 on: senders may advertise host
+# names that resolve to IPv6 addresses.
+DEALER_OPTIONS = SocketOptions(recv_hwm=0, ipv6=True)
 
 
 class ZmqReceiver(KVReceiver):
@@ -59,7 +63,7 @@ class ZmqReceiver(KVReceiver):
         if self._thread is not None or self._closed:
             raise RuntimeError(f"{type(self).__name__} can be started once")
         self._stream = CopyStream(self._kv.device)
-        self._ctx = zmq.Context()
+        self._sockets = open_sockets(self._config.curve, f"kv {self.transport} receiver")
         self._waker = Waker()
         self._poller = zmq.Poller()
         self._poller.register(self._waker.fd, zmq.POLLIN)
@@ -118,7 +122,7 @@ class ZmqReceiver(KVReceiver):
             self._waker.wake()
             self._thread.join()
             self._waker.close()
-            self._ctx.term()
+            self._sockets.close()
 
     def _validate(self, job: Job, timeout: object) -> str | None:
         handoff = job.handoff
@@ -205,16 +209,7 @@ class ZmqReceiver(KVReceiver):
     def _dealer(self, address: str) -> zmq.Socket:
         sock = self._dealers.get(address)
         if sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.RCVHWM, 0)  # a bounded queue would stall the sender's data frames
-            sock.setsockopt(zmq.IPV6, 1)  # senders may advertise IPv6 addresses
-            curve.dial(sock, self._config.curve)
-            try:
-                sock.connect(address)
-            except zmq.ZMQError:
-                sock.close(linger=0)
-                raise
+            sock = self._sockets.dial(zmq.DEALER, address, DEALER_OPTIONS)
             self._poller.register(sock, zmq.POLLIN)
             self._dealers[address] = sock
         return sock

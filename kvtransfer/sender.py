@@ -17,7 +17,8 @@ from typing import ClassVar
 import torch
 import zmq
 
-from common.net import curve
+from common.net.addresses import tcp_endpoint
+from common.net.sockets import SocketOptions, last_endpoint, open_sockets
 from common.wire.blocks import check_block_ids
 from common.wire.codec import encode
 from common.wire.handoff import HandOff, IpcExport, NcclStore, Transport
@@ -26,7 +27,7 @@ from common.wire.wire_fields import MessageError
 
 from .base import KVSender, Release, TransferStatus, check_kv_cache
 from .block_copy import gather_blocks
-from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds, zmq_host
+from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds
 from .device import CopyStream, host_buffer, record_event, wait_event
 from .layout import CacheLayout
 from .publication import FetchRejected, Publication, ReadBlocks
@@ -37,6 +38,10 @@ logger = logging.getLogger(__name__)
 # A served fetch keeps its blocks pinned at least this long past the receiver's own timeout, so a
 # receiver still inside its deadline never reads blocks the engine has already reused.
 CLAIM_GRACE_S = 5.0
+
+# ROUTER_MANDATORY: unroutable replies raise instead of vanishing; SNDHWM 0: a full pipe would otherwise
+# drop data frames silently; IPV6 on even for IPv4 hosts: a wildcard bind then takes both families.
+ROUTER_OPTIONS = SocketOptions(send_hwm=0, ipv6=True, extra={zmq.ROUTER_MANDATORY: 1})
 
 
 class ZmqSender(KVSender):
@@ -62,31 +67,22 @@ class ZmqSender(KVSender):
         if self._thread is not None or self._closed:
             raise RuntimeError(f"{type(self).__name__} can be started once")
         self._stream = CopyStream(self._kv.device)
-        self._ctx = zmq.Context()
+        self._sockets = open_sockets(self._config.curve, f"kv {self.transport} sender")
         self._epoch = new_token()
-        self._guard = None
         try:
-            self._guard = curve.guard(self._ctx, self._config.curve, f"kv {self.transport} sender")
             port = self._bind()
-            self._address = f"tcp://{zmq_host(self._advertise_host())}:{port}"
+            self._address = tcp_endpoint(self._advertise_host(), port)
             self._start_transport()
         except Exception:
-            curve.close_guard(self._guard)
-            self._ctx.destroy(linger=0)
+            self._sockets.close()
             raise
         self._thread = threading.Thread(target=self._run, name=f"kv-{self.transport}-sender", daemon=True)
         self._thread.start()
 
     def _bind(self) -> str:
         """Bind the ROUTER on an ephemeral port of the configured interface; returns the port."""
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable replies raise instead of vanishing
-        self._sock.setsockopt(zmq.SNDHWM, 0)  # a full pipe would otherwise drop data frames silently
-        self._sock.setsockopt(zmq.IPV6, 1)  # harmless for IPv4 hosts, needed for IPv6 ones
-        curve.serve(self._sock, self._config.curve)
-        self._sock.bind(f"tcp://{zmq_host(self._config.host)}:*")
-        return self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1]
+        self._sock = self._sockets.bind(zmq.ROUTER, self._config.host, options=ROUTER_OPTIONS)
+        return last_endpoint(self._sock).rsplit(":", 1)[1]
 
     @property
     def address(self) -> str:
@@ -143,8 +139,7 @@ class ZmqSender(KVSender):
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
-            curve.close_guard(self._guard)
-            self._ctx.term()
+            self._sockets.close()
 
     def _check_running(self) -> None:
         if self._thread is None or self._closed:

@@ -42,6 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common.wire.blocks import blocks_for  # noqa: E402
+from common.wire.handoff import TRANSPORTS  # noqa: E402
 from common.wire.hashing import block_hashes  # noqa: E402
 from kvtransfer import KVTransferConfig, TransferStatus, create_receiver, create_sender  # noqa: E402
 from kvtransfer.block_copy import checksum_blocks  # noqa: E402
@@ -84,7 +85,7 @@ def _sender(conn, args: argparse.Namespace, num_blocks: int) -> None:
 
 def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--transport", default="tcp", choices=["tcp", "ipc", "nccl"])
+    p.add_argument("--transport", default="tcp", choices=TRANSPORTS)
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 6144], help="prompt lengths")
     p.add_argument("--batch", type=int, default=16, help="prompts handed over together")
     p.add_argument("--dtype", default="bfloat16")
