@@ -1,97 +1,17 @@
-"""Wire messages: round trips, strict validation, and no crash on arbitrary bytes."""
+"""Wire messages: round trips and strict validation (fuzzing: test_messages_fuzz.py)."""
 
 from __future__ import annotations
 
-import contextlib
-
 import msgpack
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from common.wire import kv_messages as kv
 from common.wire import messages as m
-from common.wire.handoff import HandOff, IpcExport
-from common.wire.hashing import probe_hash
 from common.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from common.wire.logprobs import TokenLogprob
 from common.wire.messages import MessageError, decode, encode
 from common.wire.sampling_params import FinishReason, SamplingParams
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
-TCP_HANDOFF = HandOff("tcp", "tcp://127.0.0.1:5002", "r1", 5, 2**63 - 1, 2)
-IPC_HANDOFF = HandOff(
-    "ipc",
-    "tcp://h:2",
-    "kvprobe-1",
-    5,
-    9,
-    2,
-    ipc=IpcExport(77, 1.7e9, {"handle": b"\x00"}, [4, 0], [3, None], None),
-)
-LAYOUT = kv.BlockLayout("bfloat16", [2, 16, 4, 64])
-BINDING = kv.KVBinding(5, 9, [2**64 - 1, None])
-
-EXAMPLES: list[m.Message] = [
-    m.WorkerRegister(
-        worker_id="prefill-0",
-        role="prefill",
-        host="node1",
-        pid=123,
-        command_addr="tcp://127.0.0.1:5000",
-        events_addr="tcp://127.0.0.1:5001",
-        kv_endpoint={"transport": "tcp", "addr": "tcp://127.0.0.1:5002"},
-        block_size=16,
-        probe_hash=probe_hash(16),
-        num_kv_blocks=1000,
-        max_model_len=8192,
-        max_num_batched_tokens=4096,
-        model_name="smol",
-        node_id="a1b2c3",
-    ),
-    m.WorkerHeartbeat("decode-0", 10, 20, 1, 2, 300, 1700000000.5),
-    m.PrefillRequest("r1", [1, 2, 3], GREEDY, "decode-0", "tcp://h:1", None),
-    m.GenerateRequest("r1", [1, 2, 3], SamplingParams(stop=["x"], seed=2**63 - 1, logprobs=2), 9.5),
-    m.DecodeRequest("r1", [1, 2, 3], 7, GREEDY, TCP_HANDOFF, "prefill-0", 12.5),
-    m.TokenOutput("r1", "prefill-0", 0, [7], None, 3, 0),
-    m.TokenBatch("decode-0", ["r1", "r2"], [3, 1], [[8], [9, 10]], [3, 40]),
-    m.TokenOutput(
-        "r1",
-        "decode-0",
-        1,
-        [8, 9],
-        FinishReason.STOP,
-        3,
-        0,
-        logprobs=[TokenLogprob(-0.1, ((8, -0.1),)), TokenLogprob(float("-inf"))],
-    ),
-    m.RequestFailed("r1", "decode-0", "out of blocks", True),
-    m.Abort("r1"),
-    m.KVEventBatch(
-        "prefill-0",
-        1,
-        [
-            BlockStored((1, 2**64 - 1), None),
-            BlockStored((3,), 2**64 - 1),
-            BlockRemoved((1,)),
-            AllBlocksCleared(),
-        ],
-    ),
-    m.SnapshotRequest("prefill-0"),
-    m.Snapshot("prefill-0", 0, [5, 6]),
-    m.KVProbeRequest("kvprobe-1-prefill-0-decode-0", "decode-0", "tcp://h:1", 32 << 20),
-    m.KVProbe("kvprobe-1", "prefill-0", IPC_HANDOFF),
-    m.KVProbeResult("kvprobe-1", "prefill-0", "decode-0", "tcp", 1 << 20, 0.01),
-    m.KVProbeResult("kvprobe-2", "prefill-0", "decode-0", "nccl", 0, 0.0, "timed out"),
-    m.Shutdown(),
-    kv.KVFetch("r1", 1, 5, LAYOUT, 30.0, pair="a" * 32, drop_pairs=["b" * 32]),
-    kv.KVAck("r1", 1),
-    kv.KVError("r1", 0, "no such publication", pair_broken=True),
-    kv.KVCopied(["r1", "r2"]),
-    kv.KVData("r1", 1, 0, 4, True, BINDING),
-    kv.KVSums("r1", 1, 4, [-(2**63), 7]),
-    kv.KVReady("r1", 2, 4096, b"\x01" * 16, BINDING),
-]
+from tests.unit.common.wire.message_examples import EXAMPLES, GREEDY, LAYOUT
 
 
 @pytest.mark.parametrize("msg", EXAMPLES, ids=lambda msg: msg.TYPE)
@@ -287,55 +207,6 @@ def test_a_malformed_work_request_keeps_its_request_id() -> None:
 def test_encode_rejects_non_messages() -> None:
     with pytest.raises(MessageError):
         encode(object())  # type: ignore[arg-type]
-
-
-@settings(max_examples=400, deadline=None, database=None)
-@given(st.binary(max_size=256))
-def test_arbitrary_bytes_never_crash(data: bytes) -> None:
-    with contextlib.suppress(MessageError):
-        decode(data)
-
-
-_msgpack_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**70), 2**70)
-    | st.floats()
-    | st.text(max_size=8)
-    | st.binary(max_size=8),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
-    ),
-    max_leaves=12,
-)
-
-
-@settings(max_examples=400, deadline=None, database=None)
-@given(
-    st.sampled_from(sorted(m.MESSAGE_TYPES)),
-    st.dictionaries(st.text(max_size=12), _msgpack_values, max_size=8),
-)
-def test_tagged_maps_with_random_fields_never_crash(tag: str, body: dict) -> None:
-    try:
-        data = msgpack.packb({"type": tag, **body}, use_bin_type=True)
-    except (OverflowError, ValueError, TypeError):
-        return  # msgpack itself cannot carry this value
-    with contextlib.suppress(MessageError):
-        decode(data)
-
-
-@settings(max_examples=200, deadline=None, database=None)
-@given(st.sampled_from(EXAMPLES), st.data())
-def test_mutated_valid_messages_never_crash(msg: m.Message, data: st.DataObject) -> None:
-    payload = msgpack.unpackb(encode(msg))
-    key = data.draw(st.sampled_from(sorted(payload)))
-    payload[key] = data.draw(_msgpack_values)
-    try:
-        data_bytes = msgpack.packb(payload, use_bin_type=True)
-    except (OverflowError, ValueError, TypeError):
-        return  # msgpack itself cannot carry this value
-    with contextlib.suppress(MessageError):
-        decode(data_bytes)
 
 
 def test_a_token_batch_means_its_rows_as_token_outputs() -> None:
