@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+from common.wire.handoff import HandOff
 from common.wire.hashing import block_hashes, probe_hash
 from common.wire.kv_events import BlockStored
 from common.wire.logprobs import TokenLogprob
@@ -168,8 +169,8 @@ class FakeWorker:
                 req.prompt_token_ids,
                 first,
                 req.sampling,
-                {},
-                [0],
+                # A fake decode worker never fetches: the record only has to be a valid one.
+                HandOff("tcp", "tcp://127.0.0.1:1", req.request_id, nonce=0, epoch=0, num_blocks=1),
                 self.worker_id,
                 req.deadline,
             )
