@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -21,6 +22,13 @@ from kvtransfer.peers import KVReceiverSet
 
 log = logging.getLogger(__name__)
 MAX_PROBE_BYTES = 1 << 30  # a probe asking for more scratch than this is refused, not allocated
+
+
+class ProbeAnswer(NamedTuple):
+    """A finished probe's result and the front that asked for it (where the result goes)."""
+
+    result: KVProbeResult
+    reply_to: str | None
 
 
 class ProbeReceiver:
@@ -53,7 +61,7 @@ class ProbeReceiver:
         self._pending[msg.probe_id] = msg
         return None
 
-    def poll(self) -> list[KVProbeResult]:
+    def poll(self) -> list[ProbeAnswer]:
         if self._receivers is None:
             return []
         out = []
@@ -62,7 +70,8 @@ class ProbeReceiver:
             if msg is None:
                 continue
             error = None if r.status is TransferStatus.DONE else (r.error or "failed")
-            out.append(self._result(msg, msg.handoff.transport, r.num_bytes, r.seconds, error))
+            result = self._result(msg, msg.handoff.transport, r.num_bytes, r.seconds, error)
+            out.append(ProbeAnswer(result, msg.reply_to))
         return out
 
     def close(self) -> None:

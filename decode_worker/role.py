@@ -99,7 +99,7 @@ class DecodeRole(WorkerRole):
         try:
             seq = sequence_from_request(self.engine, msg)
         except ValueError as e:  # the same request would fail on every worker
-            self.ctx.fail(rid, str(e), retryable=False)
+            self.ctx.fail(rid, str(e), retryable=False, reply_to=msg.reply_to)
             return
         log.debug("%s: %s with %d prompt tokens", rid, msg.TYPE, len(msg.prompt_token_ids))
         if isinstance(msg, GenerateRequest):
@@ -121,7 +121,7 @@ class DecodeRole(WorkerRole):
             self.probes = ProbeReceiver(self.engine.kv_cache, self.kv.config, self.ctx.worker_id)
         result = self.probes.start(msg)
         if result is not None:
-            self.ctx.channels.to_router(result)
+            self.ctx.channels.to_front(msg.reply_to, result)
 
     def close(self) -> None:
         if self.probes is not None:
@@ -148,9 +148,9 @@ class DecodeRole(WorkerRole):
     def poll(self) -> None:
         for result in self.kv.poll():
             self._on_transfer(result)
-        for probe in self.probes.poll() if self.probes is not None else ():
+        for probe, reply_to in self.probes.poll() if self.probes is not None else ():
             log.info("KV probe from %s: %s", probe.prefill_worker_id, probe.error or f"{probe.gbps:.2f} GB/s")
-            self.ctx.channels.to_router(probe)
+            self.ctx.channels.to_front(reply_to, probe)
         self._admit_pending()
         self.kv.flush()
 
@@ -165,12 +165,13 @@ class DecodeRole(WorkerRole):
                 tokens.setdefault(rid, []).append(update.new_token_id)
                 if update.finished:
                     finished.add(rid)
-        rows: tuple[list, list, list, list] = ([], [], [], [])
+        batches: dict[str | None, tuple[list, list, list, list]] = {}  # one TokenBatch per front
         for rid, ids in tokens.items():
             job = self.jobs[rid]
             if rid in finished or not self._plain(job):
                 self._send_tokens(job, ids, rid in finished)
             else:  # the common case: one row of this step's batch
+                rows = batches.setdefault(job.request.reply_to, ([], [], [], []))
                 for column, value in zip(
                     rows, (rid, job.next_index, ids, job.seq.num_prompt_tokens), strict=True
                 ):
@@ -179,8 +180,8 @@ class DecodeRole(WorkerRole):
             if rid in finished:
                 del self.jobs[rid]
                 job.log.debug("%s: finished (%s) after %d tokens", rid, job.seq.finish_reason, job.next_index)
-        if rows[0]:
-            self.ctx.channels.to_router(TokenBatch(self.ctx.worker_id, *rows))
+        for reply_to, rows in batches.items():
+            self.ctx.channels.to_front(reply_to, TokenBatch(self.ctx.worker_id, *rows))
 
     @staticmethod
     def _plain(job: DecodeJob) -> bool:
@@ -194,10 +195,13 @@ class DecodeRole(WorkerRole):
             if deadline is None or deadline >= now or job.abort_when_settled:
                 continue
             self.abort(rid)
+            reply_to = job.request.reply_to
             if job.next_index == 0:  # nothing sent yet: fail as a prefill worker would
-                self.ctx.fail(rid, "deadline exceeded before the first token", retryable=False)
+                self.ctx.fail(
+                    rid, "deadline exceeded before the first token", retryable=False, reply_to=reply_to
+                )
             else:
-                self.ctx.finish_aborted(rid, job.next_index, len(job.request.prompt_token_ids))
+                self.ctx.finish_aborted(rid, job.next_index, len(job.request.prompt_token_ids), reply_to)
 
     def poll_interval(self) -> float | None:
         transfers = self.engine.load_report().num_transferring
@@ -266,7 +270,7 @@ class DecodeRole(WorkerRole):
             timings=None if first_reported else self._timings(job),
         )
         job.next_index += len(token_ids)
-        self.ctx.channels.to_router(msg)
+        self.ctx.channels.to_front(job.request.reply_to, msg)
 
     def _timings(self, job: DecodeJob) -> dict[str, float] | None:
         """Stage seconds for the request's first message from this worker."""

@@ -73,7 +73,7 @@ class PrefillRole(WorkerRole):
         try:
             seq = self.engine.add_request(msg.prompt_token_ids, msg.sampling, rid)
         except ValueError as e:  # the same request would fail on every worker
-            self.ctx.fail(rid, str(e), retryable=False)
+            self.ctx.fail(rid, str(e), retryable=False, reply_to=msg.reply_to)
             return
         self.jobs[rid] = PrefillJob(msg, seq)
         log.debug("%s: prefilling %d prompt tokens", rid, len(msg.prompt_token_ids))
@@ -93,9 +93,9 @@ class PrefillRole(WorkerRole):
             failed = KVProbeResult(
                 msg.probe_id, self.ctx.worker_id, msg.decode_worker_id, "none", 0, 0.0, error
             )
-            self.ctx.channels.to_router(failed)
+            self.ctx.channels.to_front(msg.reply_to, failed)
             return
-        probe = KVProbe(msg.probe_id, self.ctx.worker_id, handoff)
+        probe = KVProbe(msg.probe_id, self.ctx.worker_id, handoff, msg.reply_to)
         self.ctx.channels.to_peer(msg.decode_command_addr, probe)
 
     def abort(self, request_id: str) -> bool:
@@ -139,7 +139,12 @@ class PrefillRole(WorkerRole):
             deadline = job.request.deadline
             if not job.handed_off and deadline is not None and deadline < now:
                 self.abort(rid)
-                self.ctx.fail(rid, "deadline exceeded before the first token", retryable=False)
+                self.ctx.fail(
+                    rid,
+                    "deadline exceeded before the first token",
+                    retryable=False,
+                    reply_to=job.request.reply_to,
+                )
 
     def poll_interval(self) -> float | None:
         return RELEASE_POLL_S if self.jobs else None
@@ -159,7 +164,7 @@ class PrefillRole(WorkerRole):
             logprobs=wire_logprobs(seq, 1),
             timings=prefill_timings(seq, time.monotonic()),
         )
-        self.ctx.channels.to_router(msg)
+        self.ctx.channels.to_front(job.request.reply_to, msg)
 
     def _hand_off(self, job: PrefillJob, token: int) -> None:
         req, seq = job.request, job.seq
@@ -171,7 +176,7 @@ class PrefillRole(WorkerRole):
             job.log.error("cannot publish %s: %s", req.request_id, e)
             del self.jobs[req.request_id]
             self.engine.release_handoff(seq)
-            self.ctx.fail(req.request_id, f"KV hand-off failed: {e}", retryable=True)
+            self.ctx.fail(req.request_id, f"KV hand-off failed: {e}", retryable=True, reply_to=req.reply_to)
             return
         job.handed_off = True
         decode_req = DecodeRequest(
@@ -183,6 +188,7 @@ class PrefillRole(WorkerRole):
             prefill_worker_id=self.ctx.worker_id,
             deadline=req.deadline,
             log_id=req.log_id,
+            reply_to=req.reply_to,
         )
         self.ctx.channels.to_peer(req.decode_command_addr, decode_req)
         job.log.debug("%s: first token sent, KV handed to %s", req.request_id, req.decode_worker_id)

@@ -74,7 +74,13 @@ class ClusterClient:
         self._config = config
         self.registry = registry
         self.index = index
-        self.pairs = PairProber(probes or KVProbes(num_bytes=0), registry, rates or LiveRates(), self.send)
+        self.pairs = PairProber(
+            probes or KVProbes(num_bytes=0),
+            registry,
+            rates or LiveRates(),
+            self.send,
+            lambda: self.inbox_addr,
+        )
         self._clock = clock
         self._sockets: Sockets[zmq.asyncio.Socket] | None = None
         self._inbox: zmq.asyncio.Socket | None = None
@@ -277,7 +283,7 @@ class ClusterClient:
 
     async def _ask_snapshot(self, worker_id: str) -> None:
         self._snapshot_asked[worker_id] = self._clock()
-        await self.send(worker_id, SnapshotRequest(worker_id))
+        await self.send(worker_id, SnapshotRequest(worker_id, self.inbox_addr))
 
     # ---- liveness ------------------------------------------------------------------------------
 

@@ -143,8 +143,10 @@ class PairProber:
         registry: WorkerRegistry,
         rates: LiveRates,
         send: Callable[[str, Message], Awaitable[bool]],
+        reply_to: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.probes, self.registry, self.rates, self._send = probes, registry, rates, send
+        self._reply_to = reply_to  # this front's inbox: where the probe's result must come back
 
     async def tick(self, now: float) -> None:
         """Expire unanswered probes, then ask prefill workers to probe the pairs that are due."""
@@ -156,7 +158,8 @@ class PairProber:
             addr = targets[order.decode].reg.command_addr
             # Undelivered, it times out and is retried like a failed probe.
             await self._send(
-                order.prefill, KVProbeRequest(order.probe_id, order.decode, addr, self.probes.num_bytes)
+                order.prefill,
+                KVProbeRequest(order.probe_id, order.decode, addr, self.probes.num_bytes, self._reply_to()),
             )
 
     def on_result(self, msg: KVProbeResult, now: float) -> None:

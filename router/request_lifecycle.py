@@ -163,12 +163,15 @@ class RequestLifecycle:
         sampling = seq.sampling
         prompt = seq.prompt_token_ids
         log_id = request_log.current()  # the request task's X-Request-Id, for the workers' logs
+        reply_to = self.cluster.inbox_addr  # this front: the workers stream the request's tokens here
         if route.local:
-            return GenerateRequest(wire_id, prompt, sampling, deadline, log_id)
+            return GenerateRequest(wire_id, prompt, sampling, deadline, log_id, reply_to)
         decode_info = self.registry.get(route.decode_id)
         assert decode_info is not None  # the planner took it from the live workers just now
         command_addr = decode_info.reg.command_addr
-        return PrefillRequest(wire_id, prompt, sampling, route.decode_id, command_addr, deadline, log_id)
+        return PrefillRequest(
+            wire_id, prompt, sampling, route.decode_id, command_addr, deadline, log_id, reply_to
+        )
 
     def _limit(self, seq: SequenceRequest) -> float | None:
         """The tighter of the router's --request-timeout and the request's own `timeout`."""

@@ -49,3 +49,8 @@ def names_ipv6_literal(endpoint: str) -> bool:
 def tcp_endpoint(host: str, port: int | str = "*") -> str:
     """A ZMQ tcp endpoint ("*": an ephemeral port when binding)."""
     return f"tcp://{bracket(host)}:{port}"
+
+
+def split_addresses(text: str) -> list[str]:
+    """The addresses of a comma-separated list (one router front's inbox each), in order, no blanks."""
+    return [part.strip() for part in text.split(",") if part.strip()]

@@ -55,6 +55,9 @@ class WorkRequest(Message):
     # The client's X-Request-Id (or the router's generated one): what every log line about the
     # request names (common/wire/request_log.py). Optional, so older senders still validate.
     log_id: str | None
+    # The inbox of the router front that admitted the request: the worker sends the request's tokens,
+    # failures and finish there (None: to the router address the worker registered with).
+    reply_to: str | None
 
     @property
     def log_name(self) -> str:
@@ -114,6 +117,7 @@ class PrefillRequest(WorkRequest):
     decode_command_addr: Id
     deadline: float | None
     log_id: str | None = None
+    reply_to: str | None = None
 
 
 @dataclass
@@ -130,6 +134,7 @@ class GenerateRequest(WorkRequest):
     sampling: SamplingParams
     deadline: float | None
     log_id: str | None = None
+    reply_to: str | None = None
 
 
 @dataclass
@@ -146,6 +151,7 @@ class DecodeRequest(WorkRequest):
     prefill_worker_id: Id
     deadline: float | None
     log_id: str | None = None
+    reply_to: str | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -274,6 +280,7 @@ class SnapshotRequest(Message):
 
     TYPE: ClassVar[str] = "snapshot_request"
     worker_id: Id
+    reply_to: str | None = None  # the front that asked: where the answer goes
 
 
 @dataclass
@@ -296,6 +303,7 @@ class KVProbeRequest(Message):
     decode_worker_id: Id
     decode_command_addr: Id
     num_bytes: Positive
+    reply_to: str | None = None  # the front that asked: where the answer goes
 
 
 @dataclass
@@ -307,6 +315,7 @@ class KVProbe(Message):
     probe_id: Id
     prefill_worker_id: Id
     handoff: HandOff
+    reply_to: str | None = None  # the front that asked for the probe: where the result goes
 
     def validate(self) -> None:
         if self.handoff.request_id != self.probe_id:

@@ -1,13 +1,16 @@
 """A worker's ZMQ sockets, all owned by one I/O thread (ZMQ sockets must not be shared between threads).
 
-Engine thread -> I/O thread: `to_router` / `to_peer` / `publish` queue (destination, message) and wake
-the thread through a pipe; messages are encoded there. I/O thread -> engine thread: commands decoded
-from the PULL socket land on `inbox`; malformed frames are logged and dropped here, so the engine loop
-only ever sees valid messages (a malformed request that still names its request id is failed back to
-the router, not retryable: another worker would get the same bytes). The I/O thread also sends the
-registration (at once, then every `register_interval_s`: that is how a restarted router re-learns
-running workers) and a heartbeat every `heartbeat_interval_s` built from the latest `load` the engine
-thread posted. With the cluster's CURVE keys (common/net/curve.py) the command and events sockets admit
+Engine thread -> I/O thread: `to_front` / `to_peer` / `publish` queue (destination, message) and wake
+the thread through a pipe; messages are encoded there. `to_front(reply_to, msg)` sends a request's
+messages to the router front that admitted it (common/worker/fronts.py; None: the first front).
+I/O thread -> engine thread: commands decoded from the PULL socket land on `inbox`; malformed frames
+are logged and dropped here, so the engine loop only ever sees valid messages (a malformed request
+that still names its request id is failed back to the router, not retryable: another worker would get
+the same bytes). The I/O thread also sends the registration (at once, then every
+`register_interval_s`: that is how a restarted router re-learns running workers) and a heartbeat every
+`heartbeat_interval_s` built from the latest `load` the engine thread posted, to every front in
+`router_addr` (comma-separated inboxes). A broken or restored link to a front lands on `inbox` as a
+`FrontStatus`. With the cluster's CURVE keys (common/net/curve.py) the command and events sockets admit
 only holders of the keys, and the router and peer sockets authenticate with them.
 """
 
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from common.net.addresses import split_addresses
 from common.net.curve import CurveKeys
 from common.net.sockets import SocketOptions, last_endpoint, open_sockets
 from common.net.waker import Waker
@@ -33,11 +37,14 @@ from common.wire.messages import (
     decode,
     encode,
 )
+from common.worker.fronts import FrontLinks, FrontStatus
 from common.worker.role import LoadReport
 
 log = logging.getLogger(__name__)
 
-ROUTER, EVENTS = "\0router", "\0events"  # outbox destinations; any other is a peer's command address
+# Outbox destinations: the first front, the events socket, a front by inbox (FRONT + address); any other
+# destination is a peer's command address.
+ROUTER, EVENTS, FRONT = "\0router", "\0events", "\0front:"
 # Bigger command frames are dropped by ZMQ before they reach memory.
 COMMAND_OPTIONS = SocketOptions(max_message_bytes=256 << 20)
 # Queued messages while the router (or a peer) is unreachable, then sends are dropped.
@@ -68,7 +75,7 @@ class WorkerChannels:
         self.with_events = with_events
         self.heartbeat_interval_s = heartbeat_interval_s
         self.register_interval_s = register_interval_s
-        self.inbox: queue.Queue[Message] = queue.Queue()
+        self.inbox: queue.Queue[Message | FrontStatus] = queue.Queue()
         self.load = LoadReport()  # replaced (never mutated) by the engine thread
         self._outbox: queue.SimpleQueue[tuple[str, Message]] = queue.SimpleQueue()
         self._registration: WorkerRegister | None = None
@@ -85,7 +92,8 @@ class WorkerChannels:
         self._sockets = open_sockets(self.curve, self.worker_id)
         self._waker = Waker()
         self._commands = self._sockets.bind(zmq.PULL, self.host, options=COMMAND_OPTIONS)
-        self._router = self._sockets.dial(zmq.PUSH, self.router_addr, OUTBOUND_OPTIONS)
+        self._fronts = FrontLinks(self._sockets, split_addresses(self.router_addr), OUTBOUND_OPTIONS)
+        self._fronts.connect_registered()
         self._events = self._sockets.bind(zmq.PUB, self.host) if self.with_events else None
         bound = BoundAddresses(last_endpoint(self._commands), self._events and last_endpoint(self._events))
         # Sockets made here move to the I/O thread; Thread.start() is the memory barrier ZMQ asks for.
@@ -98,8 +106,9 @@ class WorkerChannels:
         self._registration = registration
         self._waker.wake()
 
-    def to_router(self, msg: Message) -> None:
-        self._put(ROUTER, msg)
+    def to_front(self, reply_to: str | None, msg: Message) -> None:
+        """Send a request's message to the front that admitted it (`reply_to`; None: the first front)."""
+        self._put(ROUTER if reply_to is None else FRONT + reply_to, msg)
 
     def to_peer(self, command_addr: str, msg: Message) -> None:
         self._put(command_addr, msg)
@@ -127,10 +136,16 @@ class WorkerChannels:
         poller = zmq.Poller()
         poller.register(self._commands, zmq.POLLIN)
         poller.register(self._waker.fd, zmq.POLLIN)
+        monitors: list[zmq.Socket] = []
         timers = _Timers(self.heartbeat_interval_s, self.register_interval_s)
         while not self._stop.is_set():
             try:
+                self._watch_new_fronts(poller, monitors)
                 ready = dict(poller.poll(timers.wait_ms() if self._registration else 1000))
+                for monitor in monitors:
+                    if monitor in ready:
+                        for status in self._fronts.read_monitor(monitor):
+                            self.inbox.put(status)
                 if self._commands in ready:
                     self._receive_commands()
                 if self._waker.fd in ready:
@@ -140,6 +155,12 @@ class WorkerChannels:
             except Exception:  # the I/O thread must outlive any one bad message or send
                 log.exception("worker I/O loop error")
                 time.sleep(0.05)
+
+    def _watch_new_fronts(self, poller: zmq.Poller, monitors: list[zmq.Socket]) -> None:
+        for monitor in self._fronts.poller_additions:
+            poller.register(monitor, zmq.POLLIN)
+            monitors.append(monitor)
+        self._fronts.poller_additions.clear()
 
     def _receive_commands(self) -> None:
         while True:
@@ -169,9 +190,12 @@ class WorkerChannels:
             return  # heartbeats only make sense once the router knows this worker
         now = time.monotonic()
         if timers.register_due(now):
-            self._send(ROUTER, reg)
+            for sock in self._fronts.registered_sockets():
+                self._send_on(sock, ROUTER, reg)
         if timers.heartbeat_due(now):
-            self._send(ROUTER, self._heartbeat())
+            beat = self._heartbeat()
+            for sock in self._fronts.registered_sockets():
+                self._send_on(sock, ROUTER, beat)
 
     def _heartbeat(self) -> WorkerHeartbeat:
         load = self.load
@@ -190,6 +214,9 @@ class WorkerChannels:
         if sock is None:
             log.warning("no events socket: dropping %s", msg.TYPE)
             return
+        self._send_on(sock, destination, msg)
+
+    def _send_on(self, sock: zmq.Socket, destination: str, msg: Message) -> None:
         try:
             sock.send(encode(msg), zmq.NOBLOCK)
         except zmq.Again:  # the peer is gone or not reading: dropping beats blocking the worker
@@ -199,7 +226,9 @@ class WorkerChannels:
 
     def _socket_for(self, destination: str) -> zmq.Socket | None:
         if destination == ROUTER:
-            return self._router
+            return self._fronts.primary
+        if destination.startswith(FRONT):
+            return self._fronts.socket(destination[len(FRONT) :])
         if destination == EVENTS:
             return self._events
         sock = self._peers.get(destination)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from common.config import EngineConfig
 from common.engine_args import add_engine_args, engine_config_from_args
-from common.net.addresses import WILDCARD_HOSTS
+from common.net.addresses import WILDCARD_HOSTS, split_addresses
 from common.net.curve import CurveKeys
 from common.net.flags import Flag, FlagTable, add_log_level
 from common.net.transports import KV_TRANSPORT_CHOICES
@@ -52,8 +52,11 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.worker_id, str) or not self.worker_id:
             raise ValueError("worker_id must be a non-empty string")
-        if not isinstance(self.router_addr, str) or not self.router_addr.startswith("tcp://"):
-            raise ValueError(f"router_addr must look like tcp://host:port, got {self.router_addr!r}")
+        addrs = split_addresses(self.router_addr) if isinstance(self.router_addr, str) else []
+        if not addrs or not all(a.startswith("tcp://") for a in addrs):
+            raise ValueError(
+                f"router_addr must look like tcp://host:port[,tcp://host:port...], got {self.router_addr!r}"
+            )
         if self.host in WILDCARD_HOSTS:
             raise ValueError(f"host must be an address peers can dial (or 'auto'), got {self.host!r}")
         if self.curve is not None and not isinstance(self.curve, CurveKeys):
@@ -81,7 +84,12 @@ class WorkerConfig:
 WORKER_FLAGS = FlagTable(
     "worker",
     (
-        Flag("router_addr", str, "the router's inbox, tcp://host:port", required=True),
+        Flag(
+            "router_addr",
+            str,
+            "the router's inbox, tcp://host:port (several fronts: their inboxes, comma-separated)",
+            required=True,
+        ),
         Flag("host", str, "address to bind and advertise ('auto': the route to the router)"),
         Flag("worker_id", str, "unique id (default: ROLE-HOSTNAME-PID)"),
         Flag("kv_transport", str, "how KV blocks move", KV_TRANSPORT_CHOICES),

@@ -26,8 +26,9 @@ class EventPublisher:
         self.seq += 1
         self.channels.publish(KVEventBatch(self.worker_id, self.seq, list(events)))
 
-    def snapshot(self, pending: list[KVEvent], hashes: list[int]) -> None:
-        """Answer a SnapshotRequest. Events not yet published are published first, so `hashes` (the
-        cache as it is now) reflects exactly the batches up to `seq`."""
+    def snapshot(self, pending: list[KVEvent], hashes: list[int], reply_to: str | None) -> None:
+        """Answer a SnapshotRequest from the front at `reply_to`. Events not yet published are published
+        first (every front gets them), so `hashes` (the cache as it is now) reflects exactly the batches
+        up to `seq`."""
         self.flush(pending)
-        self.channels.to_router(Snapshot(self.worker_id, self.seq, hashes))
+        self.channels.to_front(reply_to, Snapshot(self.worker_id, self.seq, hashes))

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from common.wire.messages import Message, RequestFailed, TokenOutput
+from common.wire.messages import Message, RequestFailed, SnapshotRequest, TokenOutput
 from common.worker.events import EventPublisher
 
 if TYPE_CHECKING:
@@ -45,13 +45,16 @@ class WorkerContext:
     def worker_id(self) -> str:
         return self.config.worker_id
 
-    def fail(self, request_id: str, error: str, retryable: bool) -> None:
-        self.channels.to_router(RequestFailed(request_id, self.worker_id, error, retryable))
+    def fail(self, request_id: str, error: str, retryable: bool, reply_to: str | None) -> None:
+        """Tell the front that admitted the request (`reply_to`) that it failed here."""
+        self.channels.to_front(reply_to, RequestFailed(request_id, self.worker_id, error, retryable))
 
-    def finish_aborted(self, request_id: str, index: int, num_prompt_tokens: int) -> None:
+    def finish_aborted(
+        self, request_id: str, index: int, num_prompt_tokens: int, reply_to: str | None
+    ) -> None:
         """End a request the worker itself gave up on (deadline) with an empty "abort" message."""
         msg = TokenOutput(request_id, self.worker_id, index, [], "abort", num_prompt_tokens, 0)
-        self.channels.to_router(msg)
+        self.channels.to_front(reply_to, msg)
 
 
 class KVSide(Protocol):
@@ -114,7 +117,8 @@ class WorkerRole(ABC):
         if self.events is None:
             log.debug("ignoring %s: this %s worker publishes no cache index", msg.TYPE, self.name)
             return
-        self.events.snapshot(self.engine.drain_kv_events(), self.engine.cached_hashes())
+        assert isinstance(msg, SnapshotRequest)
+        self.events.snapshot(self.engine.drain_kv_events(), self.engine.cached_hashes(), msg.reply_to)
 
     def probe(self, msg: Message) -> None:
         """A KV path probe: KVProbeRequest (prefill role: publish scratch blocks for the decode target)
@@ -159,10 +163,18 @@ class WorkerRole(ABC):
             queued_prefill_tokens=figures.queued_prefill_tokens,
         )
 
+    def drop_front(self, reply_to: str) -> list[str]:
+        """The front at `reply_to` is gone: abort (free the KV of) every request it admitted, since
+        nobody reads their tokens any more; returns their ids."""
+        dropped = [rid for rid, job in self.jobs.items() if job.request.reply_to == reply_to]
+        for rid in dropped:
+            self.abort(rid)
+        return dropped
+
     def fail_all(self, error: str) -> None:
         """The engine broke: fail every request (retryably) and forget it."""
-        for rid in list(self.jobs):
-            self.ctx.fail(rid, error, retryable=True)
+        for rid, job in list(self.jobs.items()):
+            self.ctx.fail(rid, error, retryable=True, reply_to=job.request.reply_to)
             try:
                 self.abort(rid)
             except Exception:  # the engine may be inconsistent: at least forget the request

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 
-from common.net.addresses import resolve_host
+from common.net.addresses import resolve_host, split_addresses
 from common.wire import request_log
 from common.wire.hashing import probe_hash
 from common.wire.messages import (
@@ -32,6 +32,7 @@ from common.worker.aborts import AbortBook
 from common.worker.channels import BoundAddresses, WorkerChannels
 from common.worker.config import WorkerConfig
 from common.worker.engine_factory import build_engine
+from common.worker.fronts import FrontStatus
 from common.worker.role import WorkerContext, WorkerRole
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class WorkerService:
         self.config = config
         self.role = role
         self.aborts = AbortBook()
+        self.lost_fronts: set[str] = set()  # fronts whose link is down: their requests are not taken
         self.engine = None
         self.channels: WorkerChannels | None = None
         self._stop = threading.Event()
@@ -58,7 +60,7 @@ class WorkerService:
         """Load the engine, bind the sockets, start the role's KV side, then register."""
         cfg = self.config
         self.engine = build_engine(cfg.engine)
-        host = resolve_host(cfg.host, cfg.router_addr)
+        host = resolve_host(cfg.host, split_addresses(cfg.router_addr)[0])
         self.channels = WorkerChannels(
             cfg.worker_id,
             cfg.router_addr,
@@ -135,8 +137,10 @@ class WorkerService:
         except Exception:  # one bad command must not take the worker down
             log.exception("error handling %s", msg.TYPE)
 
-    def handle(self, msg: Message) -> None:
-        if isinstance(msg, Abort):
+    def handle(self, msg: Message | FrontStatus) -> None:
+        if isinstance(msg, FrontStatus):
+            self._on_front(msg)
+        elif isinstance(msg, Abort):
             self.aborts.remember(msg.request_id, time.time())
             self.role.abort(msg.request_id)
         elif isinstance(msg, WorkRequest):
@@ -152,9 +156,19 @@ class WorkerService:
         else:
             log.warning("ignoring unexpected %s on the command socket", msg.TYPE)
 
+    def _on_front(self, status: FrontStatus) -> None:
+        if status.up:
+            self.lost_fronts.discard(status.addr)
+            return
+        self.lost_fronts.add(status.addr)
+        dropped = self.role.drop_front(status.addr)
+        log.warning("router front %s is gone: dropped its %d request(s)", status.addr, len(dropped))
+
     def _take(self, msg: WorkRequest) -> None:
         if not isinstance(msg, self.role.request_types):
             log.warning("ignoring unexpected %s on the command socket", msg.TYPE)
+        elif msg.reply_to is not None and msg.reply_to in self.lost_fronts:
+            log.info("dropping %s: the front that admitted it is gone", msg.request_id)
         elif self.aborts.was_aborted(msg.request_id, time.time()):
             log.info("dropping %s: already aborted", msg.request_id)
         else:

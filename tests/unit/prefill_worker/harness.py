@@ -26,11 +26,13 @@ class FakeChannels:
         self.inbox: queue.Queue[Message] = queue.Queue()
         self.load = LoadReport()
         self.router: list[Message] = []
+        self.reply_tos: list[str | None] = []  # the front each message in `router` went to
         self.peers: list[tuple[str, Message]] = []
         self.events: list[Message] = []
 
-    def to_router(self, msg: Message) -> None:
+    def to_front(self, reply_to: str | None, msg: Message) -> None:
         self.router.append(msg)
+        self.reply_tos.append(reply_to)
 
     def to_peer(self, command_addr: str, msg: Message) -> None:
         self.peers.append((command_addr, msg))

@@ -221,7 +221,7 @@ def test_channels_register_heartbeat_and_survive_garbage(router_inbox) -> None:
             push.send(garbage)
         push.send(encode(Abort("r1")))
         assert channels.inbox.get(timeout=5) == Abort("r1")  # the garbage was dropped, not delivered
-        channels.to_router(TokenOutput("r1", "p0", 0, [5], "stop", 1, 0))
+        channels.to_front(None, TokenOutput("r1", "p0", 0, [5], "stop", 1, 0))
         assert receive(inbox, TokenOutput).token_ids == [5]
         push.close(linger=0)
     finally:
