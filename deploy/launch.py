@@ -17,25 +17,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from common.engine_args import add_engine_args, engine_overrides
 from common.net.curve import CurveKeys
 from common.net.flags import add_log_level
 from deploy.base import WorkerBackend, WorkerHandle
-from deploy.local_backend import signal_group, spawn, stop_processes
+from deploy.fronts import Front, Fronts, default_api_servers
 from deploy.passthrough import (
     ROUTER_PASSTHROUGH,
     WORKER_PASSTHROUGH,
@@ -48,8 +46,6 @@ from deploy.placement import parse_ray_resources
 from deploy.plan import BACKENDS, LaunchPlan, worker_specs
 from deploy.ray_logs import use_readable_ray_logs
 from router.access_log import LAUNCHER_AGENT
-from router.config import API_KEY_ENV
-from router.flags import ROUTER_FLAGS
 
 log = logging.getLogger("deploy.launch")
 
@@ -77,73 +73,53 @@ class Interrupted(Exception):
 
 
 class Cluster:
-    """The router process plus the backend's workers. `start()` returns the base URL once healthy;
-    setting `stop` (e.g. from a signal handler) interrupts the start-up and ends `serve`."""
+    """The router fronts (deploy/fronts.py) plus the backend's workers. `start()` returns the base URL
+    once healthy; setting `stop` (e.g. from a signal handler) interrupts the start-up and ends `serve`."""
 
     def __init__(self, plan: LaunchPlan, backend: WorkerBackend, stop: threading.Event | None = None) -> None:
         self.plan = plan
         self.backend = backend
         self.stop = stop or threading.Event()
-        self.router = None
         self.workers: list[WorkerHandle] = []
         self.url: str | None = None
-        self.inbox: str | None = None
+        self.inbox: str | None = None  # every front's inbox, comma-separated (the workers' --router-addr)
         self._tmp = tempfile.TemporaryDirectory(prefix="pdserve-launch-")
-        self._secret_env: dict[str, str] = {}  # the cluster's CURVE keys, made by start()
+        self.fronts: Fronts | None = None  # made by start(), with the cluster's CURVE keys
+        self._healthy_fronts: set[int | None] = set()
+
+    @property
+    def router(self):
+        """Front 0's process (the only one with --api-servers 1)."""
+        return self.fronts.fronts[0].proc if self.fronts and self.fronts.fronts else None
 
     def start(self) -> str:
         deadline = time.monotonic() + self.plan.startup_timeout_s
         # The cluster's CURVE keys (common/net/curve.py): made here, handed over through environments only.
-        self._secret_env = CurveKeys.generate().to_env()
-        ready = self._start_router(deadline, self._secret_env)
-        self.url, self.inbox = ready["http"], ready["inbox"]
-        for spec in worker_specs(self.plan, ready["inbox"], count_gpus(self.plan, self.backend)):
-            self.workers.append(self.backend.start(replace(spec, secret_env=self._secret_env)))
+        self.fronts = Fronts(self.plan, self._tmp.name, CurveKeys.generate().to_env())
+        self.fronts.start(self._front_check(deadline))
+        self.url, self.inbox = self.fronts.url, self.fronts.inboxes
+        secret_env = self.fronts.secret_env
+        for spec in worker_specs(self.plan, self.inbox, count_gpus(self.plan, self.backend)):
+            self.workers.append(self.backend.start(replace(spec, secret_env=secret_env)))
         self._wait_healthy(deadline)
         return self.url
 
-    def _start_router(self, deadline: float, secret_env: dict[str, str]) -> dict:
-        p = self.plan
-        ready_file = Path(self._tmp.name) / "router-ready.json"
-        launcher_set = {
-            "model": p.model,
-            "host": p.host,
-            "port": p.port,
-            "inbox_host": p.inbox_host,
-            "ready_file": str(ready_file),
-            "protect_status": p.protect_status,
-            "block_size": p.engine.get("kvcache_block_size"),
-        }
-        argv = [sys.executable, "-m", "router", *ROUTER_FLAGS.argv(launcher_set), "--log-level", p.log_level]
-        argv += list(p.router_argv)
-        log_path = str(Path(p.log_dir) / "router.log") if p.log_dir else None
-        if p.log_dir:
-            Path(p.log_dir).mkdir(parents=True, exist_ok=True)
-        # The key goes through the environment, not argv, which any user of the host can read (ps);
-        # "" (no key) also overrides a PDSERVE_API_KEY the launcher itself inherited.
-        self.router = spawn(argv, env={API_KEY_ENV: p.api_key or "", **secret_env}, log_path=log_path)
-        while not ready_file.exists():
-            # Workers are not checked: a restart may find one down, which is the router's to handle.
-            self._check_alive(deadline, "router ready file", check_workers=False)
-            time.sleep(0.05)
-        return json.loads(ready_file.read_text())
-
-    def restart_router(self, timeout_s: float = 120.0) -> None:
-        """Kill the router (SIGKILL, as a crash would) and start a new one on the same HTTP port and
+    def restart_router(self, timeout_s: float = 120.0, index: int = 0) -> None:
+        """Kill front `index` (SIGKILL, as a crash would) and start a new one on the same HTTP port and
         inbox port; returns once it serves. The running workers' sockets reconnect on their own and
         they re-register within seconds (`healthy()` says when all have)."""
-        if self.router is None or self.url is None or self.inbox is None:
+        if self.fronts is None or not self.fronts.fronts:
             raise RuntimeError("restart_router needs a started cluster")
-        signal_group(self.router, signal.SIGKILL)
-        self.router.wait()
-        stop_processes([self.router], grace_s=0.0)  # closes its log file; nothing left to signal
-        argv = list(self.plan.router_argv)
-        if "--inbox-port" not in argv:
-            argv += ["--inbox-port", self.inbox.rsplit(":", 1)[1]]
-        port = urllib.parse.urlsplit(self.url).port
-        self.plan = dataclasses.replace(self.plan, port=port or self.plan.port, router_argv=tuple(argv))
-        (Path(self._tmp.name) / "router-ready.json").unlink(missing_ok=True)
-        self._start_router(time.monotonic() + timeout_s, self._secret_env)  # the workers' keys
+        self._restart_front(self.fronts.fronts[index], time.monotonic() + timeout_s, kill=True)
+
+    def _restart_front(self, front: Front, deadline: float, kill: bool = False) -> None:
+        assert self.fronts is not None
+        self._healthy_fronts.discard(front.index if self.fronts.several else None)
+        self.fronts.restart(front, self._front_check(deadline), kill=kill)
+
+    def _front_check(self, deadline: float) -> Callable[[str], None]:
+        # Workers are not checked: a restart may find one down, which is the router's to handle.
+        return lambda waiting_for: self._check_alive(deadline, waiting_for, check_workers=False)
 
     def _wait_healthy(self, deadline: float) -> None:
         while not self.healthy():
@@ -151,7 +127,9 @@ class Cluster:
             time.sleep(0.25)
 
     def healthy(self) -> bool:
-        """/health is 200 and lists every worker started as live (200 alone means one of each role)."""
+        """/health is 200 and lists every worker started as live (200 alone means one of each role);
+        with several fronts, every front has answered so since it (re)started (each poll is a new
+        connection, which the kernel gives to any of the fronts)."""
         # The User-Agent keeps these polls out of the router's access log (router/access_log.py).
         headers = {"User-Agent": LAUNCHER_AGENT}
         if self.plan.api_key:
@@ -163,13 +141,17 @@ class Cluster:
         except (OSError, ValueError):  # URLError / HTTPError (503 while workers join) / refused / garbage
             return False
         live = {w.get("worker_id") for w in report.get("workers", []) if w.get("state") == "live"}
-        return {w.spec.worker_id for w in self.workers} <= live
+        if not {w.spec.worker_id for w in self.workers} <= live:
+            return False
+        self._healthy_fronts.add(report.get("front"))
+        return len(self._healthy_fronts) >= self.plan.api_servers
 
     def _check_alive(self, deadline: float, waiting_for: str, check_workers: bool = True) -> None:
         if self.stop.is_set():
             raise Interrupted(waiting_for)
-        if self.router is not None and self.router.poll() is not None:
-            raise RuntimeError(f"the router exited with status {self.router.returncode}")
+        dead = self.fronts.dead() if self.fronts is not None else []
+        if dead:
+            raise RuntimeError(f"the router exited with status {dead[0].proc.returncode}")
         dead = [w.spec.worker_id for w in self.workers if check_workers and not w.alive()]
         if dead:
             raise RuntimeError(f"worker(s) exited during start-up: {', '.join(dead)}")
@@ -179,22 +161,29 @@ class Cluster:
             )
 
     def serve(self) -> int:
-        """Block until `stop` is set (0) or the router dies (1)."""
+        """Block until `stop` is set (0) or the router dies (1). With several fronts a front that dies
+        is started again instead (its clients lost their streams; the others serve on)."""
+        assert self.fronts is not None
         while not self.stop.wait(0.5):
-            if self.router.poll() is not None:
-                log.error("the router exited with status %s", self.router.returncode)
-                return 1
+            for front in self.fronts.dead():
+                log.error("router front %d exited with status %s", front.index, front.proc.returncode)
+                if not self.fronts.several:
+                    return 1
+                try:
+                    self._restart_front(front, time.monotonic() + self.plan.startup_timeout_s)
+                except RuntimeError as e:  # it could not start again: try once more on the next turn
+                    log.error("could not restart router front %d: %s", front.index, e)
         return 0
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         """Stop the workers and the router together (neither needs the other to exit cleanly)."""
-        if self.router is not None:
-            signal_group(self.router, signal.SIGTERM)  # the router's own shutdown overlaps the workers'
+        if self.fronts is not None:
+            self.fronts.signal_all(signal.SIGTERM)  # the fronts' own shutdown overlaps the workers'
         try:
             self.backend.shutdown()
         finally:
-            if self.router is not None:
-                stop_processes([self.router], grace_s)
+            if self.fronts is not None:
+                self.fronts.stop(grace_s)
             self._tmp.cleanup()
 
 
@@ -220,6 +209,12 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
     p.add_argument("--gpus-per-worker", type=float, default=None, help="GPU share per worker (default: even)")
     p.add_argument("--log-dir", default=None, help="write router and worker logs here (default: stdout)")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    p.add_argument(
+        "--api-servers",
+        type=int,
+        default=None,
+        help="HTTP front processes on the one port (default: one per 4 cores, up to 8; 1 with --device cpu)",
+    )
     add_log_level(p)
     add_launcher_read_args(p)
     add_passthrough_args(p)
@@ -248,6 +243,8 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
             log_dir=args.log_dir,
             log_level=args.log_level,
             startup_timeout_s=args.startup_timeout,
+            api_servers=args.api_servers
+            or default_api_servers(os.cpu_count(), engine_overrides(args).get("device") == "cpu"),
             router_argv=router_argv,
             worker_argv=passthrough_argv(args, WORKER_PASSTHROUGH),
             **launcher_read_values(args),

@@ -48,6 +48,7 @@ class LaunchPlan:
     protect_status: bool = False
     router_argv: tuple[str, ...] = ()  # extra router flags (deploy.passthrough)
     worker_argv: tuple[str, ...] = ()  # extra flags for every worker
+    api_servers: int = 1  # HTTP front processes sharing `port` (deploy/fronts.py)
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "num_mixed"):
@@ -56,6 +57,12 @@ class LaunchPlan:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
         if self.num_decode + self.num_mixed == 0:
             raise ValueError("num_decode + num_mixed must be at least 1: no worker could decode")
+        if (
+            isinstance(self.api_servers, bool)
+            or not isinstance(self.api_servers, int)
+            or self.api_servers < 1
+        ):
+            raise ValueError(f"api_servers must be an int >= 1, got {self.api_servers!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.gpus_per_worker is not None and not 0 < self.gpus_per_worker <= 1:

@@ -12,6 +12,7 @@ FastAPI; FastAPI serves every other route and the OpenAPI schema of all of them.
 
 from __future__ import annotations
 
+import os
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from starlette.types import ASGIApp
 from router.access_log import LauncherProbeMiddleware
 from router.auth import APIKeyAuth
 from router.body_limit import BodyGuard
+from router.config import RouterConfig
 from router.errors import install_error_handlers
 from router.generation_routes import GenerationRoutes
 from router.inflight import InflightGate
@@ -115,14 +117,21 @@ def _add_status_routes(app: FastAPI, router: Router) -> None:
     async def health() -> JSONResponse:
         healthy = router.registry.is_healthy()
         report = health_report(router.registry, healthy, router.cluster.pairs.probes)
+        report.update(_front_view(router.config))
         return JSONResponse(report, status_code=200 if healthy else 503)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         refresh_worker_gauges(router.metrics, router.registry, router.index, router.cluster.pairs.probes)
-        text = router.metrics.registry.render()
+        text = router.metrics.registry.render(router.config.front)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/debug/index")
     async def debug() -> dict:
-        return debug_index(router.registry, router.index, router.policy.name, router.lifecycle.rates)
+        view = debug_index(router.registry, router.index, router.policy.name, router.lifecycle.rates)
+        return view | _front_view(router.config)
+
+
+def _front_view(config: RouterConfig) -> dict:
+    """Which of several fronts answered (its index and process id); nothing with a single front."""
+    return {} if config.front is None else {"front": config.front, "front_pid": os.getpid()}

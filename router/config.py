@@ -33,6 +33,9 @@ class RouterConfig:
     from the environment; None leaves the inbox open to anyone who can reach it. `max_running_requests`
     bounds the generation requests in flight (router/inflight.py); `stream_interval` is how many tokens a
     streamed choice gathers per SSE chunk after its first (1: a chunk per token message, as before).
+    Several fronts (deploy.launch --api-servers N): `front` is this process's index (it labels /metrics
+    samples and /health; None: the only front) and `reuse_port` binds the HTTP port with SO_REUSEPORT,
+    so every front listens on the same port and the kernel spreads connections between them.
     """
 
     model: str
@@ -60,6 +63,8 @@ class RouterConfig:
     kv_probe_mb: float = DEFAULT_PROBE_BYTES / (1 << 20)
     kv_probe_min_gbps: float = 0.0
     curve: CurveKeys | None = field(default=None, repr=False)
+    front: int | None = None
+    reuse_port: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -86,6 +91,7 @@ class RouterConfig:
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ValueError(f"block_size must be a positive int or None, got {self.block_size!r}")
         self._check_auth()
+        self._check_front()
         if self.curve is not None and not isinstance(self.curve, CurveKeys):
             raise ValueError("curve must be CurveKeys or None")
         if self.disagg not in DISAGG_MODES:
@@ -115,6 +121,14 @@ class RouterConfig:
             raise ValueError(
                 "protect_status needs api_key: there is no key to protect the status routes with"
             )
+
+    def _check_front(self) -> None:
+        if self.front is not None and (
+            isinstance(self.front, bool) or not isinstance(self.front, int) or self.front < 0
+        ):
+            raise ValueError(f"front must be an int >= 0 or None, got {self.front!r}")
+        if not isinstance(self.reuse_port, bool):
+            raise ValueError(f"reuse_port must be a bool, got {self.reuse_port!r}")
 
     @property
     def kv_probe_bytes(self) -> int:

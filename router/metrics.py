@@ -145,11 +145,23 @@ class MetricsRegistry:
         self._metrics[metric.name] = metric
         return metric
 
-    def render(self) -> str:
+    def render(self, front: int | None = None) -> str:
+        """The exposition text; `front` (one of several router fronts) labels every sample `front="i"`."""
         lines: list[str] = []
         for metric in self._metrics.values():
-            lines += metric.header() + metric.render()
+            samples = metric.render()
+            lines += metric.header() + (
+                samples if front is None else [_with_front(s, front) for s in samples]
+            )
         return "\n".join(lines) + "\n"
+
+
+def _with_front(sample: str, front: int) -> str:
+    name, sep, rest = sample.partition("{")
+    if sep:
+        return f'{name}{{front="{front}",{rest}'
+    name, _, value = sample.partition(" ")
+    return f'{name}{{front="{front}"}} {value}'
 
 
 def _escape(value: str) -> str:

@@ -120,7 +120,7 @@ def _log_defaults(choice: str, defaults: GenerationDefaults) -> None:
 async def serve(config: RouterConfig, log_level: str = "info") -> None:
     """Run until cancelled or interrupted (uvicorn handles SIGINT/SIGTERM)."""
     app, router = build_router(config)
-    sock = _bind_http(config.host, config.port)
+    sock = _bind_http(config.host, config.port, config.reuse_port)
     quiet_launcher_probes()
     server = uvicorn.Server(
         uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=30, log_config=None)
@@ -135,10 +135,12 @@ async def serve(config: RouterConfig, log_level: str = "info") -> None:
     await task
 
 
-def _bind_http(host: str, port: int) -> socket.socket:
+def _bind_http(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # several fronts listen on this port; the kernel spreads the connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(address)
     sock.set_inheritable(True)
     return sock

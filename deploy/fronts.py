@@ -1,0 +1,148 @@
+"""The launcher's router fronts: `--api-servers N` HTTP front processes (`python -m router`) on one port.
+
+Front 0 binds the launcher's `--port` (0: a free one); fronts 1..N-1 then bind the port it got. With
+N > 1 every front binds with SO_REUSEPORT (`--reuse-port`), so the kernel spreads connections between
+them, and each front has its own ZMQ inbox: workers register with every inbox (`--router-addr
+A,B,...`) and send a request's tokens to the inbox of the front that admitted it (`reply_to`, see
+docs/protocol.md). Each front keeps its own replica of the prefix index and the load picture, fed by
+the workers' cache events (every front subscribes) and heartbeats (sent to every front).
+
+A front that dies is started again on the same HTTP port and the same inbox port (`restart`), so the
+workers' sockets reconnect to it on their own; the other fronts keep serving meanwhile. With N = 1
+nothing changes from a single router: no front index, no SO_REUSEPORT, the ready file `router-ready.json`
+and the log `router.log`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from deploy.local_backend import signal_group, spawn, stop_processes
+from deploy.plan import LaunchPlan
+from router.config import API_KEY_ENV
+from router.flags import ROUTER_FLAGS
+
+# Cores per front when the launcher picks how many to start: the fronts' CPU is taken from the workers'
+# host, and one front already carries a few tens of thousands of streamed tokens a second.
+CORES_PER_FRONT = 4
+MAX_DEFAULT_FRONTS = 8
+
+
+def default_api_servers(cores: int | None, cpu_device: bool) -> int:
+    """How many fronts to start when `--api-servers` is not given: one per CORES_PER_FRONT cores (at
+    most MAX_DEFAULT_FRONTS), and one when the workers compute on the CPU (they need every core)."""
+    if cpu_device:
+        return 1
+    return max(1, min(MAX_DEFAULT_FRONTS, (cores or 1) // CORES_PER_FRONT))
+
+
+@dataclass
+class Front:
+    index: int
+    proc: subprocess.Popen
+    ready: dict  # the front's ready file: {"http": url, "inbox": addr, ...}
+
+
+class Fronts:
+    """Start, watch, restart and stop the fronts. `check(waiting_for)` is called while waiting for a
+    ready file; it raises to give up (stop asked, a deadline, a process that died)."""
+
+    def __init__(self, plan: LaunchPlan, state_dir: str, secret_env: dict[str, str]) -> None:
+        self.plan = plan
+        self._dir = Path(state_dir)
+        self.secret_env = secret_env
+        self.fronts: list[Front] = []
+
+    @property
+    def several(self) -> bool:
+        return self.plan.api_servers > 1
+
+    @property
+    def url(self) -> str:
+        return self.fronts[0].ready["http"]
+
+    @property
+    def inboxes(self) -> str:
+        """Every front's inbox, comma-separated: the workers' `--router-addr`."""
+        return ",".join(front.ready["inbox"] for front in self.fronts)
+
+    def start(self, check: Callable[[str], None]) -> None:
+        port = self.plan.port
+        for index in range(self.plan.api_servers):
+            self.fronts.append(self._spawn(index, port, None))
+            self._wait_ready(self.fronts[index], check)
+            port = _port_of(self.fronts[0].ready["http"])  # the others join the port front 0 got
+
+    def dead(self) -> list[Front]:
+        return [front for front in self.fronts if front.proc.poll() is not None]
+
+    def restart(self, front: Front, check: Callable[[str], None], kill: bool = False) -> Front:
+        """Start `front` again on its HTTP port and inbox port (killing it first when `kill`)."""
+        if kill:
+            signal_group(front.proc, signal.SIGKILL)
+        front.proc.wait()
+        stop_processes([front.proc], grace_s=0.0)  # closes its log file; nothing left to signal
+        inbox_port = int(front.ready["inbox"].rsplit(":", 1)[1])
+        new = self.fronts[front.index] = self._spawn(front.index, _port_of(front.ready["http"]), inbox_port)
+        new.ready = front.ready  # until the new ready file comes: a failed start can be retried
+        self._wait_ready(new, check)
+        return new
+
+    def signal_all(self, sig: int) -> None:
+        for front in self.fronts:
+            signal_group(front.proc, sig)
+
+    def stop(self, grace_s: float) -> None:
+        stop_processes([front.proc for front in self.fronts], grace_s)
+
+    def _name(self, index: int) -> str:
+        return f"router-{index}" if self.several else "router"
+
+    def _spawn(self, index: int, port: int, inbox_port: int | None) -> Front:
+        p = self.plan
+        name = self._name(index)
+        ready_file = self._dir / f"{name}-ready.json"
+        ready_file.unlink(missing_ok=True)
+        launcher_set = {
+            "model": p.model,
+            "host": p.host,
+            "port": port,
+            "inbox_host": p.inbox_host,
+            "ready_file": str(ready_file),
+            "protect_status": p.protect_status,
+            "block_size": p.engine.get("kvcache_block_size"),
+            "front": index if self.several else None,
+            "reuse_port": self.several,
+        }
+        argv = [sys.executable, "-m", "router", *ROUTER_FLAGS.argv(launcher_set), "--log-level", p.log_level]
+        argv += list(p.router_argv)
+        if inbox_port is not None and "--inbox-port" not in p.router_argv:
+            argv += ["--inbox-port", str(inbox_port)]
+        log_path = None
+        if p.log_dir:
+            os.makedirs(p.log_dir, exist_ok=True)
+            log_path = str(Path(p.log_dir) / f"{name}.log")
+        # The key goes through the environment, not argv, which any user of the host can read (ps);
+        # "" (no key) also overrides a PDSERVE_API_KEY the launcher itself inherited.
+        proc = spawn(argv, env={API_KEY_ENV: p.api_key or "", **self.secret_env}, log_path=log_path)
+        return Front(index, proc, {})
+
+    def _wait_ready(self, front: Front, check: Callable[[str], None]) -> None:
+        name = self._name(front.index)
+        ready_file = self._dir / f"{name}-ready.json"
+        while not ready_file.exists():
+            check(f"{name} ready file")  # raises when this front (or another) exited
+            time.sleep(0.05)
+        front.ready = json.loads(ready_file.read_text())
+
+
+def _port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].rstrip("/"))
