@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from common.net.curve import CurveKeys
-from deploy import launch
+from deploy import fronts, launch
 from router.__main__ import parse_args
 from router.config import API_KEY_ENV, RouterConfig
 from tests.unit.router.harness import running_router
@@ -158,13 +158,11 @@ def test_launcher_passes_the_key_through_the_environment(monkeypatch, tmp_path) 
     assert plan.api_key == KEY and plan.protect_status and KEY not in repr(plan)
     spawned = {}
     monkeypatch.setattr(
-        launch, "spawn", lambda argv, env=None, log_path=None: spawned.update(argv=argv, env=env)
+        fronts, "spawn", lambda argv, env=None, log_path=None: spawned.update(argv=argv, env=env)
     )
-    cluster = launch.Cluster(plan, backend=None)
-    monkeypatch.setattr(cluster, "_check_alive", _interrupt)  # no router really starts
     keys = CurveKeys.generate()  # the cluster's CURVE keys travel the same way
     with pytest.raises(launch.Interrupted):
-        cluster._start_router(deadline=0, secret_env=keys.to_env())
+        fronts.Fronts(plan, str(tmp_path), keys.to_env()).start(_interrupt)  # no router really starts
     assert "--protect-status" in spawned["argv"] and KEY not in spawned["argv"]  # argv is public (ps)
     assert keys.secret.decode() not in " ".join(spawned["argv"])
     assert spawned["env"] == {API_KEY_ENV: KEY, **keys.to_env()}

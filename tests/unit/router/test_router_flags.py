@@ -49,6 +49,8 @@ def test_every_flag_reaches_its_field(monkeypatch) -> None:
         "ready_file": "/tmp/ready.json",
         "api_key": "k3y",
         "protect_status": True,
+        "front": 1,
+        "reuse_port": True,
     }
     assert set(values) | {"model"} == set(ROUTER_FLAGS.fields)
     config, _ = parse_args(ROUTER_FLAGS.argv({"model": "/m", **values}))
