@@ -63,6 +63,8 @@ class LaunchPlan:
             or self.api_servers < 1
         ):
             raise ValueError(f"api_servers must be an int >= 1, got {self.api_servers!r}")
+        if self.api_servers > 1 and "--inbox-port" in self.router_argv:
+            raise ValueError("api_servers > 1 takes no --inbox-port: each front binds its own inbox")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.gpus_per_worker is not None and not 0 < self.gpus_per_worker <= 1:

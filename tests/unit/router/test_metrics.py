@@ -40,3 +40,16 @@ def test_misuse_is_refused() -> None:
     g.set(1, w="gone")
     g.clear()
     assert "gone" not in r.render()
+
+
+def test_a_front_labels_every_sample() -> None:
+    r = MetricsRegistry()
+    r.counter("c_total", "plain").inc()
+    r.histogram("h_seconds", "labelled", labels=("worker",), buckets=(1.0,)).observe(0.5, worker="w0")
+    text = r.render(front=1)
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    assert samples[0] == 'c_total{front="1"} 1'
+    assert samples[1] == 'h_seconds_bucket{front="1",worker="w0",le="1"} 1'
+    assert all('front="1"' in s for s in samples) and r.render() == text.replace('front="1",', "").replace(
+        '{front="1"}', ""
+    )
