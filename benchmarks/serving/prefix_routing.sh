@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prefix-aware routing vs round-robin with 2 prefill workers on a shared-prefix workload (CPU is fine).
 #   bash benchmarks/serving/prefix_routing.sh        (JSON results under ${OUT:-/tmp/pdserve-routing})
+#   API_SERVERS=2 ROUTINGS=prefix bash benchmarks/serving/prefix_routing.sh   (two router fronts; prefix only)
 # 16 prefixes used 3 times each; each prefill worker's KV cache (170 blocks) holds about 9 of them: prefix-aware
 # routing splits the prefixes between the workers so each keeps its half; round-robin makes both
 # workers see all of them, so their caches duplicate and evict each other's prefixes.
@@ -9,8 +10,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 LOG="${OUT:-/tmp/pdserve-routing}"
 mkdir -p "$LOG"
 PY=${PY:-.venv/bin/python}
-for ROUTING in prefix round_robin; do
+for ROUTING in ${ROUTINGS:-prefix round_robin}; do
   $PY -m deploy.launch --backend local --prefill 2 --decode 1 --kv-transport tcp --routing "$ROUTING" \
+      --api-servers "${API_SERVERS:-1}" \
       --port 0 --num-kvcache-blocks 170 --max-model-len 2048 > "$LOG/launch_$ROUTING.txt" 2>&1 &
   LAUNCH=$!
   for _ in $(seq 1 180); do grep -q "pdserve ready" "$LOG/launch_$ROUTING.txt" && break; sleep 1; done
@@ -21,6 +23,7 @@ for ROUTING in prefix round_robin; do
       --json-out "$LOG/$ROUTING.json" 2>&1 | grep -E "ttft_ms mean|ttft_ms p50|cached|output_tokens_per_s|duration"
   kill -TERM $LAUNCH; wait $LAUNCH
 done
+[ -f "$LOG/round_robin.json" ] || exit 0  # prefix routing alone: its figures are printed above
 $PY - "$LOG" <<'PY'
 import json, sys, pathlib
 log = pathlib.Path(sys.argv[1])
