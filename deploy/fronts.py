@@ -30,20 +30,9 @@ from deploy.plan import LaunchPlan
 from router.config import API_KEY_ENV
 from router.flags import ROUTER_FLAGS
 
+
 # Cores per front when the launcher picks how many to start: the fronts' CPU is taken from the workers'
 # host, and one front already carries a few tens of thousands of streamed tokens a second.
-CORES_PER_FRONT = 4
-MAX_DEFAULT_FRONTS = 8
-
-
-def default_api_servers(cores: int | None, cpu_device: bool) -> int:
-    """How many fronts to start when `--api-servers` is not given: one per CORES_PER_FRONT cores (at
-    most MAX_DEFAULT_FRONTS), and one when the workers compute on the CPU (they need every core)."""
-    if cpu_device:
-        return 1
-    return max(1, min(MAX_DEFAULT_FRONTS, (cores or 1) // CORES_PER_FRONT))
-
-
 @dataclass
 class Front:
     index: int

@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import signal
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from common.engine_args import add_engine_args, engine_overrides
 from common.net.curve import CurveKeys
 from common.net.flags import add_log_level
 from deploy.base import WorkerBackend, WorkerHandle
-from deploy.fronts import Front, Fronts, default_api_servers
+from deploy.fronts import Front, Fronts
 from deploy.passthrough import (
     ROUTER_PASSTHROUGH,
     WORKER_PASSTHROUGH,
@@ -212,8 +211,10 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
     p.add_argument(
         "--api-servers",
         type=int,
-        default=None,
-        help="HTTP front processes on the one port (default: one per 4 cores, up to 8; 1 with --device cpu)",
+        # 1 until several fronts are measured on a GPU host (issue 26): with N > 1 /metrics and the
+        # in-flight bound are still per front.
+        default=1,
+        help="HTTP front processes on the one port (default: 1)",
     )
     add_log_level(p)
     add_launcher_read_args(p)
@@ -243,8 +244,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
             log_dir=args.log_dir,
             log_level=args.log_level,
             startup_timeout_s=args.startup_timeout,
-            api_servers=args.api_servers
-            or default_api_servers(os.cpu_count(), engine_overrides(args).get("device") == "cpu"),
+            api_servers=args.api_servers,
             router_argv=router_argv,
             worker_argv=passthrough_argv(args, WORKER_PASSTHROUGH),
             **launcher_read_values(args),

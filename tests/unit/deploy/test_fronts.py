@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.fronts import default_api_servers
+from common.tools.default_model import prepare_default_model
+from deploy.launch import parse_args
 from deploy.plan import LaunchPlan
 
 
-def test_default_fronts_follow_the_cores() -> None:
-    assert default_api_servers(2, cpu_device=False) == 1  # a small box: one front, as before
-    assert default_api_servers(16, cpu_device=False) == 4  # the H200 host
-    assert default_api_servers(256, cpu_device=False) == 8
-    assert default_api_servers(None, cpu_device=False) == 1
-    assert default_api_servers(64, cpu_device=True) == 1  # CPU workers need every core
+def test_one_front_unless_asked(capsys) -> None:
+    model = str(prepare_default_model(progress=False))
+    assert parse_args(["--model", model]).api_servers == 1
+    assert parse_args(["--model", model, "--api-servers", "3"]).api_servers == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--model", model, "--api-servers", "0"])  # refused, not the default
+    assert "api_servers must be an int >= 1" in capsys.readouterr().err
 
 
 def test_plan_refuses_no_fronts() -> None:
