@@ -109,17 +109,18 @@ class Fronts:
     def _name(self, index: int) -> str:
         return f"router-{index}" if self.several else "router"
 
-    def _spawn(self, index: int, port: int, inbox_port: int | None) -> Front:
+    def _ready_file(self, index: int) -> Path:
+        return self._dir / f"{self._name(index)}-ready.json"
+
+    def argv(self, index: int, port: int, inbox_port: int | None) -> list[str]:
+        """Front `index`'s command line (no I/O: the files it names are made by `start` and `_spawn`)."""
         p = self.plan
-        name = self._name(index)
-        ready_file = self._dir / f"{name}-ready.json"
-        ready_file.unlink(missing_ok=True)
         launcher_set = {
             "model": p.model,
             "host": p.host,
             "port": port,
             "inbox_host": p.inbox_host,
-            "ready_file": str(ready_file),
+            "ready_file": str(self._ready_file(index)),
             "protect_status": p.protect_status,
             "block_size": p.engine.get("kvcache_block_size"),
             "front": index if self.several else None,
@@ -130,6 +131,13 @@ class Fronts:
         argv += list(p.router_argv)
         if inbox_port is not None and "--inbox-port" not in p.router_argv:
             argv += ["--inbox-port", str(inbox_port)]
+        return argv
+
+    def _spawn(self, index: int, port: int, inbox_port: int | None) -> Front:
+        p = self.plan
+        name = self._name(index)
+        self._ready_file(index).unlink(missing_ok=True)
+        argv = self.argv(index, port, inbox_port)
         log_path = None
         if p.log_dir:
             os.makedirs(p.log_dir, exist_ok=True)
@@ -140,10 +148,9 @@ class Fronts:
         return Front(index, proc, {})
 
     def _wait_ready(self, front: Front, check: Callable[[str], None]) -> None:
-        name = self._name(front.index)
-        ready_file = self._dir / f"{name}-ready.json"
+        ready_file = self._ready_file(front.index)
         while not ready_file.exists():
-            check(f"{name} ready file")  # raises when this front (or another) exited
+            check(f"{self._name(front.index)} ready file")  # raises when this front (or another) exited
             time.sleep(0.05)
         front.ready = json.loads(ready_file.read_text())
 

@@ -150,7 +150,10 @@ class Histogram(_Metric):
         return [[list(k), counts, self._sums[k]] for k, counts in self._counts.items()]
 
     def add_state(self, state: list) -> None:
-        parsed = [(self._state_key(labels), self._state_counts(counts), float(s)) for labels, counts, s in state]
+        parsed = [
+            (self._state_key(labels), self._state_counts(counts), float(total))
+            for labels, counts, total in state
+        ]
         for key, counts, total in parsed:  # parsed whole first: a bad state changes nothing
             mine = self._counts.setdefault(key, [0] * (len(self.buckets) + 1))
             self._counts[key] = [a + b for a, b in zip(mine, counts, strict=True)]
@@ -158,7 +161,9 @@ class Histogram(_Metric):
 
     def _state_counts(self, counts: list) -> list[int]:
         if not isinstance(counts, list) or len(counts) != len(self.buckets) + 1:
-            raise ValueError(f"{self.name}: a state's bucket counts do not match its {len(self.buckets)} buckets")
+            raise ValueError(
+                f"{self.name}: a state's bucket counts do not fit its {len(self.buckets)} buckets"
+            )
         return [int(n) for n in counts]
 
 
