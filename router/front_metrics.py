@@ -11,10 +11,13 @@ buckets add up, gauges too (the requests running on all fronts). The gauges that
 picture, so summing them would count every worker N times. `pdserve_router_fronts` says how many fronts
 the sum covers.
 
-Costs and limits: the other fronts' figures are up to PUBLISH_INTERVAL_S old. A front that restarts
-starts counting from zero, so the summed counters drop by what it had counted, which Prometheus reads
-as a counter reset (as it would for a single router restarting). A snapshot that cannot be read or does
-not fit (another version's metric set) is left out of the sum, with a warning.
+A front that restarts carries on from its predecessor's last snapshot (its counters and histograms; not
+its gauges: its requests died with it), so the summed counters never drop: Prometheus would take a
+drop of the sum for a reset and count everything the other fronts ever counted as new. What the old
+process counted after its last publish (under PUBLISH_INTERVAL_S) is lost, as nobody saw it anyway.
+
+Costs and limits: the other fronts' figures are up to PUBLISH_INTERVAL_S old. A snapshot that cannot be
+read or does not fit (another version's metric set) is left out of the sum, with a warning.
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ class FrontMetrics:
         self.front = front
         self.metrics = metrics
         self._task: asyncio.Task | None = None
+        self._carried: Snapshot = {}  # the predecessor's totals (a restarted front's)
 
     def start(self) -> None:
-        self.publish()  # at once: a restarted front replaces its predecessor's figures
+        self._carry_over()
+        self.publish()
         self._task = asyncio.get_running_loop().create_task(self._publish_forever())
 
     async def stop(self) -> None:
@@ -64,7 +69,12 @@ class FrontMetrics:
         self.publish()  # the last figures stay in the sum the other fronts show
 
     def own(self) -> Snapshot:
-        return self.metrics.registry.snapshot(self.metrics.front_owned)
+        """This front's figures (plus its predecessor's totals) as the other fronts sum them."""
+        names = self.metrics.front_owned
+        mine = self.metrics.registry.snapshot(names)
+        if not self._carried:
+            return mine
+        return self.metrics.registry.summed([self._carried, mine], names).snapshot(names)
 
     def publish(self) -> None:
         path = snapshot_path(self.directory, self.front)
@@ -97,6 +107,12 @@ class FrontMetrics:
         except (OSError, ValueError, TypeError, AttributeError) as e:
             log.warning("left %s out of /metrics: %s", path, e)
             return None
+
+    def _carry_over(self) -> None:
+        path = snapshot_path(self.directory, self.front)
+        old = self._load(path) if path.exists() else None
+        if old is not None:
+            self._carried = {k: v for k, v in old.items() if k in self.metrics.cumulative}
 
     async def _publish_forever(self) -> None:
         while True:

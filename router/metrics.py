@@ -196,6 +196,10 @@ class MetricsRegistry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._metrics)
 
+    def kind(self, name: str) -> str:
+        """ "counter", "gauge" or "histogram"."""
+        return self._metrics[name].kind
+
     def snapshot(self, names: Collection[str]) -> Snapshot:
         """The state of the metrics named in `names`, as JSON values."""
         return {name: m.state() for name, m in self._metrics.items() if name in names}

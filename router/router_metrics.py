@@ -144,3 +144,9 @@ class RouterMetrics:
         ...): /metrics sums them over the fronts."""
         local = {m.name for m in self.worker_views} | {self.fronts.name}
         return frozenset(self.registry.names) - local
+
+    @property
+    def cumulative(self) -> frozenset[str]:
+        """The front-owned counters and histograms: totals since start, which a restarted front carries
+        on from its predecessor's (router/front_metrics.py); gauges such as requests running do not."""
+        return frozenset(name for name in self.front_owned if self.registry.kind(name) != "gauge")

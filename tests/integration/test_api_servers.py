@@ -131,6 +131,8 @@ def test_one_bound_across_fronts_and_metrics_summed_over_them(fronts) -> None:
 
 
 def test_killed_front_loses_only_its_streams_and_comes_back(fronts, tokenizer) -> None:
+    success = 'pdserve_requests_total{status="success"}'
+    succeeded = _agreed_metrics(fronts.url, lambda m: True).get(success, 0)
     victim_pid = front_views(fronts.url, "/health")[1]["front_pid"]
     clients = [client_on(fronts.url, i % 2) for i in range(4)]
     started = threading.Barrier(len(clients) + 1, timeout=60)
@@ -154,6 +156,9 @@ def test_killed_front_loses_only_its_streams_and_comes_back(fronts, tokenizer) -
         restarted.close()
     assert answer["choices"][0]["finish_reason"] == "length"
     _assert_loads_return_to_zero(fronts)
+    # The restarted front carried on from its predecessor's counts: the sum only grew, by front 0's two
+    # streams and the answer through the new front 1.
+    _agreed_metrics(fronts.url, lambda m: m.get(success) == succeeded + 3)
 
 
 def _hold_stream(url: str, front: int, held: queue.Queue, release: threading.Event) -> None:

@@ -121,3 +121,24 @@ def _assert_valid_exposition(text: str) -> None:
             name = re.split(r"[{ ]", line, maxsplit=1)[0]
             assert name in typed or re.sub(r"_(bucket|sum|count)$", "", name) in typed, line
     assert len(typed) == len(set(typed))
+
+
+def test_a_restarted_front_carries_on_from_its_predecessors_totals(tmp_path: Path) -> None:
+    old = RouterMetrics()
+    old.requests.inc(3, status="success")
+    old.ttft.observe(0.1)
+    old.running.set(2)  # died with the old process
+    FrontMetrics(str(tmp_path), 0, old).publish()
+    new = RouterMetrics()
+    share = FrontMetrics(str(tmp_path), 0, new)
+
+    async def restart() -> None:
+        share.start()
+        new.requests.inc(status="success")
+        await share.stop()
+
+    asyncio.run(restart())
+    lines = FrontMetrics(str(tmp_path), 1, RouterMetrics()).render().splitlines()
+    assert 'pdserve_requests_total{status="success"} 4' in lines  # never drops
+    assert "pdserve_time_to_first_token_seconds_count 1" in lines
+    assert "pdserve_requests_running 2" not in lines  # gauges are not carried
