@@ -76,16 +76,18 @@ class FrontMetrics:
             return mine
         return self.metrics.registry.summed([self._carried, mine], names).snapshot(names)
 
-    def publish(self) -> None:
+    def publish(self) -> Snapshot:
+        """Write `own()` for the other fronts; returns it."""
+        snapshot = self.own()
         path = snapshot_path(self.directory, self.front)
         tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.own()), encoding="utf-8")
+        tmp.write_text(json.dumps(snapshot), encoding="utf-8")
         os.replace(tmp, path)  # a reader never sees a half-written snapshot
+        return snapshot
 
     def render(self) -> str:
         """The exposition text: the front-owned metrics summed over every front's snapshot."""
-        self.publish()
-        snapshots = [self.own(), *self._others()]
+        snapshots = [self.publish(), *self._others()]
         self.metrics.fronts.set(len(snapshots))
         return self.metrics.registry.summed(snapshots, self.metrics.front_owned).render()
 
