@@ -7,6 +7,12 @@ A,B,...`) and send a request's tokens to the inbox of the front that admitted it
 docs/protocol.md). Each front keeps its own replica of the prefix index and the load picture, fed by
 the workers' cache events (every front subscribes) and heartbeats (sent to every front).
 
+With N > 1 the fronts also share a directory (`fronts/` in the launcher's run directory, named to each
+by `--fronts-dir`): the launcher creates one in-flight slot per front there, so `--max-running-requests`
+bounds all fronts together (router/front_slots.py: up to N - 1 over when fronts race on the last
+place), and each front publishes its metrics snapshot there, so /metrics on any front sums all of them
+(router/front_metrics.py).
+
 A front that dies is started again on the same HTTP port and the same inbox port (`restart`), so the
 workers' sockets reconnect to it on their own; the other fronts keep serving meanwhile. With N = 1
 nothing changes from a single router: no front index, no SO_REUSEPORT, the ready file `router-ready.json`
@@ -29,10 +35,9 @@ from deploy.local_backend import signal_group, spawn, stop_processes
 from deploy.plan import LaunchPlan
 from router.config import API_KEY_ENV
 from router.flags import ROUTER_FLAGS
+from router.front_slots import create_slots, reset_slot
 
 
-# Cores per front when the launcher picks how many to start: the fronts' CPU is taken from the workers'
-# host, and one front already carries a few tens of thousands of streamed tokens a second.
 @dataclass
 class Front:
     index: int
@@ -63,7 +68,14 @@ class Fronts:
         """Every front's inbox, comma-separated: the workers' `--router-addr`."""
         return ",".join(front.ready["inbox"] for front in self.fronts)
 
+    @property
+    def shared_dir(self) -> Path | None:
+        """The directory the fronts share (their in-flight slots and metrics snapshots); None with one."""
+        return self._dir / "fronts" if self.several else None
+
     def start(self, check: Callable[[str], None]) -> None:
+        if self.shared_dir is not None:
+            create_slots(self.shared_dir, self.plan.api_servers)
         port = self.plan.port
         for index in range(self.plan.api_servers):
             self.fronts.append(self._spawn(index, port, None))
@@ -78,6 +90,8 @@ class Fronts:
         if kill:
             signal_group(front.proc, signal.SIGKILL)
         front.proc.wait()
+        if self.shared_dir is not None:  # its requests died with it: the others may use its share now
+            reset_slot(self.shared_dir, front.index)
         stop_processes([front.proc], grace_s=0.0)  # closes its log file; nothing left to signal
         inbox_port = int(front.ready["inbox"].rsplit(":", 1)[1])
         new = self.fronts[front.index] = self._spawn(front.index, _port_of(front.ready["http"]), inbox_port)
@@ -95,26 +109,35 @@ class Fronts:
     def _name(self, index: int) -> str:
         return f"router-{index}" if self.several else "router"
 
-    def _spawn(self, index: int, port: int, inbox_port: int | None) -> Front:
+    def _ready_file(self, index: int) -> Path:
+        return self._dir / f"{self._name(index)}-ready.json"
+
+    def argv(self, index: int, port: int, inbox_port: int | None) -> list[str]:
+        """Front `index`'s command line (no I/O: the files it names are made by `start` and `_spawn`)."""
         p = self.plan
-        name = self._name(index)
-        ready_file = self._dir / f"{name}-ready.json"
-        ready_file.unlink(missing_ok=True)
         launcher_set = {
             "model": p.model,
             "host": p.host,
             "port": port,
             "inbox_host": p.inbox_host,
-            "ready_file": str(ready_file),
+            "ready_file": str(self._ready_file(index)),
             "protect_status": p.protect_status,
             "block_size": p.engine.get("kvcache_block_size"),
             "front": index if self.several else None,
             "reuse_port": self.several,
+            "fronts_dir": str(self.shared_dir) if self.shared_dir is not None else None,
         }
         argv = [sys.executable, "-m", "router", *ROUTER_FLAGS.argv(launcher_set), "--log-level", p.log_level]
         argv += list(p.router_argv)
         if inbox_port is not None and "--inbox-port" not in p.router_argv:
             argv += ["--inbox-port", str(inbox_port)]
+        return argv
+
+    def _spawn(self, index: int, port: int, inbox_port: int | None) -> Front:
+        p = self.plan
+        name = self._name(index)
+        self._ready_file(index).unlink(missing_ok=True)
+        argv = self.argv(index, port, inbox_port)
         log_path = None
         if p.log_dir:
             os.makedirs(p.log_dir, exist_ok=True)
@@ -125,10 +148,9 @@ class Fronts:
         return Front(index, proc, {})
 
     def _wait_ready(self, front: Front, check: Callable[[str], None]) -> None:
-        name = self._name(front.index)
-        ready_file = self._dir / f"{name}-ready.json"
+        ready_file = self._ready_file(front.index)
         while not ready_file.exists():
-            check(f"{name} ready file")  # raises when this front (or another) exited
+            check(f"{self._name(front.index)} ready file")  # raises when this front (or another) exited
             time.sleep(0.05)
         front.ready = json.loads(ready_file.read_text())
 

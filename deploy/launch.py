@@ -211,8 +211,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
     p.add_argument(
         "--api-servers",
         type=int,
-        # 1 until several fronts are measured on a GPU host (issue 26): with N > 1 /metrics and the
-        # in-flight bound are still per front.
+        # 1 until several fronts are measured on a GPU host (issue 26).
         default=1,
         help="HTTP front processes on the one port (default: 1)",
     )

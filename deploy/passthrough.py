@@ -20,7 +20,7 @@ from router.flags import ROUTER_FLAGS
 
 # --model is the launcher's own (it resolves the default model); --block-size follows the engine's
 # --kvcache-block-size.
-ROUTER_SET = ("model", "inbox_host", "ready_file", "block_size", "front", "reuse_port")
+ROUTER_SET = ("model", "inbox_host", "ready_file", "block_size", "front", "reuse_port", "fronts_dir")
 ROUTER_READ = ROUTER_FLAGS.only(("host", "port", "api_key", "protect_status"))
 ROUTER_PASSTHROUGH = ROUTER_FLAGS.without((*ROUTER_SET, *ROUTER_READ.fields))
 

@@ -123,7 +123,7 @@ def _add_status_routes(app: FastAPI, router: Router) -> None:
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         refresh_worker_gauges(router.metrics, router.registry, router.index, router.cluster.pairs.probes)
-        text = router.metrics.registry.render(router.config.front)
+        text = router.exposition()
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/debug/index")

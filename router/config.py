@@ -36,6 +36,9 @@ class RouterConfig:
     Several fronts (deploy.launch --api-servers N): `front` is this process's index (it labels /metrics
     samples and /health; None: the only front) and `reuse_port` binds the HTTP port with SO_REUSEPORT,
     so every front listens on the same port and the kernel spreads connections between them.
+    `fronts_dir` (needs `front`) is the directory the launcher shares between the fronts: their in-flight
+    slots, so `max_running_requests` bounds all of them together (router/front_slots.py), and their
+    metrics snapshots, which /metrics sums (router/front_metrics.py); None: this front counts alone.
     """
 
     model: str
@@ -65,6 +68,7 @@ class RouterConfig:
     curve: CurveKeys | None = field(default=None, repr=False)
     front: int | None = None
     reuse_port: bool = False
+    fronts_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -129,6 +133,11 @@ class RouterConfig:
             raise ValueError(f"front must be an int >= 0 or None, got {self.front!r}")
         if not isinstance(self.reuse_port, bool):
             raise ValueError(f"reuse_port must be a bool, got {self.reuse_port!r}")
+        if self.fronts_dir is not None:
+            if not isinstance(self.fronts_dir, str) or not self.fronts_dir:
+                raise ValueError(f"fronts_dir must be a non-empty path or None, got {self.fronts_dir!r}")
+            if self.front is None:
+                raise ValueError("fronts_dir needs front: each front's share of it is named by its index")
 
     @property
     def kv_probe_bytes(self) -> int:

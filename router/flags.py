@@ -81,6 +81,12 @@ ROUTER_FLAGS = FlagTable(
         Flag("ready_file", str, 'write {"http": url, "inbox": addr} here when ready'),
         Flag("front", int, "this front's index among several (labels /metrics and /health)"),
         Flag("reuse_port", None, "bind the HTTP port with SO_REUSEPORT (several fronts share it)"),
+        Flag(
+            "fronts_dir",
+            str,
+            "with --front: the directory the launcher shares between fronts (one in-flight bound for all "
+            "of them; /metrics sums them)",
+        ),
         # The environment variable is the safer way to give the key: a command line is visible to every
         # user of the host (ps). An empty variable means "no key", as an unset one does.
         Flag(

@@ -5,6 +5,11 @@ the bound covers requests being parsed, tokenized, queued and streamed alike. Pa
 answer is a 429 with `Retry-After` and an OpenAI error JSON, sent without reading the body: an
 overloaded router spends almost nothing on the requests it turns away, which keeps it serving the
 ones it admitted instead of collapsing under parsing work it cannot finish.
+
+With several fronts (deploy.launch --api-servers N) the bound is one for all of them: each front
+publishes its own count in a shared slot and admits while the sum is below the limit (the mechanism,
+and why it may admit up to N - 1 requests too many when fronts race, are in router/front_slots.py).
+A front started alone (`python -m router`, or without --fronts-dir) counts only its own requests.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.errors import APIError
+from router.front_slots import FrontSlots
 from router.route_planner import RETRY_AFTER
 from router.router_metrics import RouterMetrics
 
@@ -23,26 +29,53 @@ def is_generation(scope: Scope) -> bool:
 
 
 class InflightBound:
-    """Counts generation requests in flight against `limit`; `count` is what /metrics shows."""
+    """Counts this front's generation requests in flight (`count`, what its /metrics shows) against
+    `limit`, together with the other fronts' counts when `shared` slots are given (mapped by `open`)."""
 
-    def __init__(self, limit: int, metrics: RouterMetrics) -> None:
+    def __init__(self, limit: int, metrics: RouterMetrics, shared: FrontSlots | None = None) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive int, got {limit!r}")
         self.limit = limit
         self.count = 0
         self._metrics = metrics
+        self._shared = shared
+        self._slots: FrontSlots | None = None  # `shared` once mapped
+
+    def open(self) -> None:
+        """Map the shared slots (zeroing this front's: a restarted front holds nothing yet)."""
+        if self._shared is not None:
+            self._shared.open()
+            self._slots = self._shared
+
+    def close(self) -> None:
+        """Unmap the slots; requests still ending afterwards count only here."""
+        if self._slots is not None:
+            self._slots.set_own(0)
+            self._slots.close()
+            self._slots = None
+
+    @property
+    def total(self) -> int:
+        """Requests in flight on every front sharing the bound (this one alone without shared slots)."""
+        return self.count + (self._slots.others() if self._slots is not None else 0)
 
     def try_enter(self) -> bool:
-        if self.count >= self.limit:
+        # No await between the read in `total` and the write in `_set`: this front admits at most one
+        # request on a stale picture of the others (see router/front_slots.py).
+        if self.total >= self.limit:
             self._metrics.requests.inc(status="rejected")
             return False
-        self.count += 1
-        self._metrics.running.set(self.count)
+        self._set(self.count + 1)
         return True
 
     def leave(self) -> None:
-        self.count -= 1
-        self._metrics.running.set(self.count)
+        self._set(self.count - 1)
+
+    def _set(self, count: int) -> None:
+        self.count = count
+        self._metrics.running.set(count)
+        if self._slots is not None:
+            self._slots.set_own(count)
 
 
 class InflightGate:

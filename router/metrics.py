@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 LabelValues = tuple[str, ...]
+# A registry's figures as plain JSON values, {metric name: its state}: what one router front publishes
+# for the others to sum (router/front_metrics.py).
+Snapshot = dict[str, Any]
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -41,13 +45,49 @@ class _Metric:
     def render(self) -> list[str]:
         raise NotImplementedError
 
+    def empty(self) -> _Metric:
+        """A metric of the same definition holding nothing (what several states are summed into)."""
+        return type(self)(self.name, self.help, self.label_names)
 
-class Counter(_Metric):
-    kind = "counter"
+    def state(self) -> list:
+        """The figures as JSON values."""
+        raise NotImplementedError
+
+    def add_state(self, state: list) -> None:
+        """Add another instance's `state()` (same definition) to this one's figures."""
+        raise NotImplementedError
+
+    def _state_key(self, labels: list) -> LabelValues:
+        if not isinstance(labels, list) or len(labels) != len(self.label_names):
+            raise ValueError(f"{self.name}: a state's labels {labels!r} do not match {self.label_names}")
+        return tuple(str(v) for v in labels)
+
+
+class _Valued(_Metric):
+    """One number per label set: counters and gauges, whose states sum alike (a gauge summed over
+    fronts, e.g. requests running, is the cluster's figure)."""
 
     def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
         super().__init__(name, help_text, labels)
         self._values: dict[LabelValues, float] = {}
+
+    def value(self, **labels: str) -> float:
+        return self._values.get(self._key(labels), 0.0)
+
+    def render(self) -> list[str]:
+        return [f"{self.name}{self._label_text(k)} {_num(v)}" for k, v in sorted(self._values.items())]
+
+    def state(self) -> list:
+        return [[list(k), v] for k, v in self._values.items()]
+
+    def add_state(self, state: list) -> None:
+        parsed = [(self._state_key(labels), float(value)) for labels, value in state]
+        for key, value in parsed:  # parsed whole first: a bad state changes nothing
+            self._values[key] = self._values.get(key, 0.0) + value
+
+
+class Counter(_Valued):
+    kind = "counter"
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         if amount < 0:
@@ -55,19 +95,9 @@ class Counter(_Metric):
         key = self._key(labels)
         self._values[key] = self._values.get(key, 0.0) + amount
 
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
 
-    def render(self) -> list[str]:
-        return [f"{self.name}{self._label_text(k)} {_num(v)}" for k, v in sorted(self._values.items())]
-
-
-class Gauge(_Metric):
+class Gauge(_Valued):
     kind = "gauge"
-
-    def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
-        super().__init__(name, help_text, labels)
-        self._values: dict[LabelValues, float] = {}
 
     def set(self, value: float, **labels: str) -> None:
         self._values[self._key(labels)] = float(value)
@@ -75,12 +105,6 @@ class Gauge(_Metric):
     def clear(self) -> None:
         """Forget all label sets (gauges describing workers are rebuilt at each scrape)."""
         self._values.clear()
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def render(self) -> list[str]:
-        return [f"{self.name}{self._label_text(k)} {_num(v)}" for k, v in sorted(self._values.items())]
 
 
 class Histogram(_Metric):
@@ -119,6 +143,29 @@ class Histogram(_Metric):
             lines.append(f"{self.name}_count{self._label_text(key)} {cumulative}")
         return lines
 
+    def empty(self) -> Histogram:
+        return Histogram(self.name, self.help, self.label_names, self.buckets)
+
+    def state(self) -> list:
+        return [[list(k), counts, self._sums[k]] for k, counts in self._counts.items()]
+
+    def add_state(self, state: list) -> None:
+        parsed = [
+            (self._state_key(labels), self._state_counts(counts), float(total))
+            for labels, counts, total in state
+        ]
+        for key, counts, total in parsed:  # parsed whole first: a bad state changes nothing
+            mine = self._counts.setdefault(key, [0] * (len(self.buckets) + 1))
+            self._counts[key] = [a + b for a, b in zip(mine, counts, strict=True)]
+            self._sums[key] = self._sums.get(key, 0.0) + total
+
+    def _state_counts(self, counts: list) -> list[int]:
+        if not isinstance(counts, list) or len(counts) != len(self.buckets) + 1:
+            raise ValueError(
+                f"{self.name}: a state's bucket counts do not fit its {len(self.buckets)} buckets"
+            )
+        return [int(n) for n in counts]
+
 
 class MetricsRegistry:
     def __init__(self) -> None:
@@ -144,6 +191,31 @@ class MetricsRegistry:
             raise ValueError(f"metric {metric.name} is already registered")
         self._metrics[metric.name] = metric
         return metric
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._metrics)
+
+    def kind(self, name: str) -> str:
+        """ "counter", "gauge" or "histogram"."""
+        return self._metrics[name].kind
+
+    def snapshot(self, names: Collection[str]) -> Snapshot:
+        """The state of the metrics named in `names`, as JSON values."""
+        return {name: m.state() for name, m in self._metrics.items() if name in names}
+
+    def summed(self, snapshots: Sequence[Snapshot], names: Collection[str]) -> MetricsRegistry:
+        """A registry whose metrics named in `names` hold the sum of `snapshots` (each taken from a
+        registry of the same definitions; ValueError on one that does not fit) and whose other
+        metrics are this registry's own."""
+        out = MetricsRegistry()
+        for name, metric in self._metrics.items():
+            if name in names:
+                metric = metric.empty()
+                for snapshot in snapshots:
+                    metric.add_state(snapshot.get(name, []))
+            out._metrics[name] = metric
+        return out
 
     def render(self, front: int | None = None) -> str:
         """The exposition text; `front` (one of several router fronts) labels every sample `front="i"`."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.metrics import MetricsRegistry
+from router.metrics import Gauge, MetricsRegistry
 
 TOKEN_LATENCY_BUCKETS = (
     0.001,
@@ -118,3 +118,35 @@ class RouterMetrics:
         self.index_blocks = r.gauge(
             "pdserve_prefix_index_blocks", "Block hashes the index holds per worker.", ["worker"]
         )
+        self.fronts = r.gauge(
+            "pdserve_router_fronts", "Router fronts whose request figures this exposition sums."
+        )
+        self.fronts.set(1)
+
+    @property
+    def worker_views(self) -> tuple[Gauge, ...]:
+        """The gauges rebuilt at each scrape from this front's picture of the workers
+        (router/status_views.py). Every front holds a replica of the same picture, so several fronts'
+        values are never summed: the front that answers shows its own."""
+        return (
+            self.worker_up,
+            self.kv_usage,
+            self.queued_prefill,
+            self.index_blocks,
+            self.kv_transport_info,
+            self.kv_probe_gbps,
+            self.kv_pair_degraded,
+        )
+
+    @property
+    def front_owned(self) -> frozenset[str]:
+        """The metrics each front counts for the requests it owns (requests, tokens, latencies, running,
+        ...): /metrics sums them over the fronts."""
+        local = {m.name for m in self.worker_views} | {self.fronts.name}
+        return frozenset(self.registry.names) - local
+
+    @property
+    def cumulative(self) -> frozenset[str]:
+        """The front-owned counters and histograms: totals since start, which a restarted front carries
+        on from its predecessor's (router/front_metrics.py); gauges such as requests running do not."""
+        return frozenset(name for name in self.front_owned if self.registry.kind(name) != "gauge")

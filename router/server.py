@@ -28,6 +28,8 @@ from router.access_log import quiet_launcher_probes
 from router.app import create_app
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
+from router.front_metrics import FrontMetrics
+from router.front_slots import FrontSlots
 from router.inflight import InflightBound
 from router.kv_probes import KVProbes
 from router.live_rates import LiveRates
@@ -58,18 +60,35 @@ class Router:
     lifecycle: RequestLifecycle
     builder: RequestBuilder
     inflight: InflightBound
+    front_metrics: FrontMetrics | None = None  # with several fronts (--fronts-dir): /metrics sums them
 
     @property
     def running(self) -> int:
-        """Generation requests in flight (admitted, not yet answered in full)."""
+        """Generation requests in flight on this front (admitted, not yet answered in full)."""
         return self.inflight.count
 
     async def start(self) -> str:
-        """Bind the inbox; returns its address (what workers must push to)."""
+        """Map the fronts' shared state (if any) and bind the inbox; returns the inbox's address (what
+        workers must push to)."""
+        self.inflight.open()
+        if self.front_metrics is not None:
+            self.front_metrics.start()
         return await self.cluster.start()
 
     async def stop(self) -> None:
-        await self.cluster.stop()
+        try:
+            await self.cluster.stop()
+        finally:
+            if self.front_metrics is not None:
+                await self.front_metrics.stop()
+            self.inflight.close()
+
+    def exposition(self) -> str:
+        """/metrics: summed over the fronts when they share a directory, else this router's own (labelled
+        `front="i"` when it is one of several)."""
+        if self.front_metrics is not None:
+            return self.front_metrics.render()
+        return self.metrics.registry.render(self.config.front)
 
     @property
     def inbox_addr(self) -> str | None:
@@ -106,9 +125,22 @@ def build_router(config: RouterConfig, tokenizer: ModelTokenizer | None = None) 
         cluster,
         lifecycle,
         RequestBuilder(tokenizer, defaults),
-        InflightBound(config.max_running_requests, metrics),
+        InflightBound(config.max_running_requests, metrics, _shared_slots(config)),
+        _front_metrics(config, metrics),
     )
     return RouterHandles(create_app(router), router)
+
+
+def _shared_slots(config: RouterConfig) -> FrontSlots | None:
+    if config.fronts_dir is None or config.front is None:
+        return None
+    return FrontSlots(config.fronts_dir, config.front)
+
+
+def _front_metrics(config: RouterConfig, metrics: RouterMetrics) -> FrontMetrics | None:
+    if config.fronts_dir is None or config.front is None:
+        return None
+    return FrontMetrics(config.fronts_dir, config.front, metrics)
 
 
 def _log_defaults(choice: str, defaults: GenerationDefaults) -> None:

@@ -109,14 +109,7 @@ def refresh_worker_gauges(
     metrics: RouterMetrics, registry: WorkerRegistry, index: PrefixIndex, probes: KVProbes | None = None
 ) -> None:
     """Rebuild the per-worker (and per-pair) gauges so workers that left disappear from the exposition."""
-    pair_gauges = (metrics.kv_transport_info, metrics.kv_probe_gbps, metrics.kv_pair_degraded)
-    for gauge in (
-        metrics.worker_up,
-        metrics.kv_usage,
-        metrics.queued_prefill,
-        metrics.index_blocks,
-        *pair_gauges,
-    ):
+    for gauge in metrics.worker_views:
         gauge.clear()
     for r in probes.reports() if probes is not None else ():
         metrics.kv_transport_info.set(1, prefill=r.prefill, decode=r.decode, transport=r.transport)

@@ -1,10 +1,12 @@
-"""How many router fronts the launcher starts when `--api-servers` is not given, and what it checks."""
+"""How many router fronts the launcher starts when `--api-servers` is not given, what it checks, and
+what each front is told (its index, the shared port and directory)."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.tools.default_model import prepare_default_model
+from deploy.fronts import Fronts
 from deploy.launch import parse_args
 from deploy.plan import LaunchPlan
 
@@ -23,3 +25,13 @@ def test_plan_refuses_no_fronts() -> None:
         LaunchPlan(model="/m", api_servers=0)
     with pytest.raises(ValueError, match="inbox-port"):
         LaunchPlan(model="/m", api_servers=2, router_argv=("--inbox-port", "5555"))
+
+
+def test_several_fronts_share_a_directory_one_front_has_none(tmp_path) -> None:
+    two = Fronts(LaunchPlan(model="/m", api_servers=2), str(tmp_path), {})
+    argv = two.argv(1, 8000, None)
+    assert argv[argv.index("--front") + 1] == "1" and "--reuse-port" in argv
+    assert argv[argv.index("--fronts-dir") + 1] == str(two.shared_dir) == str(tmp_path / "fronts")
+    one = Fronts(LaunchPlan(model="/m"), str(tmp_path), {})
+    argv = one.argv(0, 8000, None)
+    assert one.shared_dir is None and not {"--front", "--fronts-dir", "--reuse-port"} & set(argv)

@@ -51,6 +51,7 @@ def test_every_flag_reaches_its_field(monkeypatch) -> None:
         "protect_status": True,
         "front": 1,
         "reuse_port": True,
+        "fronts_dir": "/tmp/fronts",
     }
     assert set(values) | {"model"} == set(ROUTER_FLAGS.fields)
     config, _ = parse_args(ROUTER_FLAGS.argv({"model": "/m", **values}))
