@@ -91,7 +91,7 @@ class EngineConfig:
         if not self.pd_multiplex:
             return
         if self.role != "mixed":
-            raise ValueError(f"pd_multiplex runs prefill and decode in one mixed engine, not role {self.role!r}")
+            raise ValueError(f"pd_multiplex is one mixed engine (prefill and decode), not role {self.role!r}")
         if self.speculative is not None:
             raise ValueError("pd_multiplex does not combine with speculative decoding yet (speculative)")
         if self.async_scheduling:

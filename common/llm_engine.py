@@ -180,8 +180,8 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        in_flight = self._in_flight is not None or (self.multiplexer is not None and self.multiplexer.in_flight)
-        return self.scheduler.has_work or in_flight
+        chunk = self.multiplexer is not None and self.multiplexer.in_flight
+        return self.scheduler.has_work or self._in_flight is not None or chunk
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> StepResult:

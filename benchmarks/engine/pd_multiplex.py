@@ -149,8 +149,10 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def report(results: dict[str, list[RunStats]]) -> None:
-    print(f"\n{'arm':<10} {'out tok/s':>10} {'ITL p50':>9} {'ITL p99':>9} {'ITL max':>9} "
-          f"{'TTFT p50':>9} {'TTFT max':>9}   (ms)")
+    print(
+        f"\n{'arm':<10} {'out tok/s':>10} {'ITL p50':>9} {'ITL p99':>9} {'ITL max':>9} "
+        f"{'TTFT p50':>9} {'TTFT max':>9}   (ms)"
+    )
     for arm, runs in results.items():
         gaps = [g for r in runs for g in r.gaps]
         ttfts = [t for r in runs for t in r.ttfts]

@@ -47,7 +47,12 @@ def test_grows_up_to_the_whole_device_and_ignores_one_outlier():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [dict(itl_target_s=0, num_lanes=2), dict(itl_target_s=1, num_lanes=0), dict(itl_target_s=1, num_lanes=2, grow_below=1)]
+    "kwargs",
+    [
+        dict(itl_target_s=0, num_lanes=2),
+        dict(itl_target_s=1, num_lanes=0),
+        dict(itl_target_s=1, num_lanes=2, grow_below=1),
+    ],
 )
 def test_config_is_validated(kwargs):
     with pytest.raises(ValueError):
