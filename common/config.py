@@ -42,6 +42,9 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     # Without measured step costs (the CPU): speculation is off while more sequences than this run.
     speculative_max_batch: int = 16
+    # One GPU, prefill and decode side by side on SM shares (common/multiplex): mixed role only.
+    pd_multiplex: bool = False
+    itl_target_ms: float = 30.0  # multiplexed mode: the decode inter-token gap the SM split holds
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -74,6 +77,27 @@ class EngineConfig:
             raise ValueError(f"async_scheduling must be a bool or None, got {self.async_scheduling!r}")
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        self._check_multiplex()
+
+    def _check_multiplex(self) -> None:
+        """What multiplexed mode (prefill and decode side by side, common/multiplex) does not combine
+        with yet: other roles (it is one mixed engine), speculation and run-ahead (both assume one
+        step in flight on one stream), tensor parallelism (one rank owns both streams)."""
+        target = self.itl_target_ms
+        if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1e6:
+            raise ValueError(f"itl_target_ms must be a positive number of milliseconds, got {target!r}")
+        if self.pd_multiplex not in (True, False):
+            raise ValueError(f"pd_multiplex must be a bool, got {self.pd_multiplex!r}")
+        if not self.pd_multiplex:
+            return
+        if self.role != "mixed":
+            raise ValueError(f"pd_multiplex is one mixed engine (prefill and decode), not role {self.role!r}")
+        if self.speculative is not None:
+            raise ValueError("pd_multiplex does not combine with speculative decoding yet (speculative)")
+        if self.async_scheduling:
+            raise ValueError("pd_multiplex does not combine with run-ahead decoding yet (async_scheduling)")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("pd_multiplex needs tensor_parallel_size 1")
 
     def with_overrides(self, **kwargs) -> EngineConfig:
         return replace(self, **kwargs)

@@ -40,6 +40,8 @@ ENGINE_FLAGS = FlagTable(
         Flag("draft_model", str, "draft model directory (same vocabulary) for --speculative draft"),
         Flag("num_speculative_tokens", int, "most proposals verified per speculative step"),
         Flag("speculative_max_batch", int, "CPU: no speculation while more sequences than this run"),
+        Flag("pd_multiplex", None, "mixed role: prefill beside decode on SM shares of one GPU"),
+        Flag("itl_target_ms", float, "with --pd-multiplex: decode inter-token gap the SM split holds"),
     ),
 )
 

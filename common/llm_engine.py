@@ -12,8 +12,11 @@ from common.core import run_ahead
 from common.core.block_manager import BlockManager
 from common.core.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from common.core.sequence import Sequence
+from common.core.split_scheduler import SplitScheduler
 from common.device import resolve_platform
 from common.model_config import ModelConfig
+from common.multiplex.partitions import SMPartitions, partitions_for
+from common.multiplex.stepper import MultiplexedSteps
 from common.runner.model_runner import ModelRunner
 from common.spec_decode.proposer_speculator import build_speculator
 from common.spec_decode.speculator import Speculator
@@ -68,7 +71,9 @@ class LLMEngine:
     """Build with `LLMEngine.from_config(config)` (loads the model and allocates the KV cache).
 
     `async_scheduling`: launch plain decode steps before the host has their predecessor's tokens
-    (`common.core.run_ahead`); `speculator`: speculative decoding, composed by the scheduler."""
+    (`common.core.run_ahead`); `speculator`: speculative decoding, composed by the scheduler;
+    `partitions`: multiplexed mode (`common.multiplex`), prefill chunks on these SM shares beside the
+    decode steps (None: one batch per step, as usual)."""
 
     def __init__(
         self,
@@ -77,6 +82,7 @@ class LLMEngine:
         runner: ModelRunner,
         async_scheduling: bool,
         speculator: Speculator | None = None,
+        partitions: SMPartitions | None = None,
     ) -> None:
         self.config = config
         self.model_config = model_config
@@ -92,8 +98,16 @@ class LLMEngine:
             role=config.role,
             eos_token_ids=frozenset(model_config.eos_token_ids),
         )
-        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, speculator)
         self.timings = StepTimings()
+        self.multiplexer: MultiplexedSteps | None = None
+        if partitions is None:
+            self.scheduler = Scheduler(self.scheduler_config, self.block_manager, speculator)
+        else:
+            if speculator is not None or async_scheduling:
+                raise ValueError("multiplexed mode runs without speculation and run-ahead decoding")
+            scheduler = SplitScheduler(self.scheduler_config, self.block_manager)
+            self.multiplexer = MultiplexedSteps.build(config, scheduler, runner, partitions, self.timings)
+            self.scheduler = scheduler
         self.async_scheduling = async_scheduling
         self._in_flight: run_ahead.InFlightStep | None = None
 
@@ -103,6 +117,8 @@ class LLMEngine:
         sched = self.scheduler
         if self.has_unfinished or sched.num_unfinished or sched.handed_off:
             raise ValueError("replace_speculator: the engine still has requests")
+        if self.multiplexer is not None:
+            raise ValueError("replace_speculator: multiplexed mode runs without speculation")
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager, speculator)
 
     @classmethod
@@ -114,9 +130,12 @@ class LLMEngine:
         max_model_len = resolve_max_model_len(config, model_config)
         platform = resolve_platform(config.device)
         runner = runner_cls.load(config, model_config, platform, max_model_len)
+        partitions = partitions_for(config, platform)
+        if config.pd_multiplex and partitions is None:
+            config = config.with_overrides(pd_multiplex=False)
         ahead = run_ahead_enabled(config, runner)
         speculator = build_speculator(config, model_config, runner, max_model_len, ahead)
-        return cls(config, model_config, runner, ahead, speculator)
+        return cls(config, model_config, runner, ahead, speculator, partitions)
 
     # ---- requests ------------------------------------------------------------------------------
     def make_sequence(
@@ -155,14 +174,21 @@ class LLMEngine:
         return seq
 
     def abort(self, request_ids: list[str]) -> list[Sequence]:
+        if self.multiplexer is not None:
+            return self.multiplexer.abort(request_ids)
         return self.scheduler.abort(request_ids)
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work or self._in_flight is not None
+        chunk = self.multiplexer is not None and self.multiplexer.in_flight
+        return self.scheduler.has_work or self._in_flight is not None or chunk
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> StepResult:
+        if self.multiplexer is not None:
+            result = StepResult()
+            self.multiplexer.step(result)
+            return result
         t0 = time.perf_counter()
         updates: list[SeqUpdate] = []
         drained = False
@@ -283,7 +309,11 @@ class LLMEngine:
 
 def run_ahead_enabled(config: EngineConfig, runner: ModelRunner) -> bool:
     """Whether plain decode steps run ahead: as configured, by default on CUDA; never with tensor
-    parallelism (run-ahead feeds device-side tokens that only rank 0, the sampler, holds)."""
+    parallelism (run-ahead feeds device-side tokens that only rank 0, the sampler, holds) nor in
+    multiplexed mode (its decode steps are synchronous, see common/multiplex/stepper.py)."""
+    if config.pd_multiplex:
+        logger.info("run-ahead decoding is off in multiplexed mode")
+        return False
     enabled = runner.platform.is_cuda if config.async_scheduling is None else config.async_scheduling
     if config.tensor_parallel_size > 1 and enabled:
         logger.info("run-ahead decoding is off with tensor_parallel_size > 1")

@@ -42,7 +42,7 @@ from deploy.passthrough import (
     passthrough_argv,
 )
 from deploy.placement import parse_ray_resources
-from deploy.plan import BACKENDS, LaunchPlan, worker_specs
+from deploy.plan import BACKENDS, LaunchPlan, multiplexes, worker_specs
 from deploy.ray_logs import use_readable_ray_logs
 from router.access_log import LAUNCHER_AGENT
 
@@ -98,7 +98,10 @@ class Cluster:
         self.fronts.start(self._front_check(deadline))
         self.url, self.inbox = self.fronts.url, self.fronts.inboxes
         secret_env = self.fronts.secret_env
-        for spec in worker_specs(self.plan, self.inbox, count_gpus(self.plan, self.backend)):
+        num_gpus = count_gpus(self.plan, self.backend)
+        if multiplexes(self.plan, num_gpus):
+            log.info("one GPU: prefill and decode run multiplexed in one worker (--no-pd-multiplex: two)")
+        for spec in worker_specs(self.plan, self.inbox, num_gpus):
             self.workers.append(self.backend.start(replace(spec, secret_env=secret_env)))
         self._wait_healthy(deadline)
         return self.url
@@ -215,6 +218,11 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
         default=1,
         help="HTTP front processes on the one port (default: 1)",
     )
+    p.add_argument(
+        "--no-pd-multiplex",
+        action="store_true",
+        help="one GPU, --prefill 1 --decode 1: two workers instead of one multiplexed worker",
+    )
     add_log_level(p)
     add_launcher_read_args(p)
     add_passthrough_args(p)
@@ -244,6 +252,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
             log_level=args.log_level,
             startup_timeout_s=args.startup_timeout,
             api_servers=args.api_servers,
+            pd_multiplex=not args.no_pd_multiplex,
             router_argv=router_argv,
             worker_argv=passthrough_argv(args, WORKER_PASSTHROUGH),
             **launcher_read_values(args),

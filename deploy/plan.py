@@ -8,6 +8,12 @@ alone. GPU sharing: with CUDA, W workers on G GPUs each get a 1/ceil(W/G) share 
 `--gpus-per-worker`) and `--gpu-memory-utilization` scaled by it, so the shares placed on one GPU sum
 to at most `--gpu-memory-utilization`; each worker sizes its KV cache from its own share
 (common/worker/engine_factory.py).
+
+One GPU: `--prefill 1 --decode 1` on a cluster with exactly one GPU starts ONE mixed worker in
+multiplexed mode instead (`--pd-multiplex`, common/multiplex): prefill and decode side by side on SM
+shares of the GPU, weights loaded once, no KV copy between them. `pd_multiplex=False`
+(`--no-pd-multiplex`) keeps the two workers. Not with `--speculative`, tensor parallelism or
+`--gpus-per-worker` (the mode refuses the first two; the last asks for the two-worker layout).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class LaunchPlan:
     router_argv: tuple[str, ...] = ()  # extra router flags (deploy.passthrough)
     worker_argv: tuple[str, ...] = ()  # extra flags for every worker
     api_servers: int = 1  # HTTP front processes sharing `port` (deploy/fronts.py)
+    pd_multiplex: bool = True  # one GPU, --prefill 1 --decode 1: one multiplexed worker (see above)
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "num_mixed"):
@@ -73,6 +80,11 @@ class LaunchPlan:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.ray_resources and self.backend != "ray":
             raise ValueError(f"ray_resources place Ray actors; backend {self.backend!r} has none to place")
+        if self.engine.get("pd_multiplex") and (self.num_prefill or self.num_decode):
+            raise ValueError(
+                "--pd-multiplex is for mixed workers (--prefill 0 --decode 0 --mixed N); "
+                "--prefill 1 --decode 1 on one GPU uses it on its own"
+            )
         if self.protect_status and not self.api_key:
             raise ValueError(
                 "protect_status needs api_key: there is no key to protect the status routes with"
@@ -98,9 +110,22 @@ def gpu_layout(num_workers: int, num_gpus: int, per_worker: float | None) -> lis
     return [(share, i % num_gpus) for i in range(num_workers)]
 
 
+def multiplexes(plan: LaunchPlan, num_gpus: int) -> bool:
+    """Whether the plan's one prefill and one decode worker run as one multiplexed mixed worker."""
+    return (
+        plan.pd_multiplex
+        and num_gpus == 1
+        and (plan.num_prefill, plan.num_decode, plan.num_mixed) == (1, 1, 0)
+        and plan.gpus_per_worker is None
+        and plan.engine.get("speculative") is None
+        and plan.engine.get("tensor_parallel_size", 1) == 1
+    )
+
+
 def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec]:
     """One spec per worker: its role, id (`{role}-{i}`), command line, GPU share and environment."""
-    roles = plan.roles
+    multiplexed = multiplexes(plan, num_gpus)
+    roles = ["mixed"] if multiplexed else plan.roles
     counts: Counter[str] = Counter()
     base_util = plan.engine.get("gpu_memory_utilization", 0.9)
     # Ray picks the node and GPU itself, so there workers find their own address ("auto").
@@ -109,7 +134,7 @@ def worker_specs(plan: LaunchPlan, inbox: str, num_gpus: int) -> list[WorkerSpec
     for role, (share, gpu) in zip(roles, gpu_layout(len(roles), num_gpus, plan.gpus_per_worker), strict=True):
         worker_id = f"{role}-{counts[role]}"
         counts[role] += 1
-        engine = dict(plan.engine)
+        engine = dict(plan.engine, pd_multiplex=True) if multiplexed else dict(plan.engine)
         if share:
             engine["gpu_memory_utilization"] = round(base_util * share, 4)
         launcher_set = {

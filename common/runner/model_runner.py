@@ -15,9 +15,11 @@ from common.layers.attention import Attention
 from common.loader import load_weights
 from common.model_config import ModelConfig
 from common.models import build_model
+from common.multiplex.partitions import PrefillLane
 from common.parallel import use_group
 from common.runner.cuda_graph import DecodeGraphs
 from common.runner.grammar import GrammarMasker
+from common.runner.host_staging import HostStaging
 from common.runner.inputs import (
     StepInputs,
     flat_sources,
@@ -29,7 +31,7 @@ from common.runner.inputs import (
 from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
 from common.runner.step_costs import StepCosts
-from common.runner.step_handle import HostTokens, StepHandle
+from common.runner.step_handle import StepHandle
 from common.runner.tp_group import TPGroup, start_group
 from common.wire.blocks import blocks_for
 from common.wire.sampling_params import SamplingParams
@@ -82,9 +84,9 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
         self._prev_tokens: torch.Tensor | None = None
-        self._token_buffers: list[torch.Tensor] | None = None
-        self._token_events: list[torch.cuda.Event] = []
-        self._token_turn = 0
+        staging_size = max(config.max_num_seqs, config.max_num_batched_tokens)
+        self._staging = HostStaging(staging_size)
+        self._side_staging = HostStaging(staging_size)  # for `launch_side`'s stream
         self._step_costs: StepCosts | None = None
 
     @classmethod
@@ -244,7 +246,20 @@ class ModelRunner:
         if sampled is None:
             return StepHandle([0] * len(seqs), None, None)
         out, counts = sampled
-        return StepHandle(counts, self._stage_to_host(out.token_ids), out.logprobs)
+        return StepHandle(counts, self._staging.stage(out.token_ids), out.logprobs)
+
+    @torch.inference_mode()
+    def launch_side(self, seqs: list[Sequence], lane: PrefillLane) -> StepHandle:
+        """Queue a prefill chunk on `lane`'s stream and return at once (multiplexed mode).
+
+        Eager always: the decode graphs' static inputs belong to the engine's stream. Its tokens are
+        staged through buffers of its own and never become a run-ahead step's inputs."""
+        with lane.activate():
+            sampled = self._forward_and_sample(seqs, False, None, side=True)
+            if sampled is None:
+                return StepHandle([0] * len(seqs), None, None)
+            out, counts = sampled
+            return StepHandle(counts, self._side_staging.stage(out.token_ids), out.logprobs)
 
     @torch.inference_mode()
     def launch_on_device(self, seqs: list[Sequence], src_rows: list[int] | None = None) -> torch.Tensor:
@@ -255,8 +270,12 @@ class ModelRunner:
             raise ValueError("launch_on_device: every sequence must sample exactly one token")
         return sampled[0].token_ids
 
-    def _forward_and_sample(self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None):
-        q_lens = self.graphs.query_lens(seqs) if self.graphs is not None else None
+    def _forward_and_sample(
+        self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None, side: bool = False
+    ):
+        """`side`: a step on a side stream (`launch_side`): eager, and not remembered as the
+        previous step's tokens."""
+        q_lens = self.graphs.query_lens(seqs) if self.graphs is not None and not side else None
         if q_lens is not None:  # decode, speculative verification, a draft's catch-up: graph rows
             logits, counts = self.graphs.run(seqs, q_lens, src_rows)
         else:
@@ -268,28 +287,13 @@ class ModelRunner:
         batch = prepare_sampling(sampling, vocab, self.device, self.model_config.eos_token_ids, rows)
         batch.allowed = self.grammar.mask(sampling, vocab, self.device, rows)
         out = self.sampler(logits, batch)
-        if 0 not in counts and len(out.token_ids) == len(seqs):
+        if 0 not in counts and len(out.token_ids) == len(seqs) and not side:
             # One token per sequence: a decode step the next may run ahead of (a verification is
             # synchronous, so its tokens never feed the device-side input of a step).
             self._prev_tokens = out.token_ids
             if self.graphs is not None:
                 self.graphs.set_prev_tokens(out.token_ids)
         return out, counts
-
-    def _stage_to_host(self, tokens: torch.Tensor) -> HostTokens:
-        if not self.platform.is_cuda:
-            return HostTokens(tokens, None)
-        if self._token_buffers is None:
-            size = max(self.config.max_num_seqs, self.config.max_num_batched_tokens)
-            self._token_buffers = [torch.empty(size, dtype=torch.int64, pin_memory=True) for _ in range(2)]
-            self._token_events = [torch.cuda.Event() for _ in range(2)]
-        turn = self._token_turn
-        self._token_turn ^= 1
-        self._token_events[turn].synchronize()  # its previous reader (two launches ago) is done
-        host = self._token_buffers[turn][: tokens.shape[0]]
-        host.copy_(tokens, non_blocking=True)
-        self._token_events[turn].record()
-        return HostTokens(host, self._token_events[turn])
 
     def _run_eager(
         self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None

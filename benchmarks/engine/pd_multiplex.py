@@ -1,0 +1,184 @@
+"""Decode inter-token gaps while long prompts arrive: aggregated chunked prefill vs multiplexed mode.
+
+    python benchmarks/engine/pd_multiplex.py --random-model qwen3-8b            # on the GPU
+    python benchmarks/engine/pd_multiplex.py --model DIR --device cpu --streams 2 --long-prompt 64 \\
+        --long-count 2 --long-interval-s 0.05 --chunks 32 --rounds 1 --max-model-len 512   # smoke
+
+One process, one model load: every arm is a fresh engine (its own block manager and scheduler) over
+the same loaded runner (weights, KV cache tensor, CUDA graphs), so arms differ only in how they
+schedule. Arms: `agg-C`, the normal engine with a token budget (chunk) of C per step, and `mux`, the
+multiplexed engine (prefill chunks of the largest C on SM shares beside the decode steps). Arms run
+alternated, `--rounds` times each.
+
+A run: `--streams` short requests start and reach decode; then `--long-count` prompts of
+`--long-prompt` tokens arrive every `--long-interval-s`. The window runs from the first arrival to
+the last long prompt's first token. Reported per arm (all rounds pooled): output tokens/s in the
+window, the decode streams' inter-token gaps (p50/p99/max: every gap, not an average) and the long
+prompts' time to first token (p50/max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from common import LLM, SamplingParams  # noqa: E402
+from common.llm_engine import LLMEngine, run_ahead_enabled  # noqa: E402
+from common.multiplex.partitions import build_partitions  # noqa: E402
+from common.tools.default_model import resolve_model  # noqa: E402
+from common.tools.random_model import write_random_model  # noqa: E402
+
+STREAM_PROMPT = 128  # tokens of each decode stream's prompt
+
+
+@dataclass
+class RunStats:
+    gaps: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="HF model dir (default: the default model)")
+    p.add_argument("--random-model", default=None, help="a common/tools/random_model.py preset instead")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--streams", type=int, default=16, help="decode streams running throughout")
+    p.add_argument("--long-prompt", type=int, default=6000, help="tokens of each arriving long prompt")
+    p.add_argument("--long-count", type=int, default=6)
+    p.add_argument("--long-interval-s", type=float, default=0.5)
+    p.add_argument("--chunks", default="512,2048,8192", help="aggregated arms' token budgets per step")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--itl-target-ms", type=float, default=None, help="multiplexed arm (default: engine's)")
+    p.add_argument("--max-model-len", type=int, default=16384)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    return p.parse_args(argv)
+
+
+def load(args: argparse.Namespace, chunks: list[int]) -> LLM:
+    model = args.model
+    if args.random_model:
+        model = str(write_random_model(Path(tempfile.mkdtemp()) / "m", args.random_model))
+    extra = {} if args.itl_target_ms is None else {"itl_target_ms": args.itl_target_ms}
+    return LLM(
+        resolve_model(model),
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=max(chunks),
+        max_num_seqs=max(args.streams + args.long_count, 8),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=False,  # arms share the KV tensor: no cache may outlive its engine
+        **extra,
+    )
+
+
+def make_arms(llm: LLM, chunks: list[int]) -> dict[str, object]:
+    """Arm name -> a function building a fresh engine for one run over the loaded runner."""
+    base, runner = llm.engine.config, llm.engine.runner
+    partitions = build_partitions(runner.platform)
+
+    def engine(config, parts=None) -> LLMEngine:
+        ahead = False if parts is not None else run_ahead_enabled(config, runner)
+        return LLMEngine(config, llm.engine.model_config, runner, ahead, None, parts)
+
+    arms: dict[str, object] = {
+        f"agg-{c}": (lambda c=c: engine(base.with_overrides(max_num_batched_tokens=c))) for c in chunks
+    }
+    arms["mux"] = lambda: engine(base.with_overrides(pd_multiplex=True), partitions)
+    return arms
+
+
+def run_once(engine: LLMEngine, args: argparse.Namespace, vocab: int, seed: int) -> RunStats:
+    rng = random.Random(seed)
+    room = args.max_model_len - STREAM_PROMPT - 1
+    stream = SamplingParams(temperature=0, max_tokens=room, ignore_eos=True)
+    for i in range(args.streams):
+        engine.add_request([rng.randrange(vocab) for _ in range(STREAM_PROMPT)], stream, f"s{i}")
+    last: dict[str, float] = {}
+    while len(last) < args.streams:  # every stream has its first token: decode is running
+        for u in engine.step().updates:
+            last[u.seq.request_id] = time.perf_counter()
+    longs = [[rng.randrange(vocab) for _ in range(args.long_prompt)] for _ in range(args.long_count)]
+    stats = _window(engine, args, longs, last)
+    engine.abort([f"s{i}" for i in range(args.streams)])
+    while engine.has_unfinished:
+        engine.step()
+    return stats
+
+
+def _window(engine: LLMEngine, args, longs: list[list[int]], last: dict[str, float]) -> RunStats:
+    stats, arrived = RunStats(), {}  # arrived: long prompts waiting for their first token
+    one = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    start = time.perf_counter()
+    sent = 0
+    while len(stats.ttfts) < len(longs):
+        now = time.perf_counter()
+        while sent < len(longs) and now >= start + sent * args.long_interval_s:
+            engine.add_request(longs[sent], one, f"long{sent}")
+            arrived[f"long{sent}"] = now
+            sent += 1
+        updates = engine.step().updates
+        now = time.perf_counter()
+        for u in updates:
+            rid = u.seq.request_id
+            stats.tokens += 1
+            if rid in last:
+                stats.gaps.append(now - last[rid])
+                last[rid] = now
+            elif rid in arrived:  # its first update is its first token (others may follow in the step)
+                stats.ttfts.append(now - arrived.pop(rid))
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(results: dict[str, list[RunStats]]) -> None:
+    print(
+        f"\n{'arm':<10} {'out tok/s':>10} {'ITL p50':>9} {'ITL p99':>9} {'ITL max':>9} "
+        f"{'TTFT p50':>9} {'TTFT max':>9}   (ms)"
+    )
+    for arm, runs in results.items():
+        gaps = [g for r in runs for g in r.gaps]
+        ttfts = [t for r in runs for t in r.ttfts]
+        rate = sum(r.tokens for r in runs) / max(sum(r.seconds for r in runs), 1e-9)
+        cells = [_pct(gaps, 0.5), _pct(gaps, 0.99), max(gaps, default=float("nan"))]
+        cells += [_pct(ttfts, 0.5), max(ttfts, default=float("nan"))]
+        print(f"{arm:<10} {rate:>10.1f} " + " ".join(f"{1e3 * c:>9.2f}" for c in cells))
+
+
+def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
+    args = parse_args(argv)
+    chunks = [int(c) for c in args.chunks.split(",")]
+    llm = load(args, chunks)
+    arms = make_arms(llm, chunks)
+    vocab = min(llm.engine.model_config.vocab_size, 100_000)
+    results: dict[str, list[RunStats]] = {name: [] for name in arms}
+    for r in range(args.rounds):
+        for name, build in arms.items():  # alternated: every arm once per round
+            engine = build()  # type: ignore[operator]
+            stats = run_once(engine, args, vocab, seed=r)
+            results[name].append(stats)
+            extra = engine.multiplexer.stats if engine.multiplexer is not None else ""
+            print(f"round {r} {name}: {stats.tokens} tokens in {stats.seconds:.2f} s {extra}", flush=True)
+    report(results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

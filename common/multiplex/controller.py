@@ -1,0 +1,75 @@
+"""Which SM share the next prefill chunk gets: a load-following split (pure Python, no torch).
+
+The lanes form a ladder, smallest share first, the whole device last. The controller keeps one rung:
+* no decode batch running when a chunk starts: the chunk gets the whole device (top rung), and the
+  rung is left as it was (that chunk's decode gaps say nothing about it);
+* otherwise, the decode steps measured beside the previous chunk on the rung decide: their
+  `QUANTILE` above the inter-token target -> one rung down (decode gets more SMs); below
+  `grow_below` x target -> one rung up (prefill gets more); in between -> stay.
+Decode never needs a share of its own: only prefill is restricted, so with no prefill waiting the
+decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
+with the decode batch size, its contexts and the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QUANTILE = 0.9  # of the decode gaps beside one chunk: one slow outlier step does not move the split
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """`itl_target_s`: the decode inter-token gap to hold; `grow_below`: the fraction of the target
+    under which the prefill share grows; `num_lanes`: rungs of the ladder (the last: whole device)."""
+
+    itl_target_s: float
+    num_lanes: int
+    grow_below: float = 0.6
+
+    def __post_init__(self) -> None:
+        if not self.itl_target_s > 0:
+            raise ValueError(f"itl_target_s must be positive, got {self.itl_target_s!r}")
+        if isinstance(self.num_lanes, bool) or not isinstance(self.num_lanes, int) or self.num_lanes < 1:
+            raise ValueError(f"num_lanes must be a positive int, got {self.num_lanes!r}")
+        if not 0 < self.grow_below < 1:
+            raise ValueError(f"grow_below must be in (0, 1), got {self.grow_below!r}")
+
+
+class ShareController:
+    """Picks a lane index per prefill chunk (`next_lane`) from decode gaps (`observe_decode`)."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.rung = (config.num_lanes - 1) // 2  # start in the middle: half the device or so
+        self._chunk_rung: int | None = None  # the rung of the chunk in flight (None: whole, forced)
+        self._gaps: list[float] = []
+
+    @property
+    def whole(self) -> int:
+        return self.config.num_lanes - 1
+
+    def next_lane(self, decoding: bool) -> int:
+        """The lane of the chunk about to start; `decoding`: a decode batch runs beside it."""
+        self._adjust()
+        if not decoding:
+            self._chunk_rung = None
+            return self.whole
+        self._chunk_rung = self.rung
+        return self.rung
+
+    def observe_decode(self, seconds: float) -> None:
+        """One decode step's gap, measured while the current chunk was in flight."""
+        if self._chunk_rung is not None:
+            self._gaps.append(seconds)
+
+    def _adjust(self) -> None:
+        gaps, self._gaps = sorted(self._gaps), []
+        if not gaps or self._chunk_rung != self.rung:
+            return
+        gap = gaps[min(len(gaps) - 1, int(QUANTILE * len(gaps)))]
+        target = self.config.itl_target_s
+        if gap > target:
+            self.rung = max(0, self.rung - 1)
+        elif gap < self.config.grow_below * target:
+            self.rung = min(self.whole, self.rung + 1)

@@ -1,0 +1,67 @@
+"""The load-following split: rungs move with the decode gaps measured beside prefill chunks."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.multiplex.controller import ControllerConfig, ShareController
+from common.multiplex.green_contexts import share_sizes
+
+TARGET = 0.010
+
+
+def _controller(lanes: int = 5) -> ShareController:
+    return ShareController(ControllerConfig(TARGET, num_lanes=lanes))
+
+
+def _chunk(c: ShareController, gaps: list[float], decoding: bool = True) -> int:
+    lane = c.next_lane(decoding)
+    for gap in gaps:
+        c.observe_decode(gap)
+    return lane
+
+
+def test_no_decode_gets_the_whole_device_and_keeps_the_rung():
+    c = _controller()
+    assert _chunk(c, [], decoding=False) == 4
+    assert _chunk(c, [0.5], decoding=False) == 4  # gaps beside a whole-device chunk say nothing
+    assert c.next_lane(True) == 2
+
+
+def test_shrinks_when_over_target_grows_when_well_under():
+    c = _controller()
+    assert _chunk(c, [0.02] * 10) == 2
+    assert _chunk(c, [0.02] * 10) == 1
+    assert _chunk(c, [0.02] * 10) == 0
+    assert _chunk(c, [0.008] * 10) == 0  # the bottom rung: stays
+    assert c.next_lane(True) == 0  # between grow_below x target and target: stays
+    _chunk(c, [0.001] * 10)
+    assert c.next_lane(True) == 1
+
+
+def test_grows_up_to_the_whole_device_and_ignores_one_outlier():
+    c = _controller(lanes=3)
+    _chunk(c, [0.001] * 20 + [1.0])
+    assert _chunk(c, [0.001] * 5) == 2
+    assert c.next_lane(True) == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(itl_target_s=0, num_lanes=2),
+        dict(itl_target_s=1, num_lanes=0),
+        dict(itl_target_s=1, num_lanes=2, grow_below=1),
+    ],
+)
+def test_config_is_validated(kwargs):
+    with pytest.raises(ValueError):
+        ControllerConfig(**kwargs)
+
+
+def test_share_sizes_follow_the_granularity():
+    assert share_sizes(132) == [32, 48, 64, 80, 96, 112]  # H100/H200
+    assert share_sizes(16) == [8]
+    assert all(s % 8 == 0 for s in share_sizes(108))
+    with pytest.raises(ValueError):
+        share_sizes(0)
