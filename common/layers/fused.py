@@ -35,6 +35,15 @@ def use_fused(x: torch.Tensor) -> bool:
 # 0.615-0.621 ms against 0.985 ms with PDSERVE_DISABLE_SKINNY=1; 64 rows are unaffected (within 1%).
 SKINNY_MAX_ROWS = 1
 
+# Largest weight (bytes, per rank) a skinny projection reads. The skinny kernel wins where weights are
+# small and launch overhead and fusion matter; on large weights cuBLAS's GEMV reads HBM faster.
+# Measured at one row on the H200 (`benchmarks/engine/skinny_gemm.py --sweep --rows 1`, each against
+# norm + cuBLAS + SiLU): Qwen3-0.6B's projections (4-12.6 MB) 1.16-3.02x faster on the skinny kernel;
+# Qwen3-8B's (33.6-201 MB) 0.87-0.97x, even at the sweep's best launch (2026-12-03, aff2219). A decoder
+# layer takes its fused skinny path (norms inside the projections) by its largest projection (gate/up);
+# a projection called on its own decides by its own weight.
+SKINNY_MAX_WEIGHT_BYTES = 16 << 20
+
 
 @functools.cache
 def _skinny_enabled() -> bool:
@@ -47,9 +56,16 @@ def skinny_max_rows() -> int:
     return env_int("PDSERVE_SKINNY_MAX_ROWS", SKINNY_MAX_ROWS, low=1, high=16)
 
 
-def use_skinny(x: torch.Tensor) -> bool:
-    """A decode-sized 2-d activation on CUDA: its projections take the skinny kernels."""
-    return x.dim() == 2 and x.shape[0] <= skinny_max_rows() and use_fused(x) and _skinny_enabled()
+def use_skinny(x: torch.Tensor, weight_bytes: int) -> bool:
+    """A decode-sized 2-d activation on CUDA times a weight of at most SKINNY_MAX_WEIGHT_BYTES: the
+    projection takes the skinny kernels."""
+    return (
+        x.dim() == 2
+        and x.shape[0] <= skinny_max_rows()
+        and weight_bytes <= SKINNY_MAX_WEIGHT_BYTES
+        and use_fused(x)
+        and _skinny_enabled()
+    )
 
 
 def skinny():

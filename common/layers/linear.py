@@ -36,7 +36,7 @@ class LinearBase(nn.Module):
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if use_skinny(x):
+    if use_skinny(x, weight.nbytes):
         return skinny().skinny_linear(x, weight, bias)
     if use_packed(x, weight):
         return packed_linear(x, weight, bias)

@@ -76,7 +76,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if use_skinny(hidden):
+        if use_skinny(hidden, self.mlp.gate_up_proj.weight.nbytes):
             return self._forward_skinny(positions, hidden, residual)
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
