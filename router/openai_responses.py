@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from router.fanout import ChoiceUpdate
 from router.logprobs import chat_logprobs, completion_logprobs
 from router.protocol import (
     AssistantMessage,
@@ -28,6 +27,7 @@ from router.protocol import (
     Usage,
 )
 from router.request_builder import GenerationPlan
+from router.request_lifecycle import ChoiceUpdate
 from router.token_stream import SequenceOutput, SequenceUpdate, StreamInterval
 from router.tokenizer import ModelTokenizer
 
