@@ -80,7 +80,7 @@ class RouterFronts:
         self.ready.append(json.loads(ready.read_text()))
 
     def cpu_seconds(self) -> list[float]:
-        return [_cpu_seconds(pid) for pid in self.pids]
+        return cpu_seconds(self.pids)
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -92,9 +92,17 @@ class RouterFronts:
                 proc.kill()
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pids: list[int]) -> list[float]:
+    """User + system CPU seconds of each process so far (0 for one that has exited)."""
+    out = []
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            out.append(0.0)
+            continue
+        out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
 
 
 def wait_healthy(url: str, fronts: int, workers: int) -> None:

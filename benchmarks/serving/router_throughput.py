@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.serving.router_fronts import (  # noqa: E402 - after the sys.path line
     RouterFronts,
     cpu_list,
+    cpu_seconds,
     start_profiler,
     wait_healthy,
 )
@@ -81,8 +82,8 @@ class Load:
 
     @classmethod
     def of(cls, a: argparse.Namespace, fronts: int) -> Load:
-        k = fronts if a.load_per_front else 1
-        return cls(fronts, a.concurrency * k, a.client_procs * k, a.workers * k)
+        k = fronts if a.load_per_front else 1  # the workers serve every front: their number stays
+        return cls(fronts, a.concurrency * k, a.client_procs * k, a.workers)
 
 
 def run(a: argparse.Namespace, load: Load, model: str, reply: list[int]) -> dict:
@@ -106,7 +107,7 @@ def run(a: argparse.Namespace, load: Load, model: str, reply: list[int]) -> dict
             for p in procs:
                 p.start()
             wait_healthy(fronts.url, load.fronts, load.workers)
-            return _measure(a, load, ctx, fronts) | {"model": model}
+            return _measure(a, load, ctx, fronts, [p.pid for p in procs]) | {"model": model}
         finally:
             stop.set()
             fronts.stop()
@@ -124,7 +125,7 @@ def _request_body(a: argparse.Namespace) -> dict:
     }
 
 
-def _measure(a: argparse.Namespace, load: Load, ctx, fronts: RouterFronts) -> dict:
+def _measure(a: argparse.Namespace, load: Load, ctx, fronts: RouterFronts, worker_pids: list[int]) -> dict:
     out = ctx.Queue()
     start_at = time.time() + 2.0  # every client process connected and waiting
     end_at = start_at + a.duration
@@ -142,14 +143,21 @@ def _measure(a: argparse.Namespace, load: Load, ctx, fronts: RouterFronts) -> di
     time.sleep(max(0.0, start_at - time.time()))
     profiler = start_profiler(a.profile_out, fronts.pids[0], a.duration)
     cpu0 = fronts.cpu_seconds()
+    others = {"worker": worker_pids, "client": [c.pid for c in clients]}
+    others0 = {kind: cpu_seconds(pids) for kind, pids in others.items()}
     results = [ClientResult(**out.get()) for _ in clients]
     wall = max(r.last_done for r in results) - start_at if any(r.requests for r in results) else a.duration
     cpu = [after - before for before, after in zip(cpu0, fronts.cpu_seconds(), strict=True)]
+    # Workers and clients must not be what limits the run: their CPU use says whether they were.
+    spent = {
+        f"{kind}_cpu_cores": (sum(cpu_seconds(pids)) - sum(others0[kind])) / wall
+        for kind, pids in others.items()
+    }
     for c in clients:
         c.join(10)
     if profiler is not None:
         profiler.wait(30)
-    return _summary(a, load, results, wall, cpu)
+    return _summary(a, load, results, wall, cpu) | spent
 
 
 def _summary(a: argparse.Namespace, load: Load, results: list[ClientResult], wall: float, cpu: list) -> dict:
@@ -180,15 +188,18 @@ def print_summary(summary: dict) -> None:
 
 
 def print_sweep(rows: list[dict]) -> None:
-    """One row per front count; scaling = (rate per front) / (the first row's rate per front)."""
+    """One row per front count; scaling = (rate per front) / (the first row's rate per front). The
+    workers' and clients' cores show whether they, not the fronts, limited a row."""
     base = rows[0]
-    head = ("fronts", "tok/s", "req/s", "cores", "us/tok", "us/req", "tok x lin", "req x lin", "errors")
-    print(("{:>7}" + "{:>12}" * (len(head) - 1)).format(*head))
+    head = ("fronts", "tok/s", "req/s", "cores", "us/tok", "us/req", "tok x lin", "req x lin")
+    head += ("wrk cores", "cli cores", "errors")
+    print(("{:>7}" + "{:>11}" * (len(head) - 1)).format(*head))
     for r in rows:
         scale = [_scaling(r, base, key) for key in ("output_tokens_per_s", "requests_per_s")]
         cells = (r["output_tokens_per_s"], r["requests_per_s"], r["router_cpu_cores"])
         cells += (r["router_cpu_us_per_token"], r["router_cpu_us_per_request"], *scale)
-        print(f"{r['api_servers']:>7}" + "".join(f"{c:>12.2f}" for c in cells) + f"{r['errors']:>12}")
+        cells += (r["worker_cpu_cores"], r["client_cpu_cores"])
+        print(f"{r['api_servers']:>7}" + "".join(f"{c:>11.2f}" for c in cells) + f"{r['errors']:>11}")
 
 
 def _scaling(row: dict, base: dict, key: str) -> float:
@@ -234,7 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--load-per-front",
         action="store_true",
-        help="--concurrency, --client-procs and --workers are per front (a sweep's load grows with it)",
+        help="--concurrency and --client-procs are per front (a sweep's load grows with it)",
     )
     p.add_argument("--router-arg", action="append", default=[], help="extra router flag (repeatable)")
     p.add_argument(

@@ -38,12 +38,14 @@ def test_two_fronts_on_one_port_share_the_streams(tmp_path) -> None:
     assert doc["output_tokens_per_s"] == pytest.approx(20 * doc["requests_per_s"])
     # each front admitted streams and carried their tokens (its workers answered to its inbox)
     assert len(doc["router_cpu_cores_per_front"]) == 2 and min(doc["router_cpu_cores_per_front"]) > 0
+    assert doc["worker_cpu_cores"] > 0 and doc["client_cpu_cores"] > 0
 
 
 def test_a_sweep_reports_scaling_against_linear(capsys) -> None:
     rows = [
         {"api_servers": n, "output_tokens_per_s": tok, "requests_per_s": req, "router_cpu_cores": float(n)}
         | {"router_cpu_us_per_token": 1.0, "router_cpu_us_per_request": 1.0, "errors": 0}
+        | {"worker_cpu_cores": 0.5, "client_cpu_cores": 0.5}
         for n, tok, req in ((1, 1000.0, 10.0), (2, 1500.0, 20.0))
     ]
     router_throughput.print_sweep(rows)
