@@ -83,15 +83,16 @@ class _Formatter:
         opening = "".join(sse(payload) for payload in self._opening_chunks())
         if opening:
             yield opening
-        last, finished = "", 0
-        async for item in updates:
+        last, finished, num_choices = "", 0, self.num_choices
+        interval = self._interval if self._interval.k > 1 else None  # None: every update goes out
+        async for item in updates:  # once per SSE chunk: the loop's lookups are hoisted
             self.outputs[item.choice_index] = item.output
-            u = self._interval.push(item.choice_index, item.update)
+            u = item.update if interval is None else interval.push(item.choice_index, item.update)
             if u is None:
                 continue
             line = self._line(item.choice_index, u)
             finished += u.finish_reason is not None
-            if finished == self.num_choices:
+            if finished == num_choices:
                 last = line  # nothing follows but the trailer
             elif line:
                 yield line
