@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import sys
 from collections.abc import Sequence
 
@@ -49,9 +50,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     request_log.configure(log_level, "router")
     from router.server import serve  # imported late so that --help stays fast
 
+    _tune_gc()
     with contextlib.suppress(KeyboardInterrupt):
         _event_loop_runner()(serve(config, log_level))
     return 0
+
+
+def _tune_gc() -> None:
+    """Every request allocates hundreds of container objects, so with CPython's default thresholds
+    (700, 10, 10) the cyclic collector ran every request or so and its older generations often: about
+    a tenth of the router's CPU per admitted request (py-spy --native; router_throughput.py
+    --max-tokens 1: ~425 -> ~378 us per request). The modules imported by now are frozen out of the
+    scans, and a young collection runs every 50,000 allocations. Only cyclic garbage waits longer;
+    everything else is still freed by reference counting as it goes."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def _event_loop_runner():

@@ -41,9 +41,10 @@ from common.wire.messages import (
     TokenOutput,
     WorkerHeartbeat,
     WorkerRegister,
+    WorkRequest,
     decode,
-    encode,
 )
+from router.command_outbox import CommandOutbox
 from router.config import RouterConfig
 from router.kv_probes import KVProbes, PairProber
 from router.live_rates import LiveRates
@@ -59,6 +60,10 @@ COMMAND_OPTIONS = SocketOptions(send_hwm=100_000)
 # per-chunk cost, not the per-token one, is what saturates the router); an idle router takes each
 # message as it comes. 2048 messages are ~30 ms of work at worst.
 INBOX_BATCH = 2048
+# The worker -> router messages of the per-token path, decoded without per-field checks: they come from
+# registered workers (checked below before they count), which built them through the validating
+# constructor (see common/wire/codec.py). Everything else on the inbox is decoded in full.
+TRUSTED_INBOX_TYPES = frozenset({TokenOutput, TokenBatch})
 
 
 class ClusterClient:
@@ -85,6 +90,7 @@ class ClusterClient:
         self._sockets: Sockets[zmq.asyncio.Socket] | None = None
         self._inbox: zmq.asyncio.Socket | None = None
         self._commands: dict[str, zmq.asyncio.Socket] = {}
+        self._outbox = CommandOutbox(self._undelivered)
         self._events: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}
         self._streams: dict[str, RequestStream] = {}
         self._snapshot_asked: dict[str, float] = {}
@@ -111,6 +117,7 @@ class ClusterClient:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._outbox.flush()
         for worker_id in list(self._commands):
             self._disconnect(worker_id)
         if self._sockets is not None:
@@ -127,22 +134,23 @@ class ClusterClient:
         self._streams.pop(request_id, None)
 
     async def send(self, worker_id: str, msg: Message) -> bool:
-        """Queue a command for a worker without blocking; False if it cannot be delivered."""
-        sock = self._commands.get(worker_id)
-        if sock is None:
-            return False
-        try:
-            await sock.send(encode(msg), flags=zmq.NOBLOCK)
-        except zmq.ZMQError as e:  # Again: the worker stopped reading and its queue is full
-            log.warning("cannot send %s to %s: %s", msg.TYPE, worker_id, e)
-            return False
-        return True
+        """Queue a command for a worker without blocking; it goes out at the end of this event-loop
+        turn (router/command_outbox.py). False: no such worker. A request command that turns out to
+        be undeliverable fails its request (retryable) through the request's stream."""
+        return self._outbox.put(worker_id, msg)
+
+    def _undelivered(self, worker_id: str, msg: Message) -> None:
+        if isinstance(msg, WorkRequest):
+            stream = self._streams.get(msg.request_id)
+            if stream is not None:
+                stream.put(RequestFailed(msg.request_id, worker_id, "cannot reach worker", True))
 
     async def shutdown_workers(self, reason: str = "router shutting down") -> int:
         """Ask every registered worker to exit (for launchers); returns how many were told."""
         told = 0
         for worker_id in list(self._commands):
             told += await self.send(worker_id, Shutdown(reason))
+        self._outbox.flush()  # now: a launcher may stop the router next
         return told
 
     # ---- inbox ---------------------------------------------------------------------------------
@@ -165,7 +173,7 @@ class ClusterClient:
 
     async def _take(self, data: bytes) -> None:
         try:
-            msg = decode(data)
+            msg = decode(data, TRUSTED_INBOX_TYPES)
         except MessageError as e:
             log.warning("dropping malformed inbox message: %s", e)
             return
@@ -244,7 +252,8 @@ class ClusterClient:
 
     def _connect(self, reg: WorkerRegister) -> None:
         assert self._sockets is not None, "start() first"
-        self._commands[reg.worker_id] = self._sockets.dial(zmq.PUSH, reg.command_addr, COMMAND_OPTIONS)
+        push = self._commands[reg.worker_id] = self._sockets.dial(zmq.PUSH, reg.command_addr, COMMAND_OPTIONS)
+        self._outbox.add(reg.worker_id, push)
         if reg.events_addr is None:
             return
         sub = self._sockets.dial(zmq.SUB, reg.events_addr)
@@ -252,6 +261,7 @@ class ClusterClient:
         self._events[reg.worker_id] = (sub, asyncio.create_task(self._events_loop(reg.worker_id, sub)))
 
     def _disconnect(self, worker_id: str) -> None:
+        self._outbox.remove(worker_id)
         push = self._commands.pop(worker_id, None)
         if push is not None:
             push.close(linger=0)

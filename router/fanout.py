@@ -10,29 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import NamedTuple
 
-from router.request_lifecycle import RequestLifecycle, SequenceRequest
-from router.token_stream import SequenceOutput, SequenceUpdate
-
-
-class ChoiceUpdate(NamedTuple):
-    choice_index: int
-    update: SequenceUpdate
-    output: SequenceOutput
-
+from router.request_lifecycle import ChoiceUpdate, RequestLifecycle, SequenceRequest
 
 _DONE = object()
 
 
-async def run_sequences(
-    lifecycle: RequestLifecycle, seqs: list[SequenceRequest]
-) -> AsyncGenerator[ChoiceUpdate]:
-    if len(seqs) == 1:  # the common case needs no tasks
-        async with contextlib.aclosing(lifecycle.generate(seqs[0])) as updates:
-            async for update, output in updates:
-                yield ChoiceUpdate(0, update, output)
-        return
+def run_sequences(lifecycle: RequestLifecycle, seqs: list[SequenceRequest]) -> AsyncGenerator[ChoiceUpdate]:
+    if len(seqs) == 1:  # the common case needs no tasks, nor a generator of its own (one per token)
+        return lifecycle.generate(seqs[0])
+    return _fan_out(lifecycle, seqs)
+
+
+async def _fan_out(lifecycle: RequestLifecycle, seqs: list[SequenceRequest]) -> AsyncGenerator[ChoiceUpdate]:
     queue: asyncio.Queue = asyncio.Queue()
     tasks = [asyncio.create_task(_pump(lifecycle, i, seq, queue)) for i, seq in enumerate(seqs)]
     try:
@@ -53,9 +43,9 @@ async def run_sequences(
 
 async def _pump(lifecycle: RequestLifecycle, index: int, seq: SequenceRequest, queue: asyncio.Queue) -> None:
     try:
-        async with contextlib.aclosing(lifecycle.generate(seq)) as updates:
-            async for update, output in updates:
-                queue.put_nowait(ChoiceUpdate(index, update, output))
+        async with contextlib.aclosing(lifecycle.generate(seq, index)) as updates:
+            async for update in updates:
+                queue.put_nowait(update)
     except Exception as e:  # handed to the consumer, which cancels the siblings
         queue.put_nowait(e)
     finally:

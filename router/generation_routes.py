@@ -77,8 +77,9 @@ class GenerationRoutes:
         except ValidationError as e:
             raise from_validation_errors(e.errors()) from None
         _check_model(router, body.model)  # type: ignore[attr-defined]
-        plan = await _plan(router, body)
-        _check_capacity(router)
+        max_model_len = router.registry.max_model_len()  # None: no open path (503 once the body is checked)
+        plan = await _plan(router, body, max_model_len)
+        _check_capacity(router, max_model_len)
         chat = isinstance(body, ChatCompletionRequest)
         request_id = new_id("chatcmpl" if chat else "cmpl")
         # The one line that ties the client's X-Request-Id to the id every other log line uses.
@@ -99,8 +100,7 @@ class GenerationRoutes:
         router.metrics.requests.inc(status=status)
 
 
-async def _plan(router: Router, body: BaseModel) -> GenerationPlan:
-    max_model_len = router.registry.max_model_len()
+async def _plan(router: Router, body: BaseModel, max_model_len: int | None) -> GenerationPlan:
     if isinstance(body, ChatCompletionRequest):
         chars = sum(len(m.text()) for m in body.messages)
         build = router.builder.chat
@@ -120,8 +120,8 @@ def _check_model(router: Router, model: str | None) -> None:
         raise APIError(404, message, param="model", code="model_not_found")
 
 
-def _check_capacity(router: Router) -> None:
-    if not router.registry.can_serve():
+def _check_capacity(router: Router, max_model_len: int | None) -> None:
+    if max_model_len is None:  # what registry.can_serve() says, without asking it again
         router.metrics.requests.inc(status="rejected")
         raise APIError(503, "no live workers can serve requests", code="no_workers", headers=RETRY_AFTER)
 

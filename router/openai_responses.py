@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from router.fanout import ChoiceUpdate
 from router.logprobs import chat_logprobs, completion_logprobs
 from router.protocol import (
     AssistantMessage,
@@ -28,6 +27,7 @@ from router.protocol import (
     Usage,
 )
 from router.request_builder import GenerationPlan
+from router.request_lifecycle import ChoiceUpdate
 from router.token_stream import SequenceOutput, SequenceUpdate, StreamInterval
 from router.tokenizer import ModelTokenizer
 
@@ -40,6 +40,8 @@ def sse(payload: dict) -> str:
 
 
 class _Formatter:
+    _chunk_model: type[CompletionChunk | ChatCompletionChunk]  # each subclass's chunk
+
     def __init__(
         self,
         request_id: str,
@@ -56,6 +58,7 @@ class _Formatter:
         self.tokenizer = tok
         self.outputs: dict[int, SequenceOutput] = {}
         self._templates: dict[int, tuple[str, str]] = {}
+        self._head: dict | None = None  # the chunk fields every chunk shares, built once
         self._interval = StreamInterval(stream_interval)
 
     @property
@@ -80,15 +83,16 @@ class _Formatter:
         opening = "".join(sse(payload) for payload in self._opening_chunks())
         if opening:
             yield opening
-        last, finished = "", 0
-        async for item in updates:
+        last, finished, num_choices = "", 0, self.num_choices
+        interval = self._interval if self._interval.k > 1 else None  # None: every update goes out
+        async for item in updates:  # once per SSE chunk: the loop's lookups are hoisted
             self.outputs[item.choice_index] = item.output
-            u = self._interval.push(item.choice_index, item.update)
+            u = item.update if interval is None else interval.push(item.choice_index, item.update)
             if u is None:
                 continue
             line = self._line(item.choice_index, u)
             finished += u.finish_reason is not None
-            if finished == self.num_choices:
+            if finished == num_choices:
                 last = line  # nothing follows but the trailer
             elif line:
                 yield line
@@ -119,10 +123,15 @@ class _Formatter:
         raise NotImplementedError
 
     def _envelope(self, choices: list, usage: dict | None = None) -> dict:
-        raise NotImplementedError
+        if self._head is None:
+            chunk = self._chunk_model(id=self.request_id, created=self.created, model=self.model, choices=[])
+            self._head = chunk.model_dump()
+        return self._head | {"choices": choices, "usage": usage}
 
 
 class CompletionFormatter(_Formatter):
+    _chunk_model = CompletionChunk
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._text_offsets: dict[int, int] = {}
@@ -139,10 +148,6 @@ class CompletionFormatter(_Formatter):
         lp = self._logprobs(choice_index, u)
         choice = CompletionChoice(index=choice_index, text=u.text, logprobs=lp, finish_reason=u.finish_reason)
         return self._envelope([choice.model_dump()])
-
-    def _envelope(self, choices: list, usage: dict | None = None) -> dict:
-        chunk = CompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[])
-        return chunk.model_dump() | {"choices": choices, "usage": usage}
 
     async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
         logprobs: dict[int, CompletionLogprobs] = {}
@@ -164,6 +169,8 @@ class CompletionFormatter(_Formatter):
 
 
 class ChatFormatter(_Formatter):
+    _chunk_model = ChatCompletionChunk
+
     def _opening_chunks(self) -> list[dict]:
         """OpenAI streams the assistant role first, once per choice."""
         return [
@@ -196,10 +203,6 @@ class ChatFormatter(_Formatter):
         payload = choice.model_dump()
         payload["delta"] = {k: v for k, v in payload["delta"].items() if v is not None}  # OpenAI omits them
         return self._envelope([payload])
-
-    def _envelope(self, choices: list, usage: dict | None = None) -> dict:
-        chunk = ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[])
-        return chunk.model_dump() | {"choices": choices, "usage": usage}
 
     async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
         logprobs: dict[int, ChatLogprobs] = {}

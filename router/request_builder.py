@@ -42,6 +42,8 @@ class GenerationPlan:
     def sequence_params(self, sample_index: int) -> SamplingParams:
         """The sub-request's params: n=1 and, with a seed, seed + sample_index (distinct samples)."""
         seed = None if self.sampling.seed is None else self.sampling.seed + sample_index
+        if self.sampling.n == 1 and seed == self.sampling.seed:
+            return self.sampling  # already the sub-request's params: skip re-validating a copy
         return replace(self.sampling, n=1, seed=seed)
 
 

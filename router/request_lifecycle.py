@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from common.wire import request_log
 from common.wire.detokenizer import IncrementalDetokenizer
@@ -62,6 +63,14 @@ class SequenceRequest:
     skip_special_tokens: bool = True
     arrival: float = field(default_factory=time.monotonic)
     timeout: float | None = None  # the request's own limit; the router's --request-timeout also applies
+
+
+class ChoiceUpdate(NamedTuple):
+    """One update of the sequence behind choice `choice_index`, with the sequence's output so far."""
+
+    choice_index: int
+    update: SequenceUpdate
+    output: SequenceOutput
 
 
 @dataclass(frozen=True)
@@ -106,7 +115,7 @@ class RequestLifecycle:
     def rates(self) -> LiveRates:
         return self.planner.rates
 
-    async def generate(self, seq: SequenceRequest) -> AsyncGenerator[tuple[SequenceUpdate, SequenceOutput]]:
+    async def generate(self, seq: SequenceRequest, choice_index: int = 0) -> AsyncGenerator[ChoiceUpdate]:
         """Yields each update with the sequence's accumulated output; the last update has finish_reason."""
         excluded: set[str] = set()
         output = SequenceOutput(self._detokenizer(seq), seq.sampling)
@@ -116,7 +125,7 @@ class RequestLifecycle:
             try:
                 async with contextlib.aclosing(self._collect(seq, dispatch, output, seen)) as updates:
                     async for update in updates:
-                        yield update, output
+                        yield ChoiceUpdate(choice_index, update, output)
                 record_finished(self.metrics, len(seq.prompt_token_ids), output, seq.arrival, self._clock())
                 log.debug(
                     "%s finished: %s, %d tokens", seq.request_id, output.finish_reason, output.num_generated

@@ -20,13 +20,16 @@ class StreamTimeout(Exception):
 
 
 class RequestStream:
-    __slots__ = ("_items", "_waiter", "_timer", "_expired")
+    __slots__ = ("_items", "_waiter", "_timer", "_expired", "_loop")
 
     def __init__(self) -> None:
         self._items: deque[TokenOutput | RequestFailed] = deque()
         self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._expired = False
+        # The reader's loop, looked up once: on Python 3.11 every get_running_loop() is a getpid()
+        # system call, and a reader waits once per token.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def put(self, msg: TokenOutput | RequestFailed) -> None:
         self._items.append(msg)
@@ -37,8 +40,7 @@ class RequestStream:
 
     def expire_after(self, seconds: float) -> None:
         """Make readers raise StreamTimeout once `seconds` have passed."""
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(max(seconds, 0.0), self._expire)
+        self._timer = self._running_loop().call_later(max(seconds, 0.0), self._expire)
 
     def close(self) -> None:
         if self._timer is not None:
@@ -62,11 +64,16 @@ class RequestStream:
                 raise StreamTimeout()
             if self._items:
                 return
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
     def _expire(self) -> None:
         self._expired = True

@@ -1,9 +1,11 @@
 """A worker with no model, for measuring the router (benchmarks/serving/router_throughput.py).
 
-It speaks the real wire protocol over real ZMQ sockets: registers as a mixed worker, heartbeats,
-answers GenerateRequest by streaming a fixed reply (every token from index 0), honours Abort. Like a
-decode batch, every `step_s` it emits the next token(s) of every running request, `tokens_per_message`
-per TokenOutput; with step_s = 0 it emits as fast as it can.
+It speaks the real wire protocol over real ZMQ sockets: registers as a mixed worker with every router
+front's inbox and heartbeats to each, answers GenerateRequest by streaming a fixed reply (every token
+from index 0) to the front the request names in `reply_to`, honours Abort. Like a decode batch, every
+`step_s` it emits the next token(s) of every running request, `tokens_per_message` per TokenOutput (or,
+with `token_batch`, each front's mid-stream rows of the step as one TokenBatch); with step_s = 0 it
+emits as fast as it can.
 """
 
 from __future__ import annotations
@@ -36,25 +38,27 @@ class FirehoseWorker:
     def __init__(
         self,
         worker_id: str,
-        inbox: str,
+        inboxes: list[str],
         reply: list[int],
         step_s: float,
         tokens_per_message: int,
         token_batch: bool = False,
     ) -> None:
         self.worker_id = worker_id
-        self.inbox = inbox
+        self.inboxes = inboxes  # every front's inbox; the first also takes requests without a reply_to
         self.reply = reply
         self.step_s = step_s
         self.tokens_per_message = tokens_per_message
         self.token_batch = token_batch  # as a real decode worker: one TokenBatch per step for mid-stream rows
-        self.active: dict[str, list[int]] = {}  # request id -> [next index, max_tokens, prompt length]
+        # request id -> [next index, max_tokens, prompt length, the front's PUSH socket]
+        self.active: dict[str, list] = {}
+        self._pushes: dict[str, zmq.Socket] = {}
 
     def run(self, stop) -> None:
         sockets = open_sockets(None, self.worker_id)
-        push = sockets.dial(zmq.PUSH, self.inbox)
+        self._pushes = {addr: sockets.dial(zmq.PUSH, addr) for addr in self.inboxes}
         cmd = sockets.bind(zmq.PULL, "127.0.0.1")
-        reg = self._registration(last_endpoint(cmd))
+        reg = encode(self._registration(last_endpoint(cmd)))
         now = time.monotonic()
         next_step, next_beat, next_reg = now, now, now
         try:
@@ -64,16 +68,20 @@ class FirehoseWorker:
                     return
                 now = time.monotonic()
                 if now >= next_reg:
-                    push.send(encode(reg))
+                    self._to_every_front(reg)
                     next_reg = now + REGISTER_S
                 if now >= next_beat:
-                    push.send(encode(self._heartbeat()))
+                    self._to_every_front(encode(self._heartbeat()))
                     next_beat = now + HEARTBEAT_S
                 if self.active and now >= next_step:
-                    self._step(push)
+                    self._step()
                     next_step = max(next_step + self.step_s, now) if self.step_s else now
         finally:
             sockets.close()
+
+    def _to_every_front(self, data: bytes) -> None:
+        for push in self._pushes.values():
+            push.send(data)
 
     def _take_commands(self, cmd: zmq.Socket) -> bool:
         while True:
@@ -82,29 +90,35 @@ class FirehoseWorker:
             except zmq.Again:
                 return True
             if isinstance(msg, GenerateRequest):
-                self.active[msg.request_id] = [0, msg.sampling.max_tokens, len(msg.prompt_token_ids)]
+                push = (
+                    self._pushes[self.inboxes[0]] if msg.reply_to is None else self._pushes.get(msg.reply_to)
+                )
+                if push is not None:  # else: a front this worker was not started with
+                    prompt_len = len(msg.prompt_token_ids)
+                    self.active[msg.request_id] = [0, msg.sampling.max_tokens, prompt_len, push]
             elif isinstance(msg, Abort):
                 self.active.pop(msg.request_id, None)
             elif isinstance(msg, Shutdown):
                 return False
 
-    def _step(self, push: zmq.Socket) -> None:
+    def _step(self) -> None:
         reply, n = self.reply, len(self.reply)
-        rows: tuple[list, list, list, list] = ([], [], [], [])
+        batches: dict[zmq.Socket, tuple[list, list, list, list]] = {}  # per front: a TokenBatch's columns
         for request_id, state in list(self.active.items()):
-            index, max_tokens, prompt_len = state
+            index, max_tokens, prompt_len, push = state
             count = min(self.tokens_per_message, max_tokens - index)
             tokens = [reply[(index + i) % n] for i in range(count)]
             state[0] = index + count
             finish = "length" if state[0] >= max_tokens else None
             if self.token_batch and not finish and index > 0:
+                rows = batches.get(push) or batches.setdefault(push, ([], [], [], []))
                 for column, value in zip(rows, (request_id, index, tokens, prompt_len), strict=True):
                     column.append(value)
                 continue
             push.send(encode(TokenOutput(request_id, self.worker_id, index, tokens, finish, prompt_len, 0)))
             if finish:
                 del self.active[request_id]
-        if rows[0]:
+        for push, rows in batches.items():
             push.send(encode(TokenBatch(self.worker_id, *rows)))
 
     def _registration(self, command_addr: str) -> WorkerRegister:

@@ -6,6 +6,12 @@ the field names and every field's type and raises `MessageError` -- a `ValueErro
 for anything malformed, whatever the bytes. Constructing a message validates it the same way, so a bad
 message fails where it is built rather than on the far side of a socket.
 
+`decode(data, trusted=...)` builds the listed types without the per-field checks: for the router's
+per-token path, whose messages (`TokenOutput`, `TokenBatch`) come from the cluster's own workers, which
+built them through the validating constructor. The tag and the field names are still checked (a
+`MessageError` otherwise), and fields that are typed values (enums, records, tuples) are still
+converted, checked, from their wire form; anything from outside the cluster is never decoded that way.
+
 Two families use it: the router <-> worker messages (`common.wire.messages`) and the KV transfer's
 control messages between a sender and a receiver (`common.wire.kv_messages`); importing
 `common.wire.messages` registers both.
@@ -13,11 +19,13 @@ control messages between a sender and a receiver (`common.wire.kv_messages`); im
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection
 from typing import ClassVar
 
 import msgpack
 
-from common.wire.wire_fields import MessageError, check_record, field_checkers, wire_form
+from common.wire.wire_fields import MessageError, check_record, field_checkers, plain_on_the_wire, wire_form
 
 MESSAGE_TYPES: dict[str, type[Message]] = {}
 
@@ -56,11 +64,12 @@ def encode(msg: Message) -> bytes:
         raise MessageError(f"cannot encode {msg.TYPE}: {e}") from None
 
 
-def decode(data: bytes | memoryview) -> Message:
+def decode(data: bytes | memoryview, trusted: Collection[type[Message]] = ()) -> Message:
     """Parse and validate one message; any malformed input raises MessageError, nothing else.
 
     When a malformed command that starts work still carries a usable `request_id`, the error's
-    `request_id` is set, so the receiver can fail that request instead of leaving it hanging."""
+    `request_id` is set, so the receiver can fail that request instead of leaving it hanging.
+    Messages of the `trusted` types skip the per-field checks (see the module docstring)."""
     try:
         payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises several unrelated types for garbage input
@@ -72,7 +81,7 @@ def decode(data: bytes | memoryview) -> Message:
     if cls is None:
         raise MessageError(f"type: unknown message type {tag!r}")
     try:
-        return _build(cls, payload)
+        return _build_trusted(cls, payload) if cls in trusted else _build(cls, payload)
     except MessageError as e:
         request_id = payload.get("request_id")
         if cls.NAMES_WORK and type(request_id) is str and request_id:
@@ -91,3 +100,53 @@ def _build(cls: type[Message], payload: dict) -> Message:
         raise
     except TypeError as e:  # a required field is missing
         raise MessageError(f"{cls.TYPE}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """What a trusted build still needs of a class: its field names, defaults, and the fields whose
+    wire form must be converted (with their checkers)."""
+
+    names: frozenset[str]
+    required: frozenset[str]
+    defaults: dict
+    factories: tuple
+    converters: tuple
+
+
+_SHAPES: dict[type, _Shape] = {}
+
+
+def _shape(cls: type[Message]) -> _Shape:
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        plain = plain_on_the_wire(cls)
+        shape = _SHAPES[cls] = _Shape(
+            frozenset(f.name for f in fields),
+            frozenset(f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING),
+            {f.name: f.default for f in fields if f.default is not dataclasses.MISSING},
+            tuple(
+                (f.name, f.default_factory) for f in fields if f.default_factory is not dataclasses.MISSING
+            ),
+            tuple((name, check) for name, check in field_checkers(cls) if name not in plain),
+        )
+    return shape
+
+
+def _build_trusted(cls: type[Message], payload: dict) -> Message:
+    shape = _shape(cls)
+    if not payload.keys() <= shape.names:
+        raise MessageError(f"{cls.TYPE}: unknown field {next(iter(payload.keys() - shape.names))!r}")
+    if not shape.required <= payload.keys():
+        raise MessageError(f"{cls.TYPE}: missing field {min(shape.required - payload.keys())!r}")
+    for name, check in shape.converters:
+        if name in payload:
+            payload[name] = check(payload[name], name)
+    for name, factory in shape.factories:
+        if name not in payload:
+            payload[name] = factory()
+    msg = cls.__new__(cls)
+    msg.__dict__.update(shape.defaults)
+    msg.__dict__.update(payload)
+    return msg

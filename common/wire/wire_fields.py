@@ -87,6 +87,22 @@ def field_checkers(cls: type) -> list[tuple[str, Checker]]:
     return _FIELD_CHECKERS[cls]
 
 
+def plain_on_the_wire(cls: type) -> frozenset[str]:
+    """The fields of a dataclass whose decoded msgpack value already is the field's value (scalars,
+    lists and maps of them): a trusted decode (`common.wire.codec`) takes those as they come."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return frozenset(f.name for f in dataclasses.fields(cls) if _plain(hints[f.name]))
+
+
+def _plain(tp: Any) -> bool:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:
+        return _plain(args[0])
+    if origin in (Union, types.UnionType, list, dict):
+        return all(_plain(a) for a in args)
+    return tp is type(None) or tp in _SCALARS
+
+
 def check_record(record: Any) -> None:
     """Check every field of a dataclass where it is built (from its `__post_init__`; frozen ones too),
     so a bad value fails there, not on the far side of a socket."""

@@ -26,3 +26,36 @@ def test_bad_arguments_are_refused() -> None:
     for bad in (["--concurrency", "0"], ["--duration", "0"], ["--client-procs", "0"]):
         with pytest.raises(SystemExit):
             router_throughput.parse_args(bad)
+
+
+def test_two_fronts_on_one_port_share_the_streams(tmp_path) -> None:
+    out = tmp_path / "result.json"
+    argv = ["--duration", "2", "--concurrency", "16", "--client-procs", "2", "--workers", "2"]
+    argv += ["--step-ms", "5", "--max-tokens", "20", "--token-batch", "--api-servers", "2"]
+    assert router_throughput.main([*argv, "--json-out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["api_servers"] == 2 and doc["errors"] == 0
+    assert doc["output_tokens_per_s"] == pytest.approx(20 * doc["requests_per_s"])
+    # each front admitted streams and carried their tokens (its workers answered to its inbox)
+    assert len(doc["router_cpu_cores_per_front"]) == 2 and min(doc["router_cpu_cores_per_front"]) > 0
+    assert doc["worker_cpu_cores"] > 0 and doc["client_cpu_cores"] > 0
+
+
+def test_a_sweep_reports_scaling_against_linear(capsys) -> None:
+    rows = [
+        {"api_servers": n, "output_tokens_per_s": tok, "requests_per_s": req, "router_cpu_cores": float(n)}
+        | {"router_cpu_us_per_token": 1.0, "router_cpu_us_per_request": 1.0, "errors": 0}
+        | {"worker_cpu_cores": 0.5, "client_cpu_cores": 0.5}
+        for n, tok, req in ((1, 1000.0, 10.0), (2, 1500.0, 20.0))
+    ]
+    router_throughput.print_sweep(rows)
+    last = capsys.readouterr().out.splitlines()[-1].split()
+    assert last[0] == "2" and last[6:8] == ["0.75", "1.00"]  # tok/s 0.75 of linear, req/s linear
+
+
+def test_front_counts_and_cpu_lists_are_parsed() -> None:
+    a = router_throughput.parse_args(["--api-servers", "1,2,4", "--router-cpu", "0-2,5"])
+    assert a.api_servers == [1, 2, 4] and a.router_cpu == [0, 1, 2, 5]
+    for bad in (["--api-servers", "0"], ["--api-servers", "x"], ["--router-cpu", "a-b"]):
+        with pytest.raises(SystemExit):
+            router_throughput.parse_args(bad)
