@@ -13,6 +13,9 @@
 #          tokens, 100-1024 out, T=0.6, max_num_seqs 256 (benchmarks/engine/offline.py's defaults)
 #   mixed  the real default model: 256 prompts of 128-512 random tokens, 128-512 out, T=0.6
 #   lat    Qwen3-0.6B shape: decode step at 1,000 context for 1 and 64 rows; prefill 8 x 2,048
+#   serve  the real default model behind the router with one mixed worker (benchmarks/serving/serving.py:
+#          SERVE_PROMPTS, default 8,192, requests of 512 in / 128 out, greedy, 256 in flight), each arm
+#          its own cluster; not in the default FIGURES (about a minute a round): FIGURES="std mixed lat serve"
 # Env: ROUNDS (2); FIGURES ("std mixed lat"); ARMS ("base new"): more arms of this tree are written
 # NAME=VAR=VALUE (e.g. torch=PDSERVE_FUSED_SAMPLING=0) and run EXTRA_FIGURES ("mixed std"); LAT_MODEL
 # (the lat figure's model, default the Qwen3-0.6B shape). The table compares each arm with the first.
@@ -43,7 +46,26 @@ figure() {  # figure NAME JSON: run one figure in the current directory's tree
     mixed) python3 benchmarks/engine/offline.py --model "$REAL" --quiet --input-len 128 512 --output-len 128 512 \
       --json-out "$2" ;;
     lat) python3 benchmarks/engine/latency.py --model "${LAT_MODEL:-$Q}" --decode-batches 1 64 --json-out "$2" ;;
+    serve) serve_figure "$2" ;;
   esac 2>&1 | grep -v "Loading\|it/s\]" | tail -3
+}
+
+serve_figure() {  # the real model behind the router, one mixed worker: SERVE_PROMPTS requests of 512 in / 128 out
+  local launch_log="${1%.json}.launch.txt"
+  python3 -m deploy.launch --model "$REAL" --port 0 --prefill 0 --decode 0 --mixed 1 --disagg never \
+    --max-num-seqs 256 > "$launch_log" 2>&1 &
+  local launch=$!
+  for _ in $(seq 1 180); do grep -q "pdserve ready" "$launch_log" && break; sleep 1; done
+  local url
+  url=$(grep -o "http://[^ ]*/v1" "$launch_log" | head -1)
+  if [ -n "$url" ]; then
+    python3 benchmarks/serving/serving.py --base-url "$url" --num-prompts 32 --input-len 512 --output-len 16 >/dev/null 2>&1
+    python3 benchmarks/serving/serving.py --base-url "$url" --client-procs 4 --num-prompts "${SERVE_PROMPTS:-8192}" \
+      --input-len 512 --output-len 128 --max-concurrency 256 --json-out "$1"
+  else
+    echo "serve: the cluster did not start (see $launch_log)"
+  fi
+  kill -TERM $launch; wait $launch
 }
 
 for round in $(seq "${ROUNDS:-2}"); do

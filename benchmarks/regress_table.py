@@ -35,6 +35,7 @@ FIGURES = (
     Figure("TPOT b1 @1k", "lat", lambda j: j["tpot_ms_by_batch"]["1"], "ms", False),
     Figure("TPOT b64 @1k", "lat", lambda j: j["tpot_ms_by_batch"]["64"], "ms", False),
     Figure("prefill 8x2048", "lat", lambda j: j["prefill_tok_per_s"], "tok/s", True),
+    Figure("serving mixed-1", "serve", lambda j: j["summary"]["output_tokens_per_s"], "tok/s", True),
 )
 _NAME = re.compile(r"(?P<file>[a-z]+)_(?P<arm>.+)_r(?P<round>\d+)\.json$")
 
