@@ -5,7 +5,10 @@ The lanes form a ladder, smallest share first, the whole device last. The contro
   rung is left as it was (that chunk's decode gaps say nothing about it);
 * otherwise, the decode steps measured beside the previous chunk on the rung decide: their
   `QUANTILE` above the inter-token target -> one rung down (decode gets more SMs); below
-  `grow_below` x target -> one rung up (prefill gets more); in between -> stay.
+  `grow_below` x target -> one rung up (prefill gets more), but never to the whole device while
+  decode runs; in between -> stay. (On the H200, 8B shape, the chunks that ran on the whole device
+  beside decode steps made the longest gaps, up to 244 ms: a decode kernel waits there for the
+  prefill GEMM's waves to drain; on a share it always has SMs of its own. docs/benchmarks.md.)
 Decode never needs a share of its own: only prefill is restricted, so with no prefill waiting the
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.
@@ -49,6 +52,12 @@ class ShareController:
     def whole(self) -> int:
         return self.config.num_lanes - 1
 
+    @property
+    def top_beside_decode(self) -> int:
+        """The highest rung a chunk gets while decode runs: the largest share short of the whole
+        device (the whole device only when it is the one lane there is)."""
+        return max(self.whole - 1, 0)
+
     def next_lane(self, decoding: bool) -> int:
         """The lane of the chunk about to start; `decoding`: a decode batch runs beside it."""
         self._adjust()
@@ -72,4 +81,4 @@ class ShareController:
         if gap > target:
             self.rung = max(0, self.rung - 1)
         elif gap < self.config.grow_below * target:
-            self.rung = min(self.whole, self.rung + 1)
+            self.rung = min(self.top_beside_decode, self.rung + 1)

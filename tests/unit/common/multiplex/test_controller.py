@@ -39,11 +39,18 @@ def test_shrinks_when_over_target_grows_when_well_under():
     assert c.next_lane(True) == 1
 
 
-def test_grows_up_to_the_whole_device_and_ignores_one_outlier():
-    c = _controller(lanes=3)
+def test_grows_up_to_the_largest_share_short_of_the_whole_device_and_ignores_one_outlier():
+    c = _controller(lanes=4)
     _chunk(c, [0.001] * 20 + [1.0])
-    assert _chunk(c, [0.001] * 5) == 2
+    assert _chunk(c, [0.001] * 5) == 2  # the largest share: the whole device (3) is kept for no decode
     assert c.next_lane(True) == 2
+    assert c.next_lane(False) == 3
+
+
+def test_one_lane_is_the_whole_device_for_every_chunk():
+    c = _controller(lanes=1)
+    assert _chunk(c, [0.001] * 5) == 0
+    assert c.next_lane(True) == 0
 
 
 @pytest.mark.parametrize(
