@@ -9,6 +9,10 @@ ignore_eos; max_model_len 4096; one warm-up generate; throughput = output tokens
     python benchmarks/engine/offline.py --num-seqs 16 --input-len 64 256 --output-len 128 128 --compare-hf
     python benchmarks/engine/offline.py ... --compare-hf --dtype bfloat16 --hf-dtype float32 bfloat16
 
+`--served-set` runs instead exactly the requests of `benchmarks/serving/serving.py`'s random workload for
+the same `--num-seqs`, lengths (MIN = MAX) and `--seed` (the same prompt token ids, max_tokens and
+ignore_eos), so a served figure can be set against the offline engine on the same requests.
+
 transformers runs in the engine's dtype unless `--hf-dtype` names one or more dtypes; each gets its own
 timed `generate` and ratio line, so every ratio of one call is measured on the same box at the same time.
 """
@@ -33,6 +37,11 @@ from common.tools.random_model import write_random_model  # noqa: E402
 
 
 def make_workload(args) -> tuple[list[list[int]], list[int]]:
+    if args.served_set:
+        from benchmarks.serving.workloads import random_workload
+
+        served = random_workload(args.num_seqs, args.input_len[0], args.output_len[0], args.seed)
+        return [r.prompt for r in served], [r.max_tokens for r in served]
     rng = random.Random(args.seed)
     prompts = [
         [rng.randint(0, 10000 - 1) for _ in range(rng.randint(*args.input_len))] for _ in range(args.num_seqs)
@@ -121,9 +130,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--hf-dtype", nargs="+", default=None, help="transformers dtype(s) (default: the engine's --dtype)"
     )
+    p.add_argument(
+        "--served-set", action="store_true", help="serving.py's random workload (fixed lengths: MIN = MAX)"
+    )
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json-out", default=None)
-    return p.parse_args()
+    args = p.parse_args()
+    fixed = args.input_len[0] == args.input_len[1] and args.output_len[0] == args.output_len[1]
+    if args.served_set and not fixed:
+        p.error("--served-set needs fixed lengths: --input-len N N --output-len M M")
+    return args
 
 
 def main() -> None:

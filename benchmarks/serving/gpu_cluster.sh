@@ -2,7 +2,8 @@
 # Disaggregated against aggregated serving on two GPUs of one host (nvidia-h200-x2), in one device call:
 #   bash benchmarks/serving/gpu_cluster.sh [MODEL_DIR]      (default: the default model; see device_prep.sh)
 # Setups (SETUPS, default "offline mixed nccl ipc auto"):
-#   offline  the offline engine on one GPU, random workload only (the reference figure)
+#   offline  the offline engine on one GPU, random workload only (the reference figure): exactly the
+#            served requests (offline.py --served-set: same prompts, max_tokens, greedy, ignore_eos)
 #   mixed    aggregated: colocated workers (MIXED_N, default 2: one per GPU) behind the router
 #   nccl/ipc 1 prefill (GPU 0) + 1 decode (GPU 1), KV over that transport, every request disaggregated
 #   auto     1 prefill + 1 decode, the router decides per request (--disagg auto); AUTO_SHAPE overrides
@@ -95,7 +96,7 @@ run_setup() {
 for setup in $SETUPS; do
   if [ "$setup" = offline ]; then
     python3 benchmarks/engine/offline.py --model "$MODEL" --quiet --num-seqs "$RANDOM_PROMPTS" --input-len 512 512 \
-        --output-len 128 128 --temperature 1.0 --engine-kwargs '{"max_num_seqs": 256}' \
+        --output-len 128 128 --served-set --temperature 0 --engine-kwargs '{"max_num_seqs": 256}' \
         --json-out "$LOG/offline.json" > "$LOG/offline.txt" 2>&1
     tail -2 "$LOG/offline.txt"
   else
