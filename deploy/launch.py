@@ -32,7 +32,7 @@ from common.engine_args import add_engine_args, engine_overrides
 from common.net.curve import CurveKeys
 from common.net.flags import add_log_level
 from deploy.base import WorkerBackend, WorkerHandle
-from deploy.fronts import Front, Fronts
+from deploy.fronts import Front, Fronts, default_api_servers, host_cores
 from deploy.passthrough import (
     ROUTER_PASSTHROUGH,
     WORKER_PASSTHROUGH,
@@ -192,6 +192,14 @@ class Cluster:
 PROG = "python -m deploy.launch"
 
 
+def _front_count(asked: int | None, router_argv: Sequence[str]) -> int:
+    """`--api-servers` as given, else one: with a fixed `--inbox-port` (a single inbox), else the
+    host's default (deploy/fronts.py)."""
+    if asked is not None:
+        return asked
+    return 1 if "--inbox-port" in router_argv else default_api_servers(host_cores())
+
+
 def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPlan:
     p = argparse.ArgumentParser(prog=prog, description="start a pdserve cluster")
     p.add_argument("--model", default=None, help="HF model directory (default: the default model)")
@@ -214,9 +222,8 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
     p.add_argument(
         "--api-servers",
         type=int,
-        # 1 until several fronts are measured on a GPU host (issue 26).
-        default=1,
-        help="HTTP front processes on the one port (default: 1)",
+        default=None,
+        help="HTTP front processes on the one port (default: one per 4 cores, 1 to 4)",
     )
     p.add_argument(
         "--no-pd-multiplex",
@@ -251,7 +258,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
             log_dir=args.log_dir,
             log_level=args.log_level,
             startup_timeout_s=args.startup_timeout,
-            api_servers=args.api_servers,
+            api_servers=_front_count(args.api_servers, router_argv),
             pd_multiplex=not args.no_pd_multiplex,
             router_argv=router_argv,
             worker_argv=passthrough_argv(args, WORKER_PASSTHROUGH),

@@ -6,13 +6,21 @@ from __future__ import annotations
 import pytest
 
 from common.tools.default_model import prepare_default_model
-from deploy.fronts import Fronts
+from deploy import launch
+from deploy.fronts import Fronts, default_api_servers
 from deploy.launch import parse_args
 from deploy.plan import LaunchPlan
 
 
-def test_one_front_unless_asked(capsys) -> None:
+def test_one_front_per_four_cores_up_to_four_unless_asked(capsys, monkeypatch) -> None:
+    assert [default_api_servers(c) for c in (1, 2, 4, 7, 8, 16, 64)] == [1, 1, 1, 1, 2, 4, 4]
+    with pytest.raises(ValueError, match="cores"):
+        default_api_servers(0)
     model = str(prepare_default_model(progress=False))
+    monkeypatch.setattr(launch, "host_cores", lambda: 16)
+    assert parse_args(["--model", model]).api_servers == 4
+    assert parse_args(["--model", model, "--inbox-port", "0"]).api_servers == 1  # one fixed inbox
+    monkeypatch.setattr(launch, "host_cores", lambda: 2)
     assert parse_args(["--model", model]).api_servers == 1
     assert parse_args(["--model", model, "--api-servers", "3"]).api_servers == 3
     with pytest.raises(SystemExit):
