@@ -12,7 +12,8 @@ What it does, in order:
 3. For `--minutes`: `--concurrency` closed-loop clients send /v1/completions (greedy and sampled,
    streamed and not; chaos_load) while faults come every `--fault-every` s on average (chaos_faults):
    SIGKILL (the worker is restarted, as a supervisor would) and SIGSTOP/SIGCONT of prefill and decode
-   workers, router restarts, clients leaving mid-stream; RSS of every process is sampled meanwhile.
+   workers, router restarts (one front at random with `--api-servers N`), clients leaving mid-stream;
+   RSS of every process is sampled meanwhile.
 4. Quiesce: paused workers resumed, killed ones back, every worker live; then wait until every
    worker's KV usage (from its heartbeats, /debug/index `kv_blocks_used`) is back to 0 and no request
    is running; one last greedy request must get the offline answer.
@@ -142,7 +143,7 @@ async def live_pids(client: httpx.AsyncClient, url: str, chaos: Chaos) -> dict[s
     """The router's pid and those of the workers the router lists live (so a restarted worker's
     baseline is taken after its model has loaded, not while it loads)."""
     live = await live_workers(client, url)
-    return {name: pid for name, pid in chaos.pids().items() if name == "router" or name in live}
+    return {name: pid for name, pid in chaos.pids().items() if name.startswith("router") or name in live}
 
 
 async def rss_loop(ctx: dict, rss: RssTrack, stop: asyncio.Event) -> None:

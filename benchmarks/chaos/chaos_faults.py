@@ -7,8 +7,10 @@ Faults (`FAULT_KINDS`):
                                would. Only a worker whose role has another one alive is killed.
   stop_prefill / stop_decode   SIGSTOP a worker for up to `stop_max_s`, then SIGCONT (past the router's
                                heartbeat timeout it is declared down meanwhile, then comes back).
-  router_restart               SIGKILL the router and start a new one on the same ports
-                               (`Cluster.restart_router`); the workers re-register on their own.
+  router_restart               SIGKILL the router (with several fronts, `--api-servers N`, one front
+                               drawn at random) and start a new one on the same ports
+                               (`Cluster.restart_router`); the workers re-register on their own and
+                               drop the dead front's requests; the other fronts keep serving.
   disconnect                   the next streamed request leaves after a few events (chaos_load).
 Dropped and delayed KV transfers are not scheduled here: the decode workers inject them themselves
 (kvtransfer/faults.py, PDSERVE_KV_FAULTS), and chaos.py counts them from the worker logs.
@@ -153,8 +155,10 @@ class Chaos:
 
     async def _restart_router(self) -> None:
         started = time.monotonic()
+        index = self.rng.randrange(len(self.cluster.fronts.fronts))
+        self.counts[f"front_{index}_killed"] += 1
         try:
-            await self._in_spawner(self.cluster.restart_router)
+            await self._in_spawner(self.cluster.restart_router, 120.0, index)
         finally:
             self.router_down.append((started, time.monotonic() + ROUTER_DOWN_GRACE_S))
 
@@ -186,6 +190,7 @@ class Chaos:
     def pids(self) -> dict[str, int]:
         """Process name -> pid of every process of the cluster now (for RSS sampling)."""
         out = {w.spec.worker_id: w.pid for w in self.cluster.workers if w.alive()}
-        if self.cluster.router is not None and self.cluster.router.poll() is None:
-            out["router"] = self.cluster.router.pid
+        for front in self.cluster.fronts.fronts if self.cluster.fronts else []:
+            if front.proc.poll() is None:
+                out["router" if front.index == 0 else f"router-{front.index}"] = front.proc.pid
         return out

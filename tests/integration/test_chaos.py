@@ -1,7 +1,7 @@
 """The chaos soak's short version (benchmarks/chaos/chaos.py): a real cluster (router + 2 prefill + 2 decode
 workers, default model, CPU, tcp) under ~20 s of mixed load while every kind of fault is injected at
-least once (worker SIGKILL + restart, SIGSTOP/SIGCONT, a router restart, a client leaving mid-stream,
-dropped and delayed KV transfers). The soak's own goals are the assertions: no request lost, every
+least once (worker SIGKILL + restart, SIGSTOP/SIGCONT, a router front killed and restarted (two fronts:
+the other keeps serving), a client leaving mid-stream, dropped and delayed KV transfers). The soak's own goals are the assertions: no request lost, every
 greedy answer the offline engine's, no KV block held once the cluster is idle. The 30-minute run is in
 docs/reliability.md."""
 
@@ -27,7 +27,7 @@ def test_short_chaos_soak_loses_nothing(model_dir, tmp_path) -> None:
     cmd += ["--fault-every", "3", "--stop-max-s", "4", "--kv-drop", "0.2", "--kv-delay", "0.2"]
     cmd += ["--kv-delay-s", "1.5", "--kv-lease-s", "3", "--warmup-s", "5", "--rss-limit-pct", "50"]
     cmd += ["--json-out", str(out), "--log-dir", str(tmp_path / "logs")]
-    cmd += ["--num-kvcache-blocks", "128", "--enforce-eager"]
+    cmd += ["--num-kvcache-blocks", "128", "--enforce-eager", "--api-servers", "2"]
     run = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=570)
     report = run.stdout + run.stderr
     print(report)
