@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from common.core.sequence import Sequence
-from common.llm_engine import StepResult
+from common.core.step_records import StepResult
 from common.wire import request_log
 from common.wire.messages import (
     DecodeRequest,

@@ -16,7 +16,8 @@ from common.wire.messages import Message, RequestFailed, SnapshotRequest, TokenO
 from common.worker.events import EventPublisher
 
 if TYPE_CHECKING:
-    from common.llm_engine import LLMEngine, StepResult
+    from common.core.step_records import StepResult
+    from common.llm_engine import LLMEngine
     from common.worker.channels import WorkerChannels
     from common.worker.config import WorkerConfig
 
