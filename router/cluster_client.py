@@ -27,13 +27,12 @@ import zmq
 import zmq.asyncio
 
 from common.net.sockets import SocketOptions, Sockets, last_endpoint, open_async_sockets
+from common.wire.cache_messages import Snapshot
 from common.wire.messages import (
-    KVProbeResult,
     Message,
     MessageError,
     RequestFailed,
     Shutdown,
-    Snapshot,
     TokenBatch,
     TokenOutput,
     WorkerHeartbeat,
@@ -41,6 +40,7 @@ from common.wire.messages import (
     WorkRequest,
     decode,
 )
+from common.wire.probe_messages import KVProbeResult
 from router.command_outbox import CommandOutbox
 from router.config import RouterConfig
 from router.index_sync import IndexSync

@@ -19,7 +19,8 @@ import zmq
 import zmq.asyncio
 
 from common.net.sockets import Sockets
-from common.wire.messages import KVEventBatch, Message, MessageError, Snapshot, SnapshotRequest, decode
+from common.wire.cache_messages import KVEventBatch, Snapshot, SnapshotRequest
+from common.wire.messages import Message, MessageError, decode
 from router.prefix_index import IndexUpdate, PrefixIndex
 from router.worker_registry import WorkerRegistry, WorkerState
 
