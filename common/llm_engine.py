@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.config import EngineConfig
@@ -13,6 +12,7 @@ from common.core.block_manager import BlockManager
 from common.core.scheduler import Scheduler, SchedulerConfig, SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler
+from common.core.step_records import EngineLoad, StepResult, StepTimings
 from common.device import resolve_platform
 from common.model_config import ModelConfig
 from common.multiplex.partitions import SMPartitions, partitions_for
@@ -28,43 +28,6 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class StepTimings:
-    """Wall-clock seconds spent in each part of `step()` (cheap; read by benchmarks).
-
-    `device_wait`: of those seconds, the host blocked on a step's tokens; the rest is host work.
-    `drains`: run-ahead steps resolved before the next launch, by `run_ahead.Drain` value."""
-
-    schedule: float = 0.0
-    prefill_forward: float = 0.0
-    decode_forward: float = 0.0
-    postprocess: float = 0.0
-    prefill_steps: int = 0
-    decode_steps: int = 0
-    device_wait: float = 0.0
-    drains: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class StepResult:
-    updates: list[SeqUpdate] = field(default_factory=list)
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_preempted: int = 0
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """How full the engine is right now (what a worker's heartbeat reports)."""
-
-    num_free_blocks: int
-    num_total_blocks: int
-    num_waiting: int
-    num_running: int
-    num_transferring: int
-    queued_prefill_tokens: int
 
 
 class LLMEngine:
@@ -222,7 +185,7 @@ class LLMEngine:
         result.updates = updates
         ran_ahead = self._in_flight is not None
         self.scheduler.speculator.observe_step(t0, batch, ran_ahead=ran_ahead, drained=drained)
-        self._account(batch.is_decode, t0, t1, t2, time.perf_counter())
+        self.timings.account(batch.is_decode, t0, t1, t2, time.perf_counter())
         result.num_prefill_tokens = batch.num_prefill_tokens
         result.num_decode_tokens = batch.num_decode_tokens
         return result
@@ -234,17 +197,6 @@ class LLMEngine:
         updates = run_ahead.resolve(step, self.scheduler, launched)
         self.timings.device_wait += step.handle.wait_seconds
         return updates
-
-    def _account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
-        tm = self.timings
-        tm.schedule += t1 - t0
-        tm.postprocess += t3 - t2
-        if is_decode:
-            tm.decode_forward += t2 - t1
-            tm.decode_steps += 1
-        else:
-            tm.prefill_forward += t2 - t1
-            tm.prefill_steps += 1
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes, if any (idempotent; also runs at exit/GC)."""

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from common.wire.messages import KVProbe, KVProbeResult
+from common.wire.probe_messages import KVProbe, KVProbeResult
 from kvtransfer import KVTransferConfig, TransferStatus
 from kvtransfer.peers import KVReceiverSet
 

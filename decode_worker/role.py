@@ -37,9 +37,10 @@ from dataclasses import dataclass
 
 from common.core.request_queue import RequestQueue
 from common.core.sequence import Sequence, SequenceStatus
-from common.llm_engine import StepResult
+from common.core.step_records import StepResult
 from common.wire import request_log
-from common.wire.messages import DecodeRequest, GenerateRequest, KVProbe, Message, TokenBatch, TokenOutput
+from common.wire.messages import DecodeRequest, GenerateRequest, Message, TokenBatch, TokenOutput
+from common.wire.probe_messages import KVProbe
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable

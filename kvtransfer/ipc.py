@@ -246,7 +246,7 @@ class IpcReceiver(ZmqReceiver):
             job.num_bytes = len(job.dst) * self._layout.block_bytes
             self._book.finish(job, TransferStatus.DONE, None)
             rids.append(job.request_id)
-        self._post(batch.address, [encode(KVCopied(rids))])
+        self._dealers.post(batch.address, [encode(KVCopied(rids))])
 
     @staticmethod
     def _mismatch(batch: CopyBatch, first: int, end: int) -> str | None:
@@ -261,7 +261,7 @@ class IpcReceiver(ZmqReceiver):
 
     def _fail_direct(self, job: Job, error: str, notify: bool = True) -> None:
         if notify:  # the sender releases now
-            self._post(job.address, [encode(KVError(job.request_id, 0, error))])
+            self._dealers.post(job.address, [encode(KVError(job.request_id, 0, error))])
         self._book.finish(job, TransferStatus.FAILED, error)
 
     def _source(self, job: Job) -> torch.Tensor:

@@ -120,7 +120,7 @@ class NcclSender(ZmqSender):
             except queue.Empty:
                 break
             error = f"send failed: {reason}"
-            self._fail(request_id, error)
+            self._leases.fail(request_id, error)
             self._reply(ident, [encode(KVError(request_id, xid, error, pair_broken=True))])
         for pair_id in [p for p, pair in self._pairs.items() if pair.is_broken()]:
             self._retire(pair_id, "broken")

@@ -1,4 +1,5 @@
-"""The receiver half every transport shares: a job table, one DEALER per sender, deadlines.
+"""The receiver half every transport shares: a job table, one DEALER per sender (kvtransfer/dealers.py),
+deadlines.
 
 `fetch()` (engine thread) validates, queues a job and wakes the I/O thread through a pipe. The I/O
 thread owns every socket: it sends the fetch request, hands replies to the transport subclass
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 import zmq
 
-from common.net.sockets import SocketOptions, open_sockets
+from common.net.sockets import open_sockets
 from common.net.waker import Waker
 from common.wire.blocks import check_block_ids
 from common.wire.codec import Message, encode
@@ -28,16 +29,13 @@ from common.wire.wire_fields import MessageError
 
 from .base import KVReceiver, TransferResult, TransferStatus, check_kv_cache
 from .config import KVTransferConfig, validate_seconds
+from .dealers import SenderDealers, send
 from .device import CopyStream, record_event
 from .jobs import Job, StatusBook
 from .layout import CacheLayout
 from .verify import VerificationFailed, check_binding
 
 logger = logging.getLogger(__name__)
-
-# RCVHWM 0: a bounded queue would stall the sender's data frames; IPV6 on: senders may advertise host
-# names that resolve to IPv6 addresses.
-DEALER_OPTIONS = SocketOptions(recv_hwm=0, ipv6=True)
 
 
 class ZmqReceiver(KVReceiver):
@@ -48,11 +46,9 @@ class ZmqReceiver(KVReceiver):
         self._config = config or KVTransferConfig(transport=self.transport)
         self._layout = CacheLayout.of(kv_cache)
         self._inbox: queue.SimpleQueue[Job] = queue.SimpleQueue()
-        self._outbox: queue.SimpleQueue[tuple[str, list[bytes]]] = queue.SimpleQueue()  # (address, frames)
         self._book = StatusBook()
         self._xids = itertools.count(1)
         self._jobs: dict[str, Job] = {}  # I/O thread only
-        self._dealers: dict[str, zmq.Socket] = {}  # I/O thread only
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -67,6 +63,7 @@ class ZmqReceiver(KVReceiver):
         self._waker = Waker()
         self._poller = zmq.Poller()
         self._poller.register(self._waker.fd, zmq.POLLIN)
+        self._dealers = SenderDealers(self._sockets, self._poller, self._waker)
         self._start_transport()
         self._thread = threading.Thread(target=self._run, name=f"kv-{self.transport}-receiver", daemon=True)
         self._thread.start()
@@ -147,7 +144,7 @@ class ZmqReceiver(KVReceiver):
                     if sock == self._waker.fd:
                         self._waker.drain()
                         self._take_inbox()
-                        self._send_outbox()
+                        self._dealers.send_posted()
                     else:
                         self._drain(sock)
                 self._tick()
@@ -162,22 +159,6 @@ class ZmqReceiver(KVReceiver):
         if self._jobs:
             wait = min(wait, min(j.deadline for j in self._jobs.values()) - time.monotonic())
         return max(0, int(wait * 1000))
-
-    def _post(self, address: str, frames: list[bytes]) -> None:
-        """Queue control frames for a sender (engine thread; the I/O thread owns the sockets)."""
-        self._outbox.put((address, frames))
-        self._waker.wake()
-
-    def _send_outbox(self) -> None:
-        while True:
-            try:
-                address, frames = self._outbox.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                self._send(self._dealer(address), frames)
-            except zmq.ZMQError as e:  # the sender then releases at lease expiry instead
-                logger.debug("kvtransfer receiver: cannot reach %s: %s", address, e)
 
     def _take_inbox(self) -> None:
         while True:
@@ -194,35 +175,23 @@ class ZmqReceiver(KVReceiver):
     def _begin(self, job: Job) -> None:
         self._jobs[job.request_id] = job
         try:
-            job.socket = self._dealer(job.address)
+            job.socket = self._dealers.dealer(job.address)
         except zmq.ZMQError as e:
             self._fail(job, f"cannot connect to sender address {job.address!r}: {e}", notify=False)
             return
         remaining = max(job.deadline - time.monotonic(), 1e-3)
         nonce, layout = job.handoff.nonce, self._layout.to_wire()
         request = KVFetch(job.request_id, job.xid, nonce, layout, remaining, **self._fetch_extra(job))
-        if not self._send(job.socket, [encode(request)]):
+        if not send(job.socket, [encode(request)]):
             self._fail(job, f"cannot send the fetch request to {job.address}", notify=False)
             return
         self._set_status(job, TransferStatus.TRANSFERRING)
 
-    def _dealer(self, address: str) -> zmq.Socket:
-        sock = self._dealers.get(address)
-        if sock is None:
-            sock = self._sockets.dial(zmq.DEALER, address, DEALER_OPTIONS)
-            self._poller.register(sock, zmq.POLLIN)
-            self._dealers[address] = sock
-        return sock
-
     def _drop_dealer_if_idle(self, address: str) -> None:
         """Close the socket to a sender that just timed out, unless other jobs still use it: a dead
         sender's socket would otherwise keep reconnecting forever."""
-        if any(j.address == address for j in self._jobs.values()):
-            return
-        sock = self._dealers.pop(address, None)
-        if sock is not None:
-            self._poller.unregister(sock)
-            sock.close(linger=0)
+        if not any(j.address == address for j in self._jobs.values()):
+            self._dealers.drop(address)
 
     def _drain(self, sock: zmq.Socket) -> None:
         for _ in range(64):
@@ -264,26 +233,16 @@ class ZmqReceiver(KVReceiver):
 
     def _complete(self, job: Job) -> None:
         """The dst blocks hold the data (copy stream synchronized): ack, then report DONE."""
-        self._send(job.socket, [encode(KVAck(job.request_id, job.xid))])
+        send(job.socket, [encode(KVAck(job.request_id, job.xid))])
         self._jobs.pop(job.request_id, None)
         self._finish(job, TransferStatus.DONE, None)
 
     def _fail(self, job: Job, error: str, notify: bool = True) -> None:
         if notify and job.socket is not None:  # so the sender releases its blocks now, not at lease end
-            self._send(job.socket, [encode(KVError(job.request_id, job.xid, error))])
+            send(job.socket, [encode(KVError(job.request_id, job.xid, error))])
         self._jobs.pop(job.request_id, None)
         self._on_job_failed(job)
         self._finish(job, TransferStatus.FAILED, error)
-
-    def _send(self, sock: zmq.Socket | None, frames: list) -> bool:
-        if sock is None:  # the job never got a connection: nobody to tell
-            return False
-        try:
-            sock.send_multipart(frames, flags=zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError as e:
-            logger.debug("kvtransfer receiver: send failed: %s", e)
-            return False
 
     def _set_status(self, job: Job, status: TransferStatus) -> None:
         self._book.set(job.request_id, status)
@@ -300,9 +259,7 @@ class ZmqReceiver(KVReceiver):
             except queue.Empty:
                 break
         self._shutdown_transport()
-        for sock in self._dealers.values():
-            sock.close(linger=0)
-        self._dealers.clear()
+        self._dealers.close_all()
 
     def _check_binding(self, job: Job, binding: KVBinding | None) -> None:
         """Raise VerificationFailed unless the reply is bound to this job's publication and prompt."""

@@ -2,13 +2,12 @@
 
 The background thread owns the ROUTER socket. It answers fetch requests (the transport subclass moves
 the bytes in `_serve`), turns acks and receiver errors into releases, and expires leases. The engine's
-thread only touches the publication table, under `_lock`.
+thread only touches the publication table (`Leases`, kvtransfer/leases.py, under its lock).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Sequence
@@ -30,14 +29,11 @@ from .block_copy import gather_blocks
 from .config import WILDCARD_HOSTS, KVTransferConfig, validate_seconds
 from .device import CopyStream, host_buffer, record_event, wait_event
 from .layout import CacheLayout
+from .leases import Leases
 from .publication import FetchRejected, Publication, ReadBlocks
 from .verify import new_token, pack_sums
 
 logger = logging.getLogger(__name__)
-
-# A served fetch keeps its blocks pinned at least this long past the receiver's own timeout, so a
-# receiver still inside its deadline never reads blocks the engine has already reused.
-CLAIM_GRACE_S = 5.0
 
 # ROUTER_MANDATORY: unroutable replies raise instead of vanishing; SNDHWM 0: a full pipe would otherwise
 # drop data frames silently; IPV6 on even for IPv4 hosts: a wildcard bind then takes both families.
@@ -51,10 +47,8 @@ class ZmqSender(KVSender):
         self._kv = check_kv_cache(kv_cache)
         self._config = config or KVTransferConfig(transport=self.transport)
         self._layout = CacheLayout.of(kv_cache)
-        self._pubs: dict[str, Publication] = {}
-        self._lock = threading.Lock()  # guards _pubs
+        self._leases = Leases()
         self._read_lock = threading.Lock()  # held while blocks are read, so cancel() can wait it out
-        self._released: queue.SimpleQueue[Release] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._address: str | None = None  # the ROUTER's tcp://host:port, known after start()
@@ -111,26 +105,17 @@ class ZmqSender(KVSender):
         ready = record_event(self._kv.device)
         hashes = [*block_hashes, *([None] * (len(ids) - len(block_hashes)))]
         pub = Publication(ids, lease, time.monotonic() + lease, ready, new_token(), hashes)
-        with self._lock:
-            if request_id in self._pubs:
-                raise ValueError(f"request_id {request_id!r} is already published")
-            self._pubs[request_id] = pub
+        self._leases.add(request_id, pub)
         return self._handoff(request_id, pub)
 
     def cancel(self, request_id: str) -> bool:
-        with self._lock:
-            pub = self._pubs.pop(request_id, None)
+        removed = self._leases.remove(request_id)
         with self._read_lock:  # a gather of these blocks may be running: let it finish first
             pass
-        return pub is not None
+        return removed
 
     def poll_released(self) -> list[Release]:
-        out = []
-        while True:
-            try:
-                out.append(self._released.get_nowait())
-            except queue.Empty:
-                return out
+        return self._leases.poll_released()
 
     def close(self) -> None:
         if self._closed:
@@ -164,7 +149,7 @@ class ZmqSender(KVSender):
             while not self._stop.is_set():
                 if poller.poll(poll_ms):
                     self._drain()
-                self._expire(time.monotonic())
+                self._leases.expire(time.monotonic())
                 self._tick()
         finally:
             self._sock.close(linger=0)
@@ -192,11 +177,12 @@ class ZmqSender(KVSender):
         if isinstance(msg, KVFetch):
             self._on_fetch(frames[0], msg)
         elif isinstance(msg, KVAck):
-            self._end(msg.request_id, msg.xid, TransferStatus.DONE, None)
+            self._leases.end(msg.request_id, msg.xid, TransferStatus.DONE, None)
         elif isinstance(msg, KVCopied):
-            self._end_unclaimed(msg.request_ids, TransferStatus.DONE, None)
+            self._leases.end_unclaimed(msg.request_ids, TransferStatus.DONE, None)
         elif isinstance(msg, KVError):
-            self._end(msg.request_id, msg.xid, TransferStatus.FAILED, f"receiver reported: {msg.error!r}")
+            error = f"receiver reported: {msg.error!r}"
+            self._leases.end(msg.request_id, msg.xid, TransferStatus.FAILED, error)
 
     def _on_fetch(self, ident: bytes, req: KVFetch) -> None:
         try:
@@ -206,7 +192,7 @@ class ZmqSender(KVSender):
             self._reply(ident, [encode(KVError(req.request_id, req.xid, str(e), e.pair_broken))])
         except Exception as e:
             logger.exception("kvtransfer %s sender: serving %r failed", self.transport, req.request_id)
-            self._fail(req.request_id, f"sender error: {e!r}")
+            self._leases.fail(req.request_id, f"sender error: {e!r}")
             self._reply(ident, [encode(KVError(req.request_id, req.xid, f"sender error: {e!r}"))])
 
     def _claim(self, req: KVFetch) -> Publication:
@@ -216,20 +202,7 @@ class ZmqSender(KVSender):
             layout = CacheLayout.from_wire(req.layout)
         except ValueError as e:
             raise FetchRejected(f"fetch: {e}") from None
-        with self._lock:
-            pub = self._pubs.get(req.request_id)
-            if pub is None or pub.nonce != req.nonce:
-                raise FetchRejected(
-                    f"unknown publication {req.request_id!r} at the sender "
-                    "(never published, cancelled, its lease expired, or another nonce)"
-                )
-            error = layout.mismatch(self._layout)
-            if error:
-                self._end_locked(req.request_id, TransferStatus.FAILED, error)
-                raise FetchRejected(error)
-            pub.xid = req.xid
-            pub.deadline = max(pub.deadline, time.monotonic() + req.timeout_s + CLAIM_GRACE_S)
-            return pub
+        return self._leases.claim(req, layout.mismatch(self._layout))
 
     def _read_blocks(
         self, request_id: str, pub: Publication, index: list[int], to_host: bool, checksum: bool = False
@@ -238,9 +211,8 @@ class ZmqSender(KVSender):
         `to_host`), with the checksums the gather took of them if `checksum`; None if the publication was
         cancelled meanwhile. Synchronous: the blocks are free to reuse once this returns."""
         with self._read_lock:
-            with self._lock:
-                if self._pubs.get(request_id) is not pub:
-                    return None
+            if not self._leases.is_live(request_id, pub):
+                return None
             wait_event(pub.ready)
             with self._stream.use():
                 device = self._kv.device
@@ -251,39 +223,6 @@ class ZmqSender(KVSender):
                     blocks = staged.copy_(blocks, non_blocking=True)
                 self._stream.synchronize()
                 return ReadBlocks(blocks, None if sums is None else pack_sums(sums))
-
-    def _end(self, request_id: str, xid: int, status: TransferStatus, error: str | None) -> None:
-        with self._lock:
-            pub = self._pubs.get(request_id)
-            if pub is not None and pub.xid == xid:  # else stale, or for a request never claimed
-                self._end_locked(request_id, status, error)
-                return
-        if xid == 0:  # a receiver that reads without claiming (ipc) gave up on this publication
-            self._end_unclaimed([request_id], status, error)
-
-    def _end_unclaimed(self, request_ids: list[str], status: TransferStatus, error: str | None) -> None:
-        """End publications that receivers read without a fetch (no attempt number to match)."""
-        with self._lock:
-            for rid in request_ids:
-                pub = self._pubs.get(rid)
-                if pub is not None and pub.xid is None:
-                    self._end_locked(rid, status, error)
-
-    def _fail(self, request_id: str, error: str) -> None:
-        with self._lock:
-            if request_id in self._pubs:
-                self._end_locked(request_id, TransferStatus.FAILED, error)
-
-    def _end_locked(self, request_id: str, status: TransferStatus, error: str | None) -> None:
-        del self._pubs[request_id]
-        self._released.put(Release(request_id, status, error))
-
-    def _expire(self, now: float) -> None:
-        with self._lock:
-            expired = [(rid, p) for rid, p in self._pubs.items() if p.deadline <= now]
-            for rid, pub in expired:
-                error = f"lease of {pub.lease_s:g} s expired without an ack"
-                self._end_locked(rid, TransferStatus.FAILED, error)
 
     def _reply(self, ident: bytes, frames: list, copy: bool = True) -> bool:
         try:

@@ -53,7 +53,7 @@ class TcpSender(ZmqSender):
                 sums = block_checksums(blocks).tolist()  # host memory: the torch form
                 sent = self._reply(ident, [encode(KVSums(rid, xid, first, sums))])
             if not sent:
-                self._fail(req.request_id, "receiver disconnected during the transfer")
+                self._leases.fail(req.request_id, "receiver disconnected during the transfer")
                 return
 
 

@@ -16,17 +16,10 @@ import time
 from dataclasses import dataclass
 
 from common.core.sequence import Sequence
-from common.llm_engine import StepResult
+from common.core.step_records import StepResult
 from common.wire import request_log
-from common.wire.messages import (
-    DecodeRequest,
-    KVProbe,
-    KVProbeRequest,
-    KVProbeResult,
-    Message,
-    PrefillRequest,
-    TokenOutput,
-)
+from common.wire.messages import DecodeRequest, Message, PrefillRequest, TokenOutput
+from common.wire.probe_messages import KVProbe, KVProbeRequest, KVProbeResult
 from common.worker.outputs import prefill_timings, wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from kvtransfer import KVTransferConfig, TransferStatus

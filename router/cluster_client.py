@@ -1,11 +1,10 @@
 """The router's worker-facing side: ZMQ sockets in asyncio (the protocol is in docs/protocol.md).
 
 Owns: the inbox (one PULL socket every worker pushes to), one PUSH socket per registered worker's
-command address, one SUB socket per events address a worker registers (prefill and mixed workers
-publish cache events; any worker that gives an events address is subscribed, whatever its role),
-and the per-request streams that TokenOutput / RequestFailed messages are routed to by request_id.
-It keeps the WorkerRegistry and the PrefixIndex current; it never decides where a request goes
-(that is the lifecycle's job).
+command address, and the per-request streams that TokenOutput / RequestFailed messages are routed
+to by request_id. It keeps the WorkerRegistry current, and the PrefixIndex through IndexSync
+(router/index_sync.py: the event subscriptions and snapshots); it never decides where a request
+goes (that is the lifecycle's job).
 
 KV path probes (router/kv_probes.py): when a prefill worker and a decode target are both live and
 their pair has not been measured, it sends the prefill worker a KVProbeRequest; the KVProbeResult
@@ -28,15 +27,12 @@ import zmq
 import zmq.asyncio
 
 from common.net.sockets import SocketOptions, Sockets, last_endpoint, open_async_sockets
+from common.wire.cache_messages import Snapshot
 from common.wire.messages import (
-    KVEventBatch,
-    KVProbeResult,
     Message,
     MessageError,
     RequestFailed,
     Shutdown,
-    Snapshot,
-    SnapshotRequest,
     TokenBatch,
     TokenOutput,
     WorkerHeartbeat,
@@ -44,13 +40,15 @@ from common.wire.messages import (
     WorkRequest,
     decode,
 )
+from common.wire.probe_messages import KVProbeResult
 from router.command_outbox import CommandOutbox
 from router.config import RouterConfig
+from router.index_sync import IndexSync
 from router.kv_probes import KVProbes, PairProber
 from router.live_rates import LiveRates
-from router.prefix_index import IndexUpdate, PrefixIndex
+from router.prefix_index import PrefixIndex
 from router.request_stream import RequestStream
-from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry, WorkerState
+from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, WorkerRegistry
 
 log = logging.getLogger(__name__)
 # Queued commands per worker before sends fail fast instead of blocking the router.
@@ -91,9 +89,10 @@ class ClusterClient:
         self._inbox: zmq.asyncio.Socket | None = None
         self._commands: dict[str, zmq.asyncio.Socket] = {}
         self._outbox = CommandOutbox(self._undelivered)
-        self._events: dict[str, tuple[zmq.asyncio.Socket, asyncio.Task]] = {}
+        self._sync = IndexSync(
+            index, registry, self.send, lambda: self.inbox_addr, clock, config.snapshot_retry_interval
+        )
         self._streams: dict[str, RequestStream] = {}
-        self._snapshot_asked: dict[str, float] = {}
         self._tasks: list[asyncio.Task] = []
         self.inbox_addr: str | None = None
 
@@ -111,7 +110,7 @@ class ClusterClient:
         return self.inbox_addr
 
     async def stop(self) -> None:
-        tasks = self._tasks + [task for _, task in self._events.values()]
+        tasks = self._tasks + self._sync.tasks
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -209,16 +208,13 @@ class ClusterClient:
             outcome = self.registry.heartbeat(msg, self._clock())
             if outcome is HeartbeatOutcome.REVIVED:
                 log.info("worker %s is back", msg.worker_id)
-                await self._refresh_index(msg.worker_id)
+                await self._sync.refresh(msg.worker_id)
         elif isinstance(msg, WorkerRegister):
             await self._on_register(msg)
         elif isinstance(msg, KVProbeResult):
             self.pairs.on_result(msg, self._clock())
         elif isinstance(msg, Snapshot):
-            if self.index.apply_snapshot(msg) is IndexUpdate.NEEDS_SNAPSHOT:
-                await self._ask_snapshot(msg.worker_id)
-            elif not self.index.awaiting_snapshot(msg.worker_id):
-                self._snapshot_asked.pop(msg.worker_id, None)
+            await self._sync.on_snapshot(msg)
         else:
             log.warning("unexpected %s on the inbox", msg.TYPE)
 
@@ -245,7 +241,7 @@ class ClusterClient:
         log.info("registered %s worker %s at %s (worker process pid %d)", role, worker_id, reg.host, reg.pid)
         self.pairs.probes.forget_worker(reg.worker_id)
         if reg.events_addr is not None:
-            await self._refresh_index(reg.worker_id)
+            await self._sync.refresh(reg.worker_id)
         await self.pairs.tick(self._clock())
 
     # ---- worker sockets ------------------------------------------------------------------------
@@ -254,46 +250,15 @@ class ClusterClient:
         assert self._sockets is not None, "start() first"
         push = self._commands[reg.worker_id] = self._sockets.dial(zmq.PUSH, reg.command_addr, COMMAND_OPTIONS)
         self._outbox.add(reg.worker_id, push)
-        if reg.events_addr is None:
-            return
-        sub = self._sockets.dial(zmq.SUB, reg.events_addr)
-        self.index.add_worker(reg.worker_id)
-        self._events[reg.worker_id] = (sub, asyncio.create_task(self._events_loop(reg.worker_id, sub)))
+        if reg.events_addr is not None:
+            self._sync.subscribe(self._sockets, reg.worker_id, reg.events_addr)
 
     def _disconnect(self, worker_id: str) -> None:
         self._outbox.remove(worker_id)
         push = self._commands.pop(worker_id, None)
         if push is not None:
             push.close(linger=0)
-        entry = self._events.pop(worker_id, None)
-        if entry is not None:
-            entry[1].cancel()
-            entry[0].close(linger=0)
-        self.index.remove_worker(worker_id)
-        self._snapshot_asked.pop(worker_id, None)
-
-    async def _events_loop(self, worker_id: str, sub: zmq.asyncio.Socket) -> None:
-        while True:
-            data = await sub.recv()
-            try:
-                batch = decode(data)
-            except MessageError as e:
-                log.warning("dropping malformed event from %s: %s", worker_id, e)
-                continue
-            if not isinstance(batch, KVEventBatch) or batch.worker_id != worker_id:
-                log.warning("dropping unexpected %s on %s's event socket", batch.TYPE, worker_id)
-                continue
-            if self.index.apply_batch(batch) is IndexUpdate.NEEDS_SNAPSHOT:
-                log.info("event gap from %s at seq %d: asking for a snapshot", worker_id, batch.seq)
-                await self._ask_snapshot(worker_id)
-
-    async def _refresh_index(self, worker_id: str) -> None:
-        self.index.reset_worker(worker_id)
-        await self._ask_snapshot(worker_id)
-
-    async def _ask_snapshot(self, worker_id: str) -> None:
-        self._snapshot_asked[worker_id] = self._clock()
-        await self.send(worker_id, SnapshotRequest(worker_id, self.inbox_addr))
+        self._sync.unsubscribe(worker_id)
 
     # ---- liveness ------------------------------------------------------------------------------
 
@@ -315,16 +280,8 @@ class ClusterClient:
             )
             self.index.reset_worker(worker_id)
             self._fail_requests_on(worker_id, "worker stopped responding")
-        for worker_id, asked_at in list(self._snapshot_asked.items()):
-            if not self.index.awaiting_snapshot(worker_id):
-                del self._snapshot_asked[worker_id]
-            elif now - asked_at > self._config.snapshot_retry_interval and self._is_live(worker_id):
-                await self._ask_snapshot(worker_id)
+        await self._sync.retry_snapshots(now)
         await self.pairs.tick(now)
-
-    def _is_live(self, worker_id: str) -> bool:
-        info = self.registry.get(worker_id)
-        return info is not None and info.state is WorkerState.LIVE
 
     def _fail_requests_on(self, worker_id: str, reason: str) -> None:
         for request_id in self.registry.loads.requests_on(worker_id):

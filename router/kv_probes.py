@@ -20,7 +20,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from common.wire.messages import KVProbeRequest, KVProbeResult, Message
+from common.wire.messages import Message
+from common.wire.probe_messages import KVProbeRequest, KVProbeResult
 from router.disagg import DECODE_TARGET_ROLES
 from router.live_rates import LiveRates
 from router.worker_registry import WorkerRegistry

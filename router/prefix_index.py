@@ -23,8 +23,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from common.wire.cache_messages import KVEventBatch, Snapshot
 from common.wire.kv_events import BlockRemoved, BlockStored
-from common.wire.messages import KVEventBatch, Snapshot
 
 
 class IndexUpdate(enum.Enum):

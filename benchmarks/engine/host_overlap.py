@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from benchmarks.engine.offline_profile import busy_us  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
-from common.llm_engine import StepTimings  # noqa: E402
+from common.core.step_records import StepTimings  # noqa: E402
 
 _CUDA = torch.autograd.DeviceType.CUDA
 

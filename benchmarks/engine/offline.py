@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import LLM, SamplingParams  # noqa: E402
-from common.llm_engine import StepTimings  # noqa: E402
+from common.core.step_records import StepTimings  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
 from common.tools.random_model import write_random_model  # noqa: E402
 

@@ -35,7 +35,8 @@ from common import LLM, SamplingParams
 from common.core import scheduler
 from common.llm_engine import LLMEngine  # noqa: E402
 from common.runner import graph_inputs, model_runner  # noqa: E402
-from common.runner.model_runner import ModelRunner, graph_rows  # noqa: E402
+from common.runner.graph_inputs import graph_rows  # noqa: E402
+from common.runner.model_runner import ModelRunner  # noqa: E402
 from common.runner.sampler import Sampler  # noqa: E402
 from common.runner.step_costs import StepCosts  # noqa: E402
 from common.runner.step_handle import StepHandle  # noqa: E402

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.speculative.speculative_prompts import WORKLOADS  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
-from common.llm_engine import StepTimings  # noqa: E402
+from common.core.step_records import StepTimings  # noqa: E402
 from common.spec_decode.draft_proposer import build_draft_proposer  # noqa: E402
 from common.spec_decode.proposer_speculator import ProposerSpeculator, measured_clock  # noqa: E402
 from common.spec_decode.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402

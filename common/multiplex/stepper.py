@@ -29,12 +29,12 @@ from common.config import EngineConfig
 from common.core.scheduler import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
+from common.core.step_records import StepResult, StepTimings
 from common.multiplex.controller import ControllerConfig, ShareController
 from common.multiplex.partitions import Completion, SMPartitions
 from common.runner.step_handle import StepHandle
 
 if TYPE_CHECKING:
-    from common.llm_engine import StepResult, StepTimings
     from common.runner.model_runner import ModelRunner
 
 

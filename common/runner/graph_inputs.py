@@ -11,8 +11,21 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from common.config import EngineConfig
 from common.core.sequence import Sequence
 from common.runner.inputs import sample_count
+
+# Most rows a speculating engine captures graphs for (a verification of k drafts takes k + 1 rows).
+_MAX_SPECULATIVE_ROWS = 512
+
+
+def graph_rows(config: EngineConfig) -> int:
+    """Largest captured step: a decode step of `max_num_seqs`, or, with speculation configured, room
+    for that many sequences verifying k drafts each, up to `_MAX_SPECULATIVE_ROWS`."""
+    if config.speculative is None:
+        return config.max_num_seqs
+    wanted = config.max_num_seqs * (config.num_speculative_tokens + 1)
+    return max(config.max_num_seqs, min(wanted, _MAX_SPECULATIVE_ROWS))
 
 
 def capture_sizes(max_rows: int) -> list[int]:

@@ -11,7 +11,6 @@ from common.attention.context import ForwardContext, set_forward_context
 from common.config import EngineConfig
 from common.core.sequence import Sequence
 from common.device import DevicePlatform
-from common.layers.attention import Attention
 from common.loader import load_weights
 from common.model_config import ModelConfig
 from common.models import build_model
@@ -19,6 +18,7 @@ from common.multiplex.partitions import PrefillLane
 from common.parallel import use_group
 from common.runner.cuda_graph import DecodeGraphs
 from common.runner.grammar import GrammarMasker
+from common.runner.graph_inputs import graph_rows
 from common.runner.host_staging import HostStaging
 from common.runner.inputs import (
     StepInputs,
@@ -28,6 +28,7 @@ from common.runner.inputs import (
     prepare_step,
     sampling_rows,
 )
+from common.runner.kv_cache import allocate_kv_cache, blocks_for_memory, kv_bytes_per_block
 from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
 from common.runner.step_costs import StepCosts
@@ -40,17 +41,6 @@ logger = logging.getLogger(__name__)
 
 # Context length at which decode step costs are measured: a chat turn's worth of tokens.
 _COST_CONTEXT_TOKENS = 512
-# Most rows a speculating engine captures graphs for (a verification of k drafts takes k + 1 rows).
-_MAX_SPECULATIVE_ROWS = 512
-
-
-def graph_rows(config: EngineConfig) -> int:
-    """Largest captured step: a decode step of `max_num_seqs`, or, with speculation configured, room
-    for that many sequences verifying k drafts each, up to `_MAX_SPECULATIVE_ROWS`."""
-    if config.speculative is None:
-        return config.max_num_seqs
-    wanted = config.max_num_seqs * (config.num_speculative_tokens + 1)
-    return max(config.max_num_seqs, min(wanted, _MAX_SPECULATIVE_ROWS))
 
 
 class ModelRunner:
@@ -177,54 +167,19 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_block(self) -> int:
-        cfg = self.model_config
-        kv_heads = cfg.num_key_value_heads // self.config.tensor_parallel_size
-        elem = torch.empty(0, dtype=self.dtype).element_size()
-        return 2 * cfg.num_hidden_layers * self.block_size * kv_heads * cfg.head_dim * elem
+        return kv_bytes_per_block(self.model_config, self.config, self.dtype)
 
     def num_blocks_for_memory(self) -> int:
-        if self.config.num_kvcache_blocks is not None:
-            return self.config.num_kvcache_blocks
-        if self.platform.is_cuda:
-            self.platform.synchronize()
-            total = self.platform.total_memory_bytes()
-            used = total - self.platform.free_memory_bytes()
-            budget = int(total * self.config.gpu_memory_utilization) - used - self._activation_reserve()
-        else:
-            budget = int(self.config.cpu_kvcache_gb * (1 << 30))
-        blocks = budget // self.kv_bytes_per_block
-        if blocks <= 0:
-            raise ValueError(
-                "not enough memory for any KV cache block; lower the model size or raise the memory share"
-            )
-        return blocks
-
-    def _activation_reserve(self) -> int:
-        """Room for one step's activations and logits at the token budget (conservative estimate)."""
-        cfg = self.model_config
-        tokens = self.config.max_num_batched_tokens
-        per_token = (4 * cfg.hidden_size + 2 * cfg.intermediate_size) * 4
-        logits = self.config.max_num_seqs * cfg.vocab_size * 4 * 3
-        return tokens * per_token + logits + (256 << 20)
+        """How many KV blocks fit (common/runner/kv_cache.py); a worker's runner overrides it."""
+        return blocks_for_memory(self.config, self.model_config, self.platform, self.kv_bytes_per_block)
 
     def allocate_kv_cache(self) -> None:
-        cfg = self.model_config
         num_blocks = self.num_blocks_for_memory()
         if self.tp is not None:  # block ids must mean the same slots on every rank
             num_blocks = self.tp.agree_num_blocks(num_blocks)
-        shape = (
-            2,
-            cfg.num_hidden_layers,
-            num_blocks,
-            self.block_size,
-            cfg.num_key_value_heads // self.config.tensor_parallel_size,
-            cfg.head_dim,
+        self.kv_cache = allocate_kv_cache(
+            self.model, self.config, self.model_config, num_blocks, self.dtype, self.device
         )
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        for i, layer in enumerate(layers):
-            layer.k_cache, layer.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
-        logger.info("KV cache: %d blocks x %d tokens (%s)", num_blocks, self.block_size, self.dtype)
 
     @property
     def num_kv_blocks(self) -> int:

@@ -14,7 +14,7 @@ converted, checked, from their wire form; anything from outside the cluster is n
 
 Two families use it: the router <-> worker messages (`common.wire.messages`) and the KV transfer's
 control messages between a sender and a receiver (`common.wire.kv_messages`); importing
-`common.wire.messages` registers both.
+`common.wire.messages` registers both (and the router <-> worker sub-protocols of their own modules).
 """
 
 from __future__ import annotations

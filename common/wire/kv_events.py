@@ -1,6 +1,6 @@
 """Cache events: every time a block's hash is registered or forgotten, the block manager says so.
 
-The prefill worker publishes them to the router as they are (`common.wire.messages.KVEventBatch.events`),
+The prefill worker publishes them to the router as they are (`common.wire.cache_messages.KVEventBatch`),
 and the router's global prefix index mirrors each worker's cache exactly. On the wire each event is a
 map of its fields plus its `KIND`: {"kind": "stored", "hashes": [...], "parent": int | None},
 {"kind": "removed", "hashes": [...]}, {"kind": "cleared"} (see `common.wire.wire_fields`).

@@ -2,8 +2,10 @@
 
 How every message is encoded and checked is `common.wire.codec` (msgpack, never pickle; a malformed
 message raises `MessageError`, a `ValueError` naming the field); its names are re-exported here, and
-importing this module registers every message type of the project, the KV transfer's control messages
-(`common.wire.kv_messages`) included.
+importing this module registers every message type of the project: these, the two router <-> worker
+sub-protocols that have modules of their own (cache events and snapshots, `common.wire.cache_messages`;
+KV path probes, `common.wire.probe_messages`) and the KV transfer's control messages
+(`common.wire.kv_messages`).
 
 Conventions: block hashes are uint64 ints (see `common.wire.hashing`); times (`sent_at`, `deadline`) are
 absolute Unix times from `time.time()` because they cross processes and hosts. Nested values are typed,
@@ -22,10 +24,10 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 from typing import Annotated, ClassVar
 
-from common.wire import kv_messages  # noqa: F401 - registers the KV control messages with the codec
+# Imported for what importing them does: their message types register with the codec.
+from common.wire import cache_messages, kv_messages, probe_messages  # noqa: F401
 from common.wire.codec import MESSAGE_TYPES, Message, decode, encode  # noqa: F401 - re-exported
 from common.wire.handoff import HandOff
-from common.wire.kv_events import KVEvent
 from common.wire.logprobs import TokenLogprob
 from common.wire.roles import Role
 from common.wire.sampling_params import FinishReason, SamplingParams
@@ -261,85 +263,6 @@ class Abort(Message):
 
     TYPE: ClassVar[str] = "abort"
     request_id: Id
-
-
-@dataclass
-class KVEventBatch(Message):
-    """Prefill (or mixed) worker PUB socket -> router SUB: the block manager's cache events, applied in
-    order; `seq` = previous batch's seq + 1 (the first batch after the process starts is 1)."""
-
-    TYPE: ClassVar[str] = "kv_event_batch"
-    worker_id: Id
-    seq: Positive
-    events: list[KVEvent]
-
-
-@dataclass
-class SnapshotRequest(Message):
-    """Router -> prefill worker command socket: send a Snapshot of every block hash you hold."""
-
-    TYPE: ClassVar[str] = "snapshot_request"
-    worker_id: Id
-    reply_to: str | None = None  # the front that asked: where the answer goes
-
-
-@dataclass
-class Snapshot(Message):
-    """Prefill worker -> router inbox: all cached hashes; `seq` = last event batch reflected (0: none)."""
-
-    TYPE: ClassVar[str] = "snapshot"
-    worker_id: Id
-    seq: Count
-    hashes: Hashes
-
-
-@dataclass
-class KVProbeRequest(Message):
-    """Router -> prefill worker command socket: measure the KV path to a decode target by moving about
-    `num_bytes` of (scratch) blocks there; sent once per prefill/decode pair when the pair forms."""
-
-    TYPE: ClassVar[str] = "kv_probe_request"
-    probe_id: Id
-    decode_worker_id: Id
-    decode_command_addr: Id
-    num_bytes: Positive
-    reply_to: str | None = None  # the front that asked: where the answer goes
-
-
-@dataclass
-class KVProbe(Message):
-    """Prefill worker -> decode worker command socket: fetch the blocks `handoff` publishes into scratch
-    memory (never the engine's cache), time it and report a KVProbeResult to the router."""
-
-    TYPE: ClassVar[str] = "kv_probe"
-    probe_id: Id
-    prefill_worker_id: Id
-    handoff: HandOff
-    reply_to: str | None = None  # the front that asked for the probe: where the result goes
-
-    def validate(self) -> None:
-        if self.handoff.request_id != self.probe_id:
-            raise MessageError(f"handoff.request_id must be {self.probe_id!r}")
-
-
-@dataclass
-class KVProbeResult(Message):
-    """Decode worker (or, when it cannot publish, the prefill worker) -> router inbox: how the probe
-    went. `transport` is the one the pair uses; `error` is set when the probe failed."""
-
-    TYPE: ClassVar[str] = "kv_probe_result"
-    probe_id: Id
-    prefill_worker_id: Id
-    decode_worker_id: Id
-    transport: str
-    num_bytes: Count
-    seconds: Annotated[float, at_least(0)]
-    error: str | None = None
-
-    @property
-    def gbps(self) -> float:
-        """Measured GB/s (0 for a failed probe)."""
-        return self.num_bytes / self.seconds / 1e9 if self.error is None and self.seconds > 0 else 0.0
 
 
 @dataclass

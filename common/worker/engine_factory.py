@@ -1,12 +1,13 @@
 """Build a worker's engine. On CUDA, `gpu_memory_utilization` is read as THIS worker's share of the GPU.
 
-`ModelRunner.num_blocks_for_memory` sizes the KV cache as `util * total - used`, where `used` counts
-every process on the device. That is right for one engine per GPU but wrong for workers sharing one:
-whichever worker sizes its cache second sees the first one's cache as "used" and gets nothing (or, when
-they start together, whatever the race leaves). A worker's runner therefore budgets only against the
-memory its own process holds (weights, workspaces): `share * total - own - activation reserve`, which
-does not depend on what the other workers are doing at that moment. The launcher keeps the shares of
-one GPU summing to at most `--gpu-memory-utilization`.
+`ModelRunner.num_blocks_for_memory` (common/runner/kv_cache.py) sizes the KV cache as
+`util * total - used`, where `used` counts every process on the device. That is right for one engine
+per GPU but wrong for workers sharing one: whichever worker sizes its cache second sees the first
+one's cache as "used" and gets nothing (or, when they start together, whatever the race leaves). A
+worker's runner therefore budgets only against the memory its own process holds (weights,
+workspaces): `share * total - own - activation reserve`, which does not depend on what the other
+workers are doing at that moment. The launcher keeps the shares of one GPU summing to at most
+`--gpu-memory-utilization`.
 
 Everything else (model, speculative proposer, ...) is built by `LLMEngine.from_config`, the one builder.
 """
@@ -19,6 +20,7 @@ import torch
 
 from common.config import EngineConfig
 from common.llm_engine import LLMEngine
+from common.runner.kv_cache import activation_reserve
 from common.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class SharedGpuRunner(ModelRunner):
         self.platform.synchronize()
         total = self.platform.total_memory_bytes()
         own = torch.cuda.memory_reserved(self.device)
-        reserve = self._activation_reserve()
+        reserve = activation_reserve(self.config, self.model_config)
         blocks = blocks_for_share(
             total, self.config.gpu_memory_utilization, own, reserve, self.kv_bytes_per_block
         )

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from common.wire.cache_messages import KVEventBatch, Snapshot
 from common.wire.kv_events import KVEvent
-from common.wire.messages import KVEventBatch, Snapshot
 
 if TYPE_CHECKING:
     from common.worker.channels import WorkerChannels

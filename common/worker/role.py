@@ -12,11 +12,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from common.wire.messages import Message, RequestFailed, SnapshotRequest, TokenOutput
+from common.wire.cache_messages import SnapshotRequest
+from common.wire.messages import Message, RequestFailed, TokenOutput
 from common.worker.events import EventPublisher
 
 if TYPE_CHECKING:
-    from common.llm_engine import LLMEngine, StepResult
+    from common.core.step_records import StepResult
+    from common.llm_engine import LLMEngine
     from common.worker.channels import WorkerChannels
     from common.worker.config import WorkerConfig
 

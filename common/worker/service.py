@@ -17,17 +17,10 @@ import time
 
 from common.net.addresses import resolve_host, split_addresses
 from common.wire import request_log
+from common.wire.cache_messages import SnapshotRequest
 from common.wire.hashing import probe_hash
-from common.wire.messages import (
-    Abort,
-    KVProbe,
-    KVProbeRequest,
-    Message,
-    Shutdown,
-    SnapshotRequest,
-    WorkerRegister,
-    WorkRequest,
-)
+from common.wire.messages import Abort, Message, Shutdown, WorkerRegister, WorkRequest
+from common.wire.probe_messages import KVProbe, KVProbeRequest
 from common.worker.aborts import AbortBook
 from common.worker.channels import BoundAddresses, WorkerChannels
 from common.worker.config import WorkerConfig

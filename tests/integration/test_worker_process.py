@@ -14,13 +14,12 @@ import pytest
 import zmq
 
 from common import LLM, SamplingParams
+from common.wire.cache_messages import Snapshot, SnapshotRequest
 from common.wire.hashing import block_hashes, probe_hash
 from common.wire.messages import (
     Abort,
     GenerateRequest,
     Shutdown,
-    Snapshot,
-    SnapshotRequest,
     TokenBatch,
     TokenOutput,
     WorkerHeartbeat,

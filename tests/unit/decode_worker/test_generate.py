@@ -11,19 +11,10 @@ import msgpack
 import pytest
 
 from common import SamplingParams
+from common.wire.cache_messages import KVEventBatch, Snapshot, SnapshotRequest
 from common.wire.hashing import block_hashes
 from common.wire.kv_events import BlockStored
-from common.wire.messages import (
-    Abort,
-    GenerateRequest,
-    KVEventBatch,
-    MessageError,
-    RequestFailed,
-    Snapshot,
-    SnapshotRequest,
-    TokenOutput,
-    decode,
-)
+from common.wire.messages import Abort, GenerateRequest, MessageError, RequestFailed, TokenOutput, decode
 from decode_worker.role import DecodeRole, MixedRole
 from prefill_worker.role import PrefillRole
 from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS

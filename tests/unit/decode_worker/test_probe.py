@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from common.wire.handoff import HandOff
-from common.wire.messages import KVProbe, KVProbeRequest, KVProbeResult, MessageError
+from common.wire.messages import MessageError
+from common.wire.probe_messages import KVProbe, KVProbeRequest, KVProbeResult
 from tests.unit.prefill_worker.harness import Pair, run_until
 
 

@@ -7,17 +7,10 @@ import time
 
 import pytest
 
+from common.wire.cache_messages import KVEventBatch, Snapshot, SnapshotRequest
 from common.wire.hashing import block_hashes
 from common.wire.kv_events import BlockStored
-from common.wire.messages import (
-    Abort,
-    DecodeRequest,
-    KVEventBatch,
-    RequestFailed,
-    Snapshot,
-    SnapshotRequest,
-    TokenOutput,
-)
+from common.wire.messages import Abort, DecodeRequest, RequestFailed, TokenOutput
 from prefill_worker.role import PrefillRole
 from tests.unit.prefill_worker.harness import make_service, prefill_request, run_until
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+from common.wire.cache_messages import KVEventBatch, Snapshot, SnapshotRequest
 from common.wire.handoff import HandOff
 from common.wire.hashing import block_hashes, probe_hash
 from common.wire.kv_events import BlockStored
@@ -24,12 +25,9 @@ from common.wire.messages import (
     Abort,
     DecodeRequest,
     GenerateRequest,
-    KVEventBatch,
     Message,
     PrefillRequest,
     RequestFailed,
-    Snapshot,
-    SnapshotRequest,
     TokenBatch,
     TokenOutput,
     WorkerHeartbeat,

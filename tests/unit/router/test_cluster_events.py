@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from common.wire.cache_messages import SnapshotRequest
 from common.wire.hashing import block_hashes
 from common.wire.kv_events import BlockRemoved, BlockStored
-from common.wire.messages import PrefillRequest, Shutdown, SnapshotRequest, TokenOutput, encode
+from common.wire.messages import PrefillRequest, Shutdown, TokenOutput, encode
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router, wait_for
 

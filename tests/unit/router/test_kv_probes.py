@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from common.wire.messages import KVProbeRequest, KVProbeResult
+from common.wire.probe_messages import KVProbeRequest, KVProbeResult
 from router.disagg import LOCAL, REMOTE, DisaggInputs, decide
 from router.kv_probes import KVProbes, PairProber
 from router.live_rates import LiveRates

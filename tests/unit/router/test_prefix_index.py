@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from common.wire.cache_messages import KVEventBatch, Snapshot
 from common.wire.hashing import block_hashes
 from common.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from common.wire.messages import KVEventBatch, Snapshot
 from router.prefix_index import IndexUpdate, PrefixIndex
 
 BS = 4

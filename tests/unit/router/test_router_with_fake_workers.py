@@ -6,7 +6,8 @@ import asyncio
 import json
 import time
 
-from common.wire.messages import Abort, PrefillRequest, SnapshotRequest
+from common.wire.cache_messages import SnapshotRequest
+from common.wire.messages import Abort, PrefillRequest
 from tests.unit.router.fake_workers import Script
 from tests.unit.router.harness import running_router, wait_for
 

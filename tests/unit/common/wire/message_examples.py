@@ -3,8 +3,10 @@ missing): the round-trip and fuzz tests of common/wire start from these."""
 
 from __future__ import annotations
 
+from common.wire import cache_messages as cache
 from common.wire import kv_messages as kv
 from common.wire import messages as m
+from common.wire import probe_messages as probe
 from common.wire.handoff import HandOff, IpcExport
 from common.wire.hashing import probe_hash
 from common.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
@@ -60,7 +62,7 @@ EXAMPLES: list[m.Message] = [
     ),
     m.RequestFailed("r1", "decode-0", "out of blocks", True),
     m.Abort("r1"),
-    m.KVEventBatch(
+    cache.KVEventBatch(
         "prefill-0",
         1,
         [
@@ -70,12 +72,12 @@ EXAMPLES: list[m.Message] = [
             AllBlocksCleared(),
         ],
     ),
-    m.SnapshotRequest("prefill-0"),
-    m.Snapshot("prefill-0", 0, [5, 6]),
-    m.KVProbeRequest("kvprobe-1-prefill-0-decode-0", "decode-0", "tcp://h:1", 32 << 20),
-    m.KVProbe("kvprobe-1", "prefill-0", IPC_HANDOFF),
-    m.KVProbeResult("kvprobe-1", "prefill-0", "decode-0", "tcp", 1 << 20, 0.01),
-    m.KVProbeResult("kvprobe-2", "prefill-0", "decode-0", "nccl", 0, 0.0, "timed out"),
+    cache.SnapshotRequest("prefill-0"),
+    cache.Snapshot("prefill-0", 0, [5, 6]),
+    probe.KVProbeRequest("kvprobe-1-prefill-0-decode-0", "decode-0", "tcp://h:1", 32 << 20),
+    probe.KVProbe("kvprobe-1", "prefill-0", IPC_HANDOFF),
+    probe.KVProbeResult("kvprobe-1", "prefill-0", "decode-0", "tcp", 1 << 20, 0.01),
+    probe.KVProbeResult("kvprobe-2", "prefill-0", "decode-0", "nccl", 0, 0.0, "timed out"),
     m.Shutdown(),
     kv.KVFetch("r1", 1, 5, LAYOUT, 30.0, pair="a" * 32, drop_pairs=["b" * 32]),
     kv.KVAck("r1", 1),

@@ -5,8 +5,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from common.wire import cache_messages as cache
 from common.wire import kv_messages as kv
 from common.wire import messages as m
+from common.wire import probe_messages as probe
 from common.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from common.wire.logprobs import TokenLogprob
 from common.wire.messages import MessageError, decode, encode
@@ -20,10 +22,10 @@ def test_round_trip(msg: m.Message) -> None:
 
 
 def test_probe_results_say_their_rate() -> None:
-    assert m.KVProbeResult("p", "a", "b", "tcp", 10**9, 0.5).gbps == 2.0
-    assert m.KVProbeResult("p", "a", "b", "tcp", 10**9, 0.5, "broken").gbps == 0.0
+    assert probe.KVProbeResult("p", "a", "b", "tcp", 10**9, 0.5).gbps == 2.0
+    assert probe.KVProbeResult("p", "a", "b", "tcp", 10**9, 0.5, "broken").gbps == 0.0
     with pytest.raises(MessageError, match="num_bytes"):
-        m.KVProbeRequest("p", "b", "tcp://h:1", 0)
+        probe.KVProbeRequest("p", "b", "tcp://h:1", 0)
 
 
 def test_every_type_has_an_example() -> None:
@@ -173,7 +175,7 @@ def test_constructor_validates() -> None:
     with pytest.raises(MessageError, match=r"logprobs\[0\]\.top\[0\]\[0\] must be a int"):
         m.TokenOutput("r", "w", 0, [1], None, 1, 0, logprobs=[TokenLogprob(0.0, ((1.5, 0.0),))])  # type: ignore[arg-type]
     with pytest.raises(MessageError, match=r"events\[0\]\.hashes must be >= 0"):
-        m.KVEventBatch("w", 1, [BlockRemoved((-1,))])
+        cache.KVEventBatch("w", 1, [BlockRemoved((-1,))])
 
 
 def test_nested_values_are_typed_on_both_sides() -> None:
@@ -186,8 +188,8 @@ def test_nested_values_are_typed_on_both_sides() -> None:
     assert out.finish_reason is FinishReason.STOP and out.finish_reason == "stop"
     assert out.logprobs == [TokenLogprob(-0.1, ((8, -0.1),)), TokenLogprob(float("-inf"), ())]
     assert msgpack.unpackb(encode(out))["logprobs"][0] == {"logprob": -0.1, "top": [[8, -0.1]]}
-    batch = decode(encode(next(msg for msg in EXAMPLES if isinstance(msg, m.KVEventBatch))))
-    assert isinstance(batch, m.KVEventBatch)
+    batch = decode(encode(next(msg for msg in EXAMPLES if isinstance(msg, cache.KVEventBatch))))
+    assert isinstance(batch, cache.KVEventBatch)
     assert [type(e) for e in batch.events] == [BlockStored, BlockStored, BlockRemoved, AllBlocksCleared]
     assert msgpack.unpackb(encode(batch))["events"][2] == {"kind": "removed", "hashes": [1]}
 

@@ -1,0 +1,57 @@
+"""What the engine reports about its steps and its fill, read by the worker roles, the multiplexed
+stepper and the benchmarks: `StepResult` (one step's sequence updates and token counts),
+`StepTimings` (where the steps' wall-clock time went) and `EngineLoad` (a heartbeat's figures)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.core.scheduler import SeqUpdate
+
+
+@dataclass
+class StepTimings:
+    """Wall-clock seconds spent in each part of `step()` (cheap; read by benchmarks).
+
+    `device_wait`: of those seconds, the host blocked on a step's tokens; the rest is host work.
+    `drains`: run-ahead steps resolved before the next launch, by `run_ahead.Drain` value."""
+
+    schedule: float = 0.0
+    prefill_forward: float = 0.0
+    decode_forward: float = 0.0
+    postprocess: float = 0.0
+    prefill_steps: int = 0
+    decode_steps: int = 0
+    device_wait: float = 0.0
+    drains: dict[str, int] = field(default_factory=dict)
+
+    def account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
+        """One step: scheduled from t0 to t1, launched (forward) until t2, post-processed until t3."""
+        self.schedule += t1 - t0
+        self.postprocess += t3 - t2
+        if is_decode:
+            self.decode_forward += t2 - t1
+            self.decode_steps += 1
+        else:
+            self.prefill_forward += t2 - t1
+            self.prefill_steps += 1
+
+
+@dataclass
+class StepResult:
+    updates: list[SeqUpdate] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    num_preempted: int = 0
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """How full the engine is right now (what a worker's heartbeat reports)."""
+
+    num_free_blocks: int
+    num_total_blocks: int
+    num_waiting: int
+    num_running: int
+    num_transferring: int
+    queued_prefill_tokens: int
