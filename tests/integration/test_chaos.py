@@ -1,9 +1,9 @@
-"""The chaos soak's short version (benchmarks/chaos/chaos.py): a real cluster (router + 2 prefill + 2 decode
-workers, default model, CPU, tcp) under ~20 s of mixed load while every kind of fault is injected at
-least once (worker SIGKILL + restart, SIGSTOP/SIGCONT, a router front killed and restarted (two fronts:
-the other keeps serving), a client leaving mid-stream, dropped and delayed KV transfers). The soak's own goals are the assertions: no request lost, every
-greedy answer the offline engine's, no KV block held once the cluster is idle. The 30-minute run is in
-docs/reliability.md."""
+"""The chaos soak's short version (benchmarks/chaos/chaos.py): a real cluster (two router fronts + 2
+prefill + 2 decode workers, default model, CPU, tcp) under ~20 s of mixed load while every kind of fault
+is injected at least once (worker SIGKILL + restart, SIGSTOP/SIGCONT, a router front killed and
+restarted while the other serves on, a client leaving mid-stream, dropped and delayed KV transfers).
+The soak's own goals are the assertions: no request lost, every greedy answer the offline engine's, no
+KV block held once the cluster is idle. The 30-minute run is in docs/reliability.md."""
 
 from __future__ import annotations
 
