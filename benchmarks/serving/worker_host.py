@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import random
 import statistics
 import sys
 import tempfile
@@ -62,8 +63,13 @@ def engine_config(model: str, args) -> EngineConfig:
 def run_offline(config: EngineConfig, plan: DriverPlan) -> dict:
     """The engine alone, topped up to `concurrency` in flight from its own loop."""
     engine, clocks = build_engine(config), Clocks()
-    rng = __import__("random").Random(plan.seed)
-    params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=plan.output_len)
+    rng = random.Random(plan.seed)
+    # Made before the loop, so drawing them is not counted; one SamplingParams per request, as
+    # offline.py makes them (and as each request decoded from the wire has its own).
+    prompts = [[rng.randrange(plan.vocab_size) for _ in range(plan.prompt_len)] for _ in range(plan.num_requests)]
+    params = [
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=plan.output_len) for _ in prompts
+    ]
     clocks.instrument_engine(config.kvcache_block_size)
     for label in ("make_sequence", "validate_token_ids", "add_sequence"):
         clocks.wrap(LLMEngine, label, label)
@@ -71,14 +77,13 @@ def run_offline(config: EngineConfig, plan: DriverPlan) -> dict:
     submitted = 0
     try:
         for submitted in range(1, min(plan.concurrency, plan.num_requests) + 1):
-            engine.add_request([rng.randrange(plan.vocab_size) for _ in range(plan.prompt_len)], params)
+            engine.add_request(prompts[submitted - 1], params[submitted - 1])
         while engine.has_unfinished:
             t0 = time.perf_counter()
             result = engine.step()
             for update in result.updates:
                 if update.finished and submitted < plan.num_requests:
-                    prompt = [rng.randrange(plan.vocab_size) for _ in range(plan.prompt_len)]
-                    engine.add_request(prompt, params)
+                    engine.add_request(prompts[submitted], params[submitted])
                     submitted += 1
             loop["loop"] += time.perf_counter() - t0
             gate(window, len(engine.scheduler.running), submitted, plan.concurrency, plan.num_requests)
