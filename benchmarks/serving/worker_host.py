@@ -134,6 +134,7 @@ def per_step(figures: dict) -> dict[str, float]:
     us["io other"] = us.get("cpu io", 0.0) - us.get("io decode", 0.0) - us.get("io encode", 0.0)
     us["total host"] = us["engine host"] + us["loop besides step"] + us.get("cpu io", 0.0)
     us["steps"] = figures.get("steps", 0)
+    us["requests finished"] = figures.get("driver", {}).get("finished", 0)  # worker runs: all of them
     us["cpu wall ms/step"] = 1e3 * figures.get("wall", 0.0) / steps
     return us
 
@@ -184,7 +185,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="also write every run and the medians here")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name in ("num_requests", "concurrency", "prompt_len", "output_len", "vocab_size", "block_size",
+                 "max_num_batched_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
 
 
 def main(argv=None) -> dict:
