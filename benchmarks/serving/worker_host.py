@@ -66,10 +66,10 @@ def run_offline(config: EngineConfig, plan: DriverPlan) -> dict:
     rng = random.Random(plan.seed)
     # Made before the loop, so drawing them is not counted; one SamplingParams per request, as
     # offline.py makes them (and as each request decoded from the wire has its own).
-    prompts = [[rng.randrange(plan.vocab_size) for _ in range(plan.prompt_len)] for _ in range(plan.num_requests)]
-    params = [
-        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=plan.output_len) for _ in prompts
+    prompts = [
+        [rng.randrange(plan.vocab_size) for _ in range(plan.prompt_len)] for _ in range(plan.num_requests)
     ]
+    params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=plan.output_len) for _ in prompts]
     clocks.instrument_engine(config.kvcache_block_size)
     for label in ("make_sequence", "validate_token_ids", "add_sequence"):
         clocks.wrap(LLMEngine, label, label)
@@ -155,8 +155,11 @@ TABLE = (
 def summarise(runs: list[dict]) -> dict[str, dict[str, float]]:
     keys = {k for r in runs for k in r}
     return {
-        k: {"median": statistics.median(r.get(k, 0.0) for r in runs),
-            "min": min(r.get(k, 0.0) for r in runs), "max": max(r.get(k, 0.0) for r in runs)}
+        k: {
+            "median": statistics.median(r.get(k, 0.0) for r in runs),
+            "min": min(r.get(k, 0.0) for r in runs),
+            "max": max(r.get(k, 0.0) for r in runs),
+        }
         for k in keys
     }
 
@@ -186,8 +189,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="also write every run and the medians here")
     args = ap.parse_args(argv)
-    for name in ("num_requests", "concurrency", "prompt_len", "output_len", "vocab_size", "block_size",
-                 "max_num_batched_tokens", "repeats"):
+    for name in (
+        "num_requests",
+        "concurrency",
+        "prompt_len",
+        "output_len",
+        "vocab_size",
+        "block_size",
+        "max_num_batched_tokens",
+        "repeats",
+    ):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -201,8 +212,9 @@ def main(argv=None) -> dict:
     runs: dict[str, list[dict]] = {"offline": [], "worker": []}
     with tempfile.TemporaryDirectory() as tmp:
         room = args.prompt_len + args.output_len + 1
-        model = write_tiny_model("llama", Path(tmp) / "llama", vocab_size=args.vocab_size,
-                                 max_position_embeddings=room)
+        model = write_tiny_model(
+            "llama", Path(tmp) / "llama", vocab_size=args.vocab_size, max_position_embeddings=room
+        )
         config = engine_config(str(model), args)
         for _ in range(args.repeats):
             runs["offline"].append(per_step(run_offline(config, plan)))

@@ -71,8 +71,14 @@ class Driver:
             time.sleep(0.2)  # let the Shutdown leave before the sockets close
         finally:
             sockets.close()
-        return {"sent": self.sent, "finished": self.finished, "failed": self.failed,
-                "tokens": self.tokens, "event_batches": self.event_batches, "seconds": elapsed}
+        return {
+            "sent": self.sent,
+            "finished": self.finished,
+            "failed": self.failed,
+            "tokens": self.tokens,
+            "event_batches": self.event_batches,
+            "seconds": elapsed,
+        }
 
     def _await_registration(self, inbox: zmq.Socket) -> WorkerRegister:
         deadline = time.monotonic() + REGISTER_TIMEOUT_S

@@ -18,8 +18,20 @@ def test_a_tiny_run_reports_every_phase(tmp_path, capsys) -> None:
     argv += ["--vocab-size", "512", "--repeats", "1", "--json", str(out)]
     result = worker_host.main(argv)
     table = capsys.readouterr().out
-    for phase in ("engine host", "schedule", "take_commands", "make_sequence", "on_step", "after_iteration",
-                  "events.flush", "post_load", "I/O thread CPU", "io decode", "io encode", "total host"):
+    for phase in (
+        "engine host",
+        "schedule",
+        "take_commands",
+        "make_sequence",
+        "on_step",
+        "after_iteration",
+        "events.flush",
+        "post_load",
+        "I/O thread CPU",
+        "io decode",
+        "io encode",
+        "total host",
+    ):
         assert phase in table, phase
     worker, offline = result["summary"]["worker"], result["summary"]["offline"]
     assert worker["requests finished"]["median"] == 24  # the driver got every request's end
