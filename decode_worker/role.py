@@ -156,33 +156,48 @@ class DecodeRole(WorkerRole):
         self.kv.flush()
 
     def on_step(self, result: StepResult) -> None:
-        # One message per request per step. Positions are counted here rather than read off the
-        # sequence, so they stay right even if a step reports several tokens of one request.
-        tokens: dict[str, list[int]] = {}
-        finished: set[str] = set()
-        for update in result.updates:
-            rid = update.seq.request_id
-            if rid in self.jobs and update.new_token_id is not None:
-                tokens.setdefault(rid, []).append(update.new_token_id)
-                if update.finished:
-                    finished.add(rid)
+        tokens, finished = self._step_tokens(result)
+        jobs = self.jobs
         batches: dict[str | None, tuple[list, list, list, list]] = {}  # one TokenBatch per front
         for rid, ids in tokens.items():
-            job = self.jobs[rid]
-            if rid in finished or not self._plain(job):
-                self._send_tokens(job, ids, rid in finished)
-            else:  # the common case: one row of this step's batch
-                rows = batches.setdefault(job.request.reply_to, ([], [], [], []))
-                for column, value in zip(
-                    rows, (rid, job.next_index, ids, job.seq.num_prompt_tokens), strict=True
-                ):
-                    column.append(value)
+            job = jobs[rid]
+            done = rid in finished
+            if done or not self._plain(job):
+                self._send_tokens(job, ids, done)
+            else:  # the common case: one row of this step's batch (columns appended in place: hot path)
+                rows = batches.get(job.request.reply_to)
+                if rows is None:
+                    rows = batches[job.request.reply_to] = ([], [], [], [])
+                rows[0].append(rid)
+                rows[1].append(job.next_index)
+                rows[2].append(ids)
+                rows[3].append(job.seq.num_prompt_tokens)
                 job.next_index += len(ids)
-            if rid in finished:
-                del self.jobs[rid]
+            if done:
+                del jobs[rid]
                 job.log.debug("%s: finished (%s) after %d tokens", rid, job.seq.finish_reason, job.next_index)
         for reply_to, rows in batches.items():
             self.ctx.channels.to_front(reply_to, TokenBatch(self.ctx.worker_id, *rows))
+
+    def _step_tokens(self, result: StepResult) -> tuple[dict[str, list[int]], set[str]]:
+        """The step's new tokens per request still held here, and the requests they finish. One message
+        per request per step: positions are counted here rather than read off the sequence, so they stay
+        right even if a step reports several tokens of one request."""
+        tokens: dict[str, list[int]] = {}
+        finished: set[str] = set()
+        jobs = self.jobs
+        for update in result.updates:
+            token, rid = update.new_token_id, update.seq.request_id
+            if token is None or rid not in jobs:
+                continue
+            ids = tokens.get(rid)
+            if ids is None:
+                tokens[rid] = [token]
+            else:
+                ids.append(token)
+            if update.finished:
+                finished.add(rid)
+        return tokens, finished
 
     @staticmethod
     def _plain(job: DecodeJob) -> bool:

@@ -78,6 +78,8 @@ class WorkerChannels:
         self.inbox: queue.Queue[Message | FrontStatus] = queue.Queue()
         self.load = LoadReport()  # replaced (never mutated) by the engine thread
         self._outbox: queue.SimpleQueue[tuple[str, Message]] = queue.SimpleQueue()
+        self._holder: int | None = None  # the thread whose sends wait for `release_wakes` (see there)
+        self._held = False  # the holder queued something since `hold_wakes`
         self._registration: WorkerRegister | None = None
         self._peers: dict[str, zmq.Socket] = {}
         self._stop = threading.Event()
@@ -116,6 +118,20 @@ class WorkerChannels:
     def publish(self, msg: Message) -> None:
         self._put(EVENTS, msg)
 
+    def hold_wakes(self) -> None:
+        """From now until `release_wakes()`, sends queued by this thread wake the I/O thread once, at the
+        release. Each wake hands the GIL to the I/O thread for a pass of its loop, which the engine
+        thread then waits out: one pass per engine loop turn instead of one per message. Sends from
+        other threads still wake it at once."""
+        self._holder = threading.get_ident()
+
+    def release_wakes(self) -> None:
+        """Wake the I/O thread for what this thread queued while holding (nothing queued: no wake)."""
+        self._holder = None
+        if self._held:
+            self._held = False
+            self._waker.wake()
+
     def close(self) -> None:
         """Stop the thread, drop unsent messages and close every socket at once (linger 0)."""
         if self._thread is None or self._stop.is_set():
@@ -128,7 +144,10 @@ class WorkerChannels:
 
     def _put(self, destination: str, msg: Message) -> None:
         self._outbox.put((destination, msg))
-        self._waker.wake()
+        if self._holder is not None and self._holder == threading.get_ident():
+            self._held = True
+        else:
+            self._waker.wake()
 
     # ---- I/O thread ----------------------------------------------------------------------------
 

@@ -93,6 +93,14 @@ class WorkerService:
     # ---- the loop ------------------------------------------------------------------------------
 
     def run_once(self) -> None:
+        # The turn's messages go to the I/O thread in one wake at its end (see `hold_wakes`).
+        self.channels.hold_wakes()
+        try:
+            self._turn()
+        finally:
+            self.channels.release_wakes()
+
+    def _turn(self) -> None:
         self._take_commands(self._wait_s())
         self.role.poll()
         now = time.time()

@@ -40,6 +40,12 @@ class FakeChannels:
     def publish(self, msg: Message) -> None:
         self.events.append(msg)
 
+    def hold_wakes(self) -> None:  # nothing to wake: the messages above are recorded at once
+        pass
+
+    def release_wakes(self) -> None:
+        pass
+
     def of_type(self, cls: type) -> list:
         """Messages of `cls` sent to the router; asked for TokenOutputs, a TokenBatch counts as its
         rows, in order (what the router itself does with one)."""
