@@ -165,6 +165,7 @@ class WorkerChannels:
                     if monitor in ready:
                         for status in self._fronts.read_monitor(monitor):
                             self.inbox.put(status)
+                            self._introduce(status)
                 if self._commands in ready:
                     self._receive_commands()
                 if self._waker.fd in ready:
@@ -174,6 +175,16 @@ class WorkerChannels:
             except Exception:  # the I/O thread must outlive any one bad message or send
                 log.exception("worker I/O loop error")
                 time.sleep(0.05)
+
+    def _introduce(self, status: FrontStatus) -> None:
+        """A front whose link came back (a restarted front) gets this worker's registration and load at
+        once: waiting for the periodic ones would leave it answering 503 (no workers) for up to
+        `register_interval_s` while its peers serve."""
+        if not status.up or self._registration is None:
+            return
+        sock = self._fronts.socket(status.addr)
+        self._send_on(sock, ROUTER, self._registration)
+        self._send_on(sock, ROUTER, self._heartbeat())
 
     def _watch_new_fronts(self, poller: zmq.Poller, monitors: list[zmq.Socket]) -> None:
         for monitor in self._fronts.poller_additions:

@@ -151,7 +151,7 @@ def test_killed_front_loses_only_its_streams_and_comes_back(fronts, tokenizer) -
     assert all(o.startswith("error") for o in outcomes[1::2]), outcomes  # front 1's were cut off
     restarted = client_on(fronts.url, 1, not_pid=victim_pid, timeout=90)
     try:
-        answer = _complete(restarted, tokenizer.encode("The capital of France is"))
+        answer = _complete_once_workers_known(restarted, tokenizer.encode("The capital of France is"))
     finally:
         restarted.close()
     assert answer["choices"][0]["finish_reason"] == "length"
@@ -226,6 +226,21 @@ def _metrics_of(url: str, front: int) -> dict[str, float]:
     samples = (SAMPLE.match(line) for line in text.splitlines() if not line.startswith("#"))
     wanted = ("pdserve_requests_", "pdserve_time_to_first_token_seconds_count", "pdserve_router_fronts")
     return {m[1]: float(m[2]) for m in samples if m is not None and m[1].startswith(wanted)}
+
+
+def _complete_once_workers_known(client: httpx.Client, prompt: list[int], timeout: float = 10.0) -> dict:
+    """A completion through a front that has just started: the workers introduce themselves as soon as
+    their links to it come back (common/worker/channels.py), so its clean 503 `no_workers` lasts
+    moments; anything else, or a 503 past `timeout`, fails."""
+    deadline = time.monotonic() + timeout
+    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+    while True:
+        resp = client.post("/v1/completions", json=body)
+        if resp.status_code != 503 or time.monotonic() > deadline:
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+        assert resp.json()["error"]["code"] == "no_workers", resp.text
+        time.sleep(0.05)
 
 
 def _complete(client: httpx.Client, prompt: list[int]) -> dict:
