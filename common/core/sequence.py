@@ -63,6 +63,7 @@ class Sequence:
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(self.token_ids) if num_prompt_tokens is None else num_prompt_tokens
         self.sampling_params = sampling_params
+        self.sampling_key = sampling_params.batch_key()  # rows with one key sample alike (runner/inputs)
         self.block_size = block_size
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None

@@ -158,12 +158,13 @@ def prepare_sampling(
     """Sampling inputs for the rows that sample this step: `counts[i]` (>= 1) consecutive rows of
     `seqs[i]` (default: one each; `sampling_rows` drops the sequences that do not sample). A
     verification samples all its positions with the sequence's parameters, so each value is worked
-    out once per sequence and repeated for its rows; once in all when every sequence shares one
-    parameter object that needs nothing per sequence (an offline batch, one request's rows)."""
+    out once per sequence and repeated for its rows; once in all when every sequence has the same
+    sampling key (`SamplingParams.batch_key`: equal sampling values that need nothing per sequence,
+    however many request objects carry them)."""
     counts = [1] * len(seqs) if counts is None else counts
-    first = seqs[0].sampling_params
-    if all(s.sampling_params is first for s in seqs) and not _per_sequence(first):
-        return _parameter_columns([first], [sum(counts)], device)
+    key = seqs[0].sampling_key
+    if key is not None and all(s.sampling_key is key for s in seqs):
+        return _parameter_columns([seqs[0].sampling_params], [sum(counts)], device)
     params = [s.sampling_params for s in seqs]
     batch = _parameter_columns(params, counts, device)
     if any(p.seed is not None for p in params):
@@ -175,13 +176,6 @@ def prepare_sampling(
         plain = [_plain(p) and not ids for p, ids in zip(params, banned, strict=True)]
         batch.plain_rows = per_row(plain, counts)
     return batch
-
-
-def _per_sequence(p: SamplingParams) -> bool:
-    """Sampling inputs that depend on the sequence, not only on its parameters: a seeded draw's
-    generator, penalties' token counts, min_tokens' ban."""
-    penalised = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-    return (p.seed is not None and not p.greedy) or bool(penalised) or p.min_tokens > 0
 
 
 def _parameter_columns(

@@ -96,6 +96,24 @@ class SamplingParams:
         penalties = self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
         return self.logprobs is not None or bool(penalties) or self.grammar is not None
 
+    @property
+    def per_sequence(self) -> bool:
+        """Sampling inputs that depend on the sequence, not only on these parameters: a seeded draw's
+        generator, penalties' token counts, min_tokens' ban."""
+        penalised = self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty
+        return (self.seed is not None and not self.greedy) or bool(penalised) or self.min_tokens > 0
+
+    def batch_key(self) -> tuple | None:
+        """What a batch row's sampling inputs depend on, as one shared object for equal values (so
+        rows can be compared by identity); None when they also depend on the sequence. Requests that
+        differ only in what sampling does not read (max_tokens, stop strings, ...) share a key."""
+        if self.per_sequence:
+            return None
+        key = (self.temperature, self.top_k, self.top_p, self.min_p, self.logprobs)
+        if len(_BATCH_KEYS) >= _MAX_BATCH_KEYS:  # bounded: clients choose these values freely
+            _BATCH_KEYS.clear()
+        return _BATCH_KEYS.setdefault(key, key)
+
     def to_dict(self) -> dict:
         """The field map (the same map a wire message carries for its `sampling` value)."""
         return asdict(self)
@@ -103,6 +121,11 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, data: dict) -> SamplingParams:
         return cls(**data)
+
+
+# Interned batch keys (SamplingParams.batch_key): equal values, one object.
+_BATCH_KEYS: dict[tuple, tuple] = {}
+_MAX_BATCH_KEYS = 4096
 
 
 def _number(name: str, value: object, low: float, high: float, low_open: bool = False) -> None:

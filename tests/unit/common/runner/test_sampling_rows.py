@@ -118,9 +118,9 @@ def _same_batch(a, b) -> None:
     assert (a.all_greedy, a.any_greedy) == (b.all_greedy, b.any_greedy)
 
 
-def test_one_shared_parameter_object_gives_the_per_sequence_batch():
-    """Sequences sharing one SamplingParams take a once-for-all path; it must build what separate,
-    equal parameter objects build (and fall back where a value depends on the sequence)."""
+def test_one_sampling_key_gives_the_per_sequence_batch():
+    """Sequences with one sampling key take a once-for-all path; it must build what the general,
+    sequence-by-sequence path builds (and fall back where a value depends on the sequence)."""
     cases = [
         dict(temperature=0),
         dict(temperature=0.8, top_k=4, top_p=0.9, min_p=0.05),
@@ -132,8 +132,20 @@ def test_one_shared_parameter_object_gives_the_per_sequence_batch():
         shared = SamplingParams(**kw)
         counts = [2, 1, 3]
         one = prepare_sampling(_seqs(shared, shared, shared), 32, torch.device("cpu"), (2,), counts)
-        each = _seqs(*[SamplingParams(**kw) for _ in counts])
+        each = _seqs(*[SamplingParams(**kw, max_tokens=8 + i) for i in range(len(counts))])
+        for seq in each:
+            seq.sampling_key = None  # the general path, for reference
         _same_batch(one, prepare_sampling(each, 32, torch.device("cpu"), (2,), counts))
+
+
+def test_equal_sampling_values_share_one_key_whatever_else_differs():
+    a = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=5, stop=["x"])
+    b = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=50)
+    assert a.batch_key() is b.batch_key()
+    assert SamplingParams(temperature=0.8).batch_key() is not a.batch_key()
+    assert SamplingParams(temperature=0.7, seed=1).batch_key() is None  # a generator per sequence
+    assert SamplingParams(temperature=0, seed=1).batch_key() is not None  # greedy: the seed is moot
+    assert SamplingParams(presence_penalty=0.5).batch_key() is None
 
 
 def test_sequences_that_sample_nothing_are_dropped():
