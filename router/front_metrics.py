@@ -29,6 +29,7 @@ import logging
 import os
 from pathlib import Path
 
+from router.front_slots import check_front_place
 from router.metrics import Snapshot
 from router.router_metrics import RouterMetrics
 
@@ -45,10 +46,7 @@ class FrontMetrics:
     """Front `front`'s share of the fronts' metrics in `directory`; `start` begins publishing."""
 
     def __init__(self, directory: str, front: int, metrics: RouterMetrics) -> None:
-        if not isinstance(directory, str) or not directory:
-            raise ValueError(f"directory must be a non-empty path, got {directory!r}")
-        if isinstance(front, bool) or not isinstance(front, int) or front < 0:
-            raise ValueError(f"front must be an int >= 0, got {front!r}")
+        check_front_place(directory, front)
         self.directory = directory
         self.front = front
         self.metrics = metrics

@@ -29,6 +29,15 @@ SLOTS_FILE = "inflight.slots"
 SLOT_BYTES = 8  # one int64 ("q") per front
 
 
+def check_front_place(directory: object, front: object, name: str = "front") -> None:
+    """A front's place among the fronts: the shared directory and its index (ValueError naming the
+    field otherwise). Shared by the slots and the metrics snapshots, which live side by side."""
+    if not isinstance(directory, str) or not directory:
+        raise ValueError(f"directory must be a non-empty path, got {directory!r}")
+    if isinstance(front, bool) or not isinstance(front, int) or front < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {front!r}")
+
+
 def create_slots(directory: str | os.PathLike, count: int) -> Path:
     """The launcher's part: a file of `count` zeroed slots in `directory` (made if missing)."""
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -51,10 +60,7 @@ class FrontSlots:
     """Front `index`'s view of the shared slots in `directory` (its `open` maps them)."""
 
     def __init__(self, directory: str, index: int) -> None:
-        if not isinstance(directory, str) or not directory:
-            raise ValueError(f"directory must be a non-empty path, got {directory!r}")
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(f"index must be an int >= 0, got {index!r}")
+        check_front_place(directory, index, "index")
         self.directory = directory
         self.index = index
         self._map: mmap.mmap | None = None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from common.config import EngineConfig
@@ -45,9 +46,14 @@ class _Chunk:
     completion: Completion
     lane: int
 
-    @property
-    def request_ids(self) -> set[str]:
-        return {s.request_id for s in self.seqs}
+    @cached_property
+    def request_ids(self) -> frozenset[str]:
+        return frozenset(s.request_id for s in self.seqs)
+
+    @cached_property
+    def seq_ids(self) -> frozenset[int]:
+        """Read by every decode step beside the chunk: built once."""
+        return frozenset(s.seq_id for s in self.seqs)
 
 
 @dataclass
@@ -132,7 +138,7 @@ class MultiplexedSteps:
 
     def _decode(self, result: StepResult) -> bool:
         """One synchronous decode step; False when no sequence decodes."""
-        busy = {s.seq_id for s in self._chunk.seqs} if self._chunk is not None else set()
+        busy = self._chunk.seq_ids if self._chunk is not None else frozenset()
         batch = self.scheduler.schedule_decode(busy)
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:

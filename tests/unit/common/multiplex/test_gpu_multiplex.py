@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
-from common.llm_engine import LLMEngine
 from common.tools.random_model import write_random_model
+from tests.helpers.staggered import run_staggered
 
 pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -47,23 +47,10 @@ def _llm(model: str, **kw) -> LLM:
     )
 
 
-def _staggered(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list[int]]:
-    """One request arrives per engine step, so prefill chunks start while others decode."""
-    out: dict[str, list[int]] = {}
-    pending = list(enumerate(prompts))
-    while pending or engine.has_unfinished:
-        if pending:
-            i, prompt = pending.pop(0)
-            engine.add_request(prompt, GREEDY, request_id=str(i))
-        for update in engine.step().updates:
-            out.setdefault(update.seq.request_id, []).append(update.new_token_id)
-    return out
-
-
 def _outputs(llm: LLM) -> tuple[list[list[int]], dict[str, list[int]]]:
     prompts = _prompts(0)
     rounds = [o["token_ids"] for _ in range(2) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-    return rounds, _staggered(llm.engine, _prompts(1) + prompts)  # the second: prefix hits again
+    return rounds, run_staggered(llm.engine, _prompts(1) + prompts, GREEDY)  # the second: prefix hits again
 
 
 def test_fp32_greedy_equals_aggregated(qwen3_fp32):

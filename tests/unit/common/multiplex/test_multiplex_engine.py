@@ -7,8 +7,8 @@ import random
 import pytest
 
 from common import LLM, SamplingParams
-from common.llm_engine import LLMEngine
 from common.multiplex.partitions import InlinePartitions
+from tests.helpers.staggered import run_staggered
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
@@ -38,24 +38,11 @@ def test_greedy_equals_aggregated(tiny_model_dirs, arch):
     assert mux.engine.block_manager.num_free_blocks == mux.engine.block_manager.num_blocks
 
 
-def _run_staggered(engine: LLMEngine, prompts: list[list[int]]) -> dict[str, list[int]]:
-    """Requests arrive one per step while others decode (prefill chunks beside decode steps)."""
-    out: dict[str, list[int]] = {}
-    pending = list(enumerate(prompts))
-    while pending or engine.has_unfinished:
-        if pending:
-            i, prompt = pending.pop(0)
-            engine.add_request(prompt, GREEDY, request_id=str(i))
-        for update in engine.step().updates:
-            out.setdefault(update.seq.request_id, []).append(update.new_token_id)
-    return out
-
-
 def test_staggered_arrivals_equal_aggregated(tiny_model_dirs):
     prompts = _prompts(1)
     plain = _llm(tiny_model_dirs["qwen3"])
     mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
-    assert _run_staggered(mux.engine, prompts) == _run_staggered(plain.engine, prompts)
+    assert run_staggered(mux.engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
     stats = mux.engine.multiplexer.stats
     assert stats.decode_steps_beside > 0 and sum(stats.chunks_per_lane.values()) > len(prompts)
 
