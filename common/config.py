@@ -23,6 +23,9 @@ class EngineConfig:
     model: str
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
+    # While sequences decode, new prompts wait up to this many times the last prompt-carrying step's
+    # duration, to be admitted together (vLLM's --scheduler-delay-factor; core/admission_delay.py).
+    scheduler_delay_factor: float = 0.0
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     tensor_parallel_size: int = 1
@@ -51,6 +54,9 @@ class EngineConfig:
             raise ValueError("model must be a non-empty path")
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive_int("max_num_seqs", self.max_num_seqs)
+        factor = self.scheduler_delay_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 <= factor <= 100:
+            raise ValueError(f"scheduler_delay_factor must be a number in [0, 100], got {factor!r}")
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
         if self.max_model_len is not None:
             _positive_int("max_model_len", self.max_model_len)

@@ -18,6 +18,11 @@ ENGINE_FLAGS = FlagTable(
     (
         Flag("max_num_seqs", int, "most sequences running at once"),
         Flag("max_num_batched_tokens", int, "token budget per engine step"),
+        Flag(
+            "scheduler_delay_factor",
+            float,
+            "while a batch decodes, new prompts wait up to this times the last prompt step's duration",
+        ),
         Flag("max_model_len", int, "longest prompt + answer (default: the model's limit)"),
         Flag("kvcache_block_size", int, "tokens per KV block (power of two)"),
         Flag("num_kvcache_blocks", int, "fixed number of KV blocks (default: from memory)"),

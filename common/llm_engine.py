@@ -60,6 +60,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             role=config.role,
             eos_token_ids=frozenset(model_config.eos_token_ids),
+            delay_factor=config.scheduler_delay_factor,
         )
         self.timings = StepTimings()
         self.multiplexer: MultiplexedSteps | None = None

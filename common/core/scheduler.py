@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import NamedTuple
 
+from common.core.admission_delay import AdmissionDelay
 from common.core.block_manager import BlockManager
 from common.core.request_queue import RequestQueue
 from common.core.sequence import FinishReason, Sequence, SequenceStatus
@@ -36,6 +37,7 @@ class SchedulerConfig:
     max_model_len: int
     role: str = "mixed"
     eos_token_ids: frozenset[int] = frozenset()
+    delay_factor: float = 0.0  # admission delay while sequences run (common/core/admission_delay.py)
 
 
 @dataclass
@@ -82,6 +84,8 @@ class Scheduler:
         self._admit_counter = count()
         self.speculator: Speculator = speculator if speculator is not None else NoSpeculator()
         self._deferred_free: list[Sequence] = []  # finished while a launched step writes their KV
+        factor = config.delay_factor if config.role != "prefill" else 0.0  # a prefill worker never decodes
+        self.admission_delay = AdmissionDelay(factor, config.max_num_batched_tokens)
 
     # ---- intake --------------------------------------------------------------------------------
     def validate(self, seq: Sequence) -> None:
@@ -119,10 +123,18 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
+        now = time.monotonic()
+        self.admission_delay.observe(now)
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
-        if not batch.preempted:
+        if not batch.preempted and not self._admission_held(now):
             self._admit_waiting(batch, budget)
+        self.admission_delay.record(batch.num_prefill_tokens)
         return batch
+
+    def _admission_held(self, now: float) -> bool:
+        if not self.waiting or not self.running:
+            return False
+        return self.admission_delay.holds(self.waiting, self.waiting.peek(), now)
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         self.speculator.plan(self.running, budget)
