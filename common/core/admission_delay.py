@@ -56,4 +56,3 @@ class AdmissionDelay:
             if tokens >= self.token_budget:
                 return False
         return True
-
