@@ -53,6 +53,10 @@ workload() {  # $1 workload, $2 json path
   esac
 }
 
+cpu_times() {  # CPU seconds so far of each cluster and client process (which one saturates a core)
+  ps -eo pid,times,args | grep -E -- "-m (router|prefill_worker|decode_worker|deploy)|serving.py|multiprocessing.spawn" | grep -v grep
+}
+
 PROFILERS=()
 profile() {  # sample every process of the cluster for a few seconds (py-spy, collapsed stacks)
   PROFILERS=()
@@ -84,10 +88,12 @@ run_setup() {
       local name="$w"
       [ "$r" -gt 1 ] && name="$w.r$r"
       curl -s "${URL%/v1}/metrics" > "$dir/$name.metrics.before"
+      cpu_times > "$dir/$name.cpu.before"
       [ -n "${PROFILE:-}" ] && profile "$dir/$name"
       workload "$w" "$dir/$name.json" > "$dir/$name.txt" 2>&1
       wait_profiles
       curl -s "${URL%/v1}/metrics" > "$dir/$name.metrics.after"
+      cpu_times > "$dir/$name.cpu.after"
     done
   done
   kill -TERM $launch; wait $launch

@@ -45,6 +45,7 @@ class WorkerConfig:
     kv_fetch_timeout_s: float = 30.0
     heartbeat_interval_s: float = 0.5
     register_interval_s: float = 2.0
+    log_stats_interval_s: float = 10.0  # the periodic stats line (common/worker/stats_log.py); 0: off
     model_name: str | None = None
     node_id: str | None = None  # the cluster node the worker runs on (reported at registration)
     curve: CurveKeys | None = field(default=None, repr=False)
@@ -69,6 +70,9 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
+        every = self.log_stats_interval_s
+        if isinstance(every, bool) or not isinstance(every, int | float) or not 0 <= every < math.inf:
+            raise ValueError(f"log_stats_interval_s must be a finite number of seconds >= 0, got {every!r}")
 
     @property
     def role(self) -> str:
@@ -96,6 +100,12 @@ WORKER_FLAGS = FlagTable(
         Flag("kv_lease_s", float, "prefill: pin handed-off blocks this long"),
         Flag("kv_fetch_timeout_s", float, "decode: give up a transfer after"),
         Flag("heartbeat_interval_s", float, "seconds between heartbeats", option="--heartbeat-interval"),
+        Flag(
+            "log_stats_interval_s",
+            float,
+            "seconds between the worker's stats lines (0: none)",
+            option="--log-stats-interval",
+        ),
         Flag("model_name", str, "model name reported at registration", option="--served-model-name"),
         Flag("node_id", str, "the cluster node it runs on, shown in /health (Ray: the node id)"),
     ),

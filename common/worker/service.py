@@ -27,6 +27,7 @@ from common.worker.config import WorkerConfig
 from common.worker.engine_factory import build_engine
 from common.worker.fronts import FrontStatus
 from common.worker.role import WorkerContext, WorkerRole
+from common.worker.stats_log import StatsLog
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class WorkerService:
         self.channels: WorkerChannels | None = None
         self._stop = threading.Event()
         self._next_deadline_check = 0.0
+        self.stats = StatsLog(config.log_stats_interval_s)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -112,6 +114,7 @@ class WorkerService:
             self._step()
         self.role.after_iteration()
         self._post_load()
+        self.stats.maybe_log(self.engine.load_report)
 
     def _wait_s(self) -> float:
         if self.engine.has_unfinished:
@@ -177,6 +180,7 @@ class WorkerService:
             self.role.submit(msg)
 
     def _step(self) -> None:
+        began = time.perf_counter()
         try:
             result = self.engine.step()
         except Exception as e:
@@ -186,6 +190,8 @@ class WorkerService:
             except Exception:  # the engine's state may be what broke; keep serving new requests
                 log.exception("could not clean up after the failed step")
             return
+        elapsed = time.perf_counter() - began
+        self.stats.record(self.engine.timings, result.num_prefill_tokens, len(result.updates), elapsed)
         self.role.on_step(result)
 
     def _post_load(self) -> None:

@@ -1,0 +1,82 @@
+"""The worker's periodic stats line (as vLLM's engine logs its throughput every few seconds).
+
+Every `interval_s` of a busy loop, one INFO line: prompt and generated tokens per second, the engine
+steps split into pure decode steps (CUDA-graph, run ahead) and steps carrying prompt tokens, the mean
+wall time of each kind, the host time the engine spent outside waiting for the device, the loop's time
+outside `engine.step` (commands, the role's per-step work, the I/O hand-off) and the batch now. Read
+with `benchmarks/engine/offline.py`'s step timings: the same counters, so a served worker's steps
+compare with the offline engine's on the same model. Idle intervals log nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from common.core.step_records import EngineLoad, StepTimings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Totals:
+    timings: dict
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    step_s: float = 0.0  # wall time inside engine.step
+
+
+class StatsLog:
+    """Accumulates per-step counts from the worker loop; `maybe_log` writes and resets them."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._timings: StepTimings | None = None  # the engine's counters, from the first record
+        self._since = time.perf_counter()
+        self._start = _Totals({})
+        self._now = _Totals({})
+
+    def record(self, timings: StepTimings, prompt_tokens: int, generated_tokens: int, step_s: float) -> None:
+        """One engine step: `timings` are the engine's cumulative counters after it."""
+        if self._timings is None:
+            self._timings = timings
+            self._start = _Totals(asdict(timings))
+        now = self._now
+        now.prompt_tokens += prompt_tokens
+        now.generated_tokens += generated_tokens
+        now.step_s += step_s
+
+    def maybe_log(self, load: Callable[[], EngineLoad]) -> None:
+        """Log the interval's line once `interval_s` has passed (`load`: called only then)."""
+        if self.interval_s <= 0:
+            return
+        elapsed = time.perf_counter() - self._since
+        if elapsed < self.interval_s:
+            return
+        if self._timings is not None and (self._now.prompt_tokens or self._now.generated_tokens):
+            log.info("%s", self.line(elapsed, load()))
+        self._since += elapsed
+        if self._timings is not None:
+            self._start = _Totals(asdict(self._timings))
+        self._now = _Totals({})
+
+    def line(self, elapsed: float, load: EngineLoad) -> str:
+        now, start, t = self._now, self._start.timings, asdict(self._timings)
+        d = {k: t[k] - start.get(k, 0) for k in t if not isinstance(t[k], dict)}
+        decode, prompt = int(d["decode_steps"]), int(d["prefill_steps"])
+        steps = max(decode + prompt, 1)
+        busy = d["schedule"] + d["prefill_forward"] + d["decode_forward"] + d["postprocess"]
+        host = busy - d["device_wait"]
+        return (
+            f"prompt {now.prompt_tokens / elapsed:,.0f} tok/s,"
+            f" generated {now.generated_tokens / elapsed:,.0f} tok/s; steps: {decode} decode ({_ms(d['decode_forward'], decode)} ms), {prompt} with prompt"
+            f" tokens ({_ms(d['prefill_forward'], prompt)} ms); per step: engine host {_ms(host, steps)} ms,"
+            f" device wait {_ms(d['device_wait'], steps)} ms, loop outside the engine"
+            f" {_ms(elapsed - now.step_s, steps)} ms; running {load.num_running}, waiting {load.num_waiting}"
+        )
+
+
+def _ms(seconds: float, n: int) -> str:
+    return f"{1e3 * seconds / n:.2f}" if n else "-"

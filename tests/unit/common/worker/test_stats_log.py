@@ -1,0 +1,50 @@
+"""The worker's periodic stats line: rates and step counts over the interval, nothing when idle."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from common.core.step_records import EngineLoad, StepTimings
+from common.worker.stats_log import StatsLog
+
+LOAD = EngineLoad(
+    num_free_blocks=10,
+    num_total_blocks=20,
+    num_waiting=3,
+    num_running=7,
+    num_transferring=0,
+    queued_prefill_tokens=0,
+)
+
+
+def test_the_line_counts_the_interval_only(caplog):
+    timings = StepTimings(decode_steps=100, decode_forward=1.0)  # before the interval: not counted
+    stats = StatsLog(0.01)
+    stats.record(timings, prompt_tokens=0, generated_tokens=0, step_s=0.0)  # the interval starts here
+    timings.decode_steps += 4
+    timings.decode_forward += 0.008
+    timings.prefill_steps += 1
+    timings.prefill_forward += 0.010
+    timings.device_wait += 0.004
+    stats.record(timings, prompt_tokens=512, generated_tokens=7, step_s=0.02)
+    time.sleep(0.02)
+    with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
+        stats.maybe_log(lambda: LOAD)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "steps: 4 decode (2.00 ms), 1 with prompt tokens (10.00 ms)" in line
+    assert "engine host 2.80 ms" in line  # (8 + 10 - 4) ms over 5 steps
+    assert "running 7, waiting 3" in line
+    caplog.clear()
+    time.sleep(0.02)
+    with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
+        stats.maybe_log(lambda: LOAD)  # an idle interval: nothing
+    assert caplog.records == []
+
+
+def test_zero_interval_logs_nothing(caplog):
+    stats = StatsLog(0)
+    stats.record(StepTimings(), 1, 1, 0.001)
+    with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
+        stats.maybe_log(lambda: LOAD)
+    assert caplog.records == []
