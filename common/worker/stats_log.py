@@ -69,13 +69,17 @@ class StatsLog:
         steps = max(decode + prompt, 1)
         busy = d["schedule"] + d["prefill_forward"] + d["decode_forward"] + d["postprocess"]
         host = busy - d["device_wait"]
-        return (
-            f"prompt {now.prompt_tokens / elapsed:,.0f} tok/s,"
-            f" generated {now.generated_tokens / elapsed:,.0f} tok/s; steps: {decode} decode ({_ms(d['decode_forward'], decode)} ms), {prompt} with prompt"
-            f" tokens ({_ms(d['prefill_forward'], prompt)} ms); per step: engine host {_ms(host, steps)} ms,"
-            f" device wait {_ms(d['device_wait'], steps)} ms, loop outside the engine"
-            f" {_ms(elapsed - now.step_s, steps)} ms; running {load.num_running}, waiting {load.num_waiting}"
+        parts = (
+            f"prompt {now.prompt_tokens / elapsed:,.0f} tok/s",
+            f"generated {now.generated_tokens / elapsed:,.0f} tok/s",
+            f"steps: {decode} decode ({_ms(d['decode_forward'], decode)} ms)",
+            f"{prompt} with prompt tokens ({_ms(d['prefill_forward'], prompt)} ms)",
+            f"per step: engine host {_ms(host, steps)} ms",
+            f"device wait {_ms(d['device_wait'], steps)} ms",
+            f"loop outside the engine {_ms(elapsed - now.step_s, steps)} ms",
+            f"running {load.num_running}, waiting {load.num_waiting}",
         )
+        return ", ".join(parts)
 
 
 def _ms(seconds: float, n: int) -> str:
