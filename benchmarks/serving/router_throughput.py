@@ -15,11 +15,17 @@ streaming completions in flight through the shared port.
                                                           # admitted requests/s (one token each)
     python benchmarks/serving/router_throughput.py --api-servers 1,2,4,8 --load-per-front \
         --router-cpu 0-7 --token-batch --step-ms 0        # a sweep: one table row per front count
+    python benchmarks/serving/router_throughput.py --request-rate 1000 --max-tokens 1 --step-ms 0 \
+        --client-procs 4                                  # the router's own TTFT at 1,000 requests/s
 
 Reported: output tokens/s (completed requests' tokens over the wall time), SSE chunks/s, tokens per
 chunk (above 1 when a front coalesced tokens for a client that fell behind), requests/s, and the
 fronts' CPU use summed over all of them (1.0 = one core busy) and their CPU time per token and per
-completed request. A sweep also prints each row's scaling against linear from its first row.
+completed request, and the clients' time to first token (p50 / p99 / mean ms): with `--step-ms 0`
+the firehose workers answer at once, so it is what the fronts (and the client's own event loop) add.
+`--request-rate R` sends requests at R per second in all (Poisson arrivals, open loop) instead of
+keeping `--concurrency` in flight. A sweep also prints each row's scaling against linear from its
+first row.
 """
 
 from __future__ import annotations
@@ -131,10 +137,11 @@ def _measure(a: argparse.Namespace, load: Load, ctx, fronts: RouterFronts, worke
     end_at = start_at + a.duration
     n, procs = load.concurrency, load.client_procs
     per_proc = [n // procs + (i < n % procs) for i in range(procs)]
+    rate = a.request_rate / procs if a.request_rate else None
     url, body = f"{fronts.url}/v1/completions", _request_body(a)  # one port: the kernel spreads them
     cpus = a.client_cpus or fronts.other_cpus()
     clients = [
-        ctx.Process(target=run_clients, args=(url, k, body, start_at, end_at, out, cpus), daemon=True)
+        ctx.Process(target=run_clients, args=(url, k, body, start_at, end_at, out, cpus, rate), daemon=True)
         for k in per_proc
         if k
     ]
@@ -163,6 +170,7 @@ def _measure(a: argparse.Namespace, load: Load, ctx, fronts: RouterFronts, worke
 def _summary(a: argparse.Namespace, load: Load, results: list[ClientResult], wall: float, cpu: list) -> dict:
     tokens, chunks = sum(r.tokens for r in results), sum(r.chunks for r in results)
     requests, total_cpu = sum(r.requests for r in results), sum(cpu)
+    ttft = sorted(t for r in results for t in r.ttft_ms)
     return {
         "api_servers": load.fronts,
         "output_tokens_per_s": tokens / wall,
@@ -175,10 +183,17 @@ def _summary(a: argparse.Namespace, load: Load, results: list[ClientResult], wal
         "router_cpu_cores_per_front": [round(c / wall, 2) for c in cpu],
         "router_cpu_us_per_token": 1e6 * total_cpu / tokens if tokens else 0.0,
         "router_cpu_us_per_request": 1e6 * total_cpu / requests if requests else 0.0,
+        "ttft_ms_p50": _quantile(ttft, 0.50),
+        "ttft_ms_p99": _quantile(ttft, 0.99),
+        "ttft_ms_mean": sum(ttft) / len(ttft) if ttft else 0.0,
         "wall_s": wall,
         "load": vars(load),
         "args": vars(a),
     }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return values[min(int(q * len(values)), len(values) - 1)] if values else 0.0
 
 
 def print_summary(summary: dict) -> None:
@@ -227,6 +242,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--concurrency", type=int, default=256, help="streams in flight, over all client processes"
     )
     p.add_argument("--client-procs", type=int, default=2)
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="open loop: requests per second over all clients (Poisson) instead of --concurrency",
+    )
     p.add_argument("--workers", type=int, default=2, help="firehose worker processes")
     p.add_argument(
         "--step-ms", type=float, default=10.0, help="a worker emits one token per request this often"
@@ -266,6 +287,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("concurrency", "client_procs", "workers", "tokens_per_message", "max_tokens"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if a.request_rate is not None and not a.request_rate > 0:
+        p.error("--request-rate must be > 0")
     if not a.duration > 0 or not a.step_ms >= 0:
         p.error("--duration must be > 0 and --step-ms >= 0")
     return a

@@ -22,8 +22,25 @@ def test_a_short_run_carries_every_token(tmp_path) -> None:
     assert doc["tokens_per_chunk"] >= 1.0 and doc["router_cpu_us_per_token"] > 0
 
 
+def test_an_open_loop_run_sends_at_the_rate_and_times_first_tokens(tmp_path) -> None:
+    out = tmp_path / "result.json"
+    argv = ["--duration", "2", "--request-rate", "40", "--client-procs", "2", "--workers", "1"]
+    argv += ["--step-ms", "0", "--max-tokens", "1", "--json-out", str(out)]
+    assert router_throughput.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert doc["errors"] == 0
+    # Poisson arrivals at 40/s for 2 s: ~80 requests (p < 1e-6 outside 40-130 in all)
+    assert 40 <= doc["requests_per_s"] * doc["wall_s"] <= 130
+    assert 0 < doc["ttft_ms_p50"] <= doc["ttft_ms_p99"] < 2000
+
+
 def test_bad_arguments_are_refused() -> None:
-    for bad in (["--concurrency", "0"], ["--duration", "0"], ["--client-procs", "0"]):
+    for bad in (
+        ["--concurrency", "0"],
+        ["--duration", "0"],
+        ["--client-procs", "0"],
+        ["--request-rate", "0"],
+    ):
         with pytest.raises(SystemExit):
             router_throughput.parse_args(bad)
 
