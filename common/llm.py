@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from common.config import EngineConfig
-from common.core.scheduler import SeqUpdate
+from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.llm_engine import LLMEngine
 from common.tokenizer import load_tokenizer

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from common.config import EngineConfig
 from common.core import run_ahead
+from common.core.batch import SchedulerConfig, SeqUpdate
 from common.core.block_manager import BlockManager
-from common.core.scheduler import Scheduler, SchedulerConfig, SeqUpdate
+from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler
 from common.core.step_records import EngineLoad, StepResult, StepTimings

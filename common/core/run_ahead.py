@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from common.core.scheduler import Scheduler, SeqUpdate
+from common.core.batch import SeqUpdate
+from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence, SequenceStatus
 from common.runner.step_handle import StepHandle
 

@@ -17,55 +17,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
 from itertools import count
-from typing import NamedTuple
 
 from common.core.admission_delay import AdmissionDelay
+from common.core.batch import ScheduledBatch, SchedulerConfig, SeqUpdate
 from common.core.block_manager import BlockManager
 from common.core.request_queue import RequestQueue
 from common.core.sequence import FinishReason, Sequence, SequenceStatus
 from common.core.stopping import finishes_in_flight, first_stop
 from common.runner.output import RunnerOutput
 from common.spec_decode.speculator import NoSpeculator, Speculator
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    role: str = "mixed"
-    eos_token_ids: frozenset[int] = frozenset()
-    delay_factor: float = 0.0  # admission delay while sequences run (common/core/admission_delay.py)
-
-
-@dataclass
-class ScheduledBatch:
-    """Sequences to run this step; each carries `num_scheduled_tokens`."""
-
-    seqs: list[Sequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_draft_tokens: int = 0  # speculative proposals verified this step (counted in decode tokens)
-
-    @property
-    def is_decode(self) -> bool:
-        """Every sequence computes exactly its last token (the CUDA-graph-friendly case)."""
-        return bool(self.seqs) and self.num_prefill_tokens == 0 and self.num_draft_tokens == 0
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-
-class SeqUpdate(NamedTuple):  # a tuple: one is made per sequence per step, and tuples build fastest
-    """What happened to one sequence in a step."""
-
-    seq: Sequence
-    new_token_id: int | None
-    finished: bool
-    handed_off: bool = False
 
 
 class Scheduler:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from common.core.scheduler import ScheduledBatch, Scheduler
+from common.core.batch import ScheduledBatch
+from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.core.scheduler import SeqUpdate
+from common.core.batch import SeqUpdate
 
 
 @dataclass

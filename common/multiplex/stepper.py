@@ -27,7 +27,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from common.config import EngineConfig
-from common.core.scheduler import SeqUpdate
+from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings

@@ -30,7 +30,7 @@ from common.spec_decode.speculator import Speculator
 from common.spec_decode.step_clock import StepClock, StepTimer
 
 if TYPE_CHECKING:
-    from common.core.scheduler import ScheduledBatch
+    from common.core.batch import ScheduledBatch
 
 # Steps a sequence waits after finding no match when proposing drains a run-ahead engine (a proposer
 # that does not propose behind): each skipped step may run ahead, where a proposal needs a synced one.

@@ -15,7 +15,7 @@ from common.core.sequence import Sequence
 from common.spec_decode.speculative import SpecStats
 
 if TYPE_CHECKING:
-    from common.core.scheduler import ScheduledBatch
+    from common.core.batch import ScheduledBatch
 
 
 class Speculator(ABC):

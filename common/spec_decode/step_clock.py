@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from common.runner.step_costs import StepCosts
 
 if TYPE_CHECKING:
-    from common.core.scheduler import ScheduledBatch
+    from common.core.batch import ScheduledBatch
 
 # Weight of the newest step in a size's moving average of observed step times.
 _STEP_EMA = 0.2

@@ -7,8 +7,9 @@ import time
 import pytest
 
 from common.config import EngineConfig
+from common.core.batch import SchedulerConfig
 from common.core.block_manager import BlockManager
-from common.core.scheduler import Scheduler, SchedulerConfig
+from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
 from common.runner.output import RunnerOutput
 from common.wire.sampling_params import SamplingParams

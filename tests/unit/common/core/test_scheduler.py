@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from common.core.batch import ScheduledBatch, SchedulerConfig, SeqUpdate
 from common.core.block_manager import BlockManager
-from common.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SeqUpdate
+from common.core.scheduler import Scheduler
 from common.core.sequence import FinishReason, Sequence, SequenceStatus
 from common.runner.output import RunnerOutput
 from common.spec_decode.proposer_speculator import ProposerSpeculator
