@@ -5,7 +5,9 @@ steps split into pure decode steps (CUDA-graph, run ahead) and steps carrying pr
 wall time of each kind, the host time the engine spent outside waiting for the device, the loop's time
 outside `engine.step` (commands, the role's per-step work, the I/O hand-off) and the batch now. Read
 with `benchmarks/engine/offline.py`'s step timings: the same counters, so a served worker's steps
-compare with the offline engine's on the same model. Idle intervals log nothing.
+compare with the offline engine's on the same model. Idle intervals log nothing. In multiplexed mode
+(common/multiplex) the stepper counts each step's wall time as its forward time and does not split
+out the device wait, so there "engine host" is the whole step.
 """
 
 from __future__ import annotations
