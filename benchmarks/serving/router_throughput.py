@@ -49,6 +49,7 @@ from benchmarks.serving.router_fronts import (  # noqa: E402 - after the sys.pat
     start_profiler,
     wait_healthy,
 )
+from benchmarks.serving.serving_stats import percentile  # noqa: E402
 from benchmarks.serving.sse_clients import ClientResult, run_clients  # noqa: E402
 
 # Prompt length of every request (env, so the spawned client processes see it too): admission cost
@@ -170,7 +171,7 @@ def _measure(a: argparse.Namespace, load: Load, ctx, fronts: RouterFronts, worke
 def _summary(a: argparse.Namespace, load: Load, results: list[ClientResult], wall: float, cpu: list) -> dict:
     tokens, chunks = sum(r.tokens for r in results), sum(r.chunks for r in results)
     requests, total_cpu = sum(r.requests for r in results), sum(cpu)
-    ttft = sorted(t for r in results for t in r.ttft_ms)
+    ttft = [t for r in results for t in r.ttft_ms]
     return {
         "api_servers": load.fronts,
         "output_tokens_per_s": tokens / wall,
@@ -183,17 +184,13 @@ def _summary(a: argparse.Namespace, load: Load, results: list[ClientResult], wal
         "router_cpu_cores_per_front": [round(c / wall, 2) for c in cpu],
         "router_cpu_us_per_token": 1e6 * total_cpu / tokens if tokens else 0.0,
         "router_cpu_us_per_request": 1e6 * total_cpu / requests if requests else 0.0,
-        "ttft_ms_p50": _quantile(ttft, 0.50),
-        "ttft_ms_p99": _quantile(ttft, 0.99),
+        "ttft_ms_p50": percentile(ttft, 50),
+        "ttft_ms_p99": percentile(ttft, 99),
         "ttft_ms_mean": sum(ttft) / len(ttft) if ttft else 0.0,
         "wall_s": wall,
         "load": vars(load),
         "args": vars(a),
     }
-
-
-def _quantile(values: list[float], q: float) -> float:
-    return values[min(int(q * len(values)), len(values) - 1)] if values else 0.0
 
 
 def print_summary(summary: dict) -> None:

@@ -45,8 +45,10 @@ class Scheduler:
         self._admit_counter = count()
         self.speculator: Speculator = speculator if speculator is not None else NoSpeculator()
         self._deferred_free: list[Sequence] = []  # finished while a launched step writes their KV
-        factor = config.delay_factor if config.role != "prefill" else 0.0  # a prefill worker never decodes
-        self.admission_delay = AdmissionDelay(factor, config.max_num_batched_tokens)
+        # None: admission is never held (factor 0, the default; a prefill worker, which never decodes).
+        self.admission_delay: AdmissionDelay | None = None
+        if config.delay_factor > 0 and config.role != "prefill":
+            self.admission_delay = AdmissionDelay(config.delay_factor, config.max_num_batched_tokens)
 
     # ---- intake --------------------------------------------------------------------------------
     def validate(self, seq: Sequence) -> None:
@@ -84,18 +86,22 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        now = time.monotonic()
-        self.admission_delay.observe(now)
+        delay = self.admission_delay
+        now = time.monotonic() if delay is not None else 0.0
+        if delay is not None:
+            delay.observe(now)
         budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
         if not batch.preempted and not self._admission_held(now):
             self._admit_waiting(batch, budget)
-        self.admission_delay.record(batch.num_prefill_tokens)
+        if delay is not None:
+            delay.record(batch.num_prefill_tokens)
         return batch
 
     def _admission_held(self, now: float) -> bool:
-        if not self.waiting or not self.running:
+        delay = self.admission_delay
+        if delay is None or not self.waiting or not self.running:
             return False
-        return self.admission_delay.holds(self.waiting, self.waiting.peek(), now)
+        return delay.holds(self.waiting, self.waiting.peek(), now)
 
     def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
         self.speculator.plan(self.running, budget)

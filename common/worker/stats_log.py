@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Totals:
-    timings: dict
     prompt_tokens: int = 0
     generated_tokens: int = 0
     step_s: float = 0.0  # wall time inside engine.step
@@ -37,14 +36,14 @@ class StatsLog:
         self.interval_s = interval_s
         self._timings: StepTimings | None = None  # the engine's counters, from the first record
         self._since = time.perf_counter()
-        self._start = _Totals({})
-        self._now = _Totals({})
+        self._start: dict = {}  # the engine's counters at the start of the interval
+        self._now = _Totals()
 
     def record(self, timings: StepTimings, prompt_tokens: int, generated_tokens: int, step_s: float) -> None:
         """One engine step: `timings` are the engine's cumulative counters after it."""
         if self._timings is None:
             self._timings = timings
-            self._start = _Totals(asdict(timings))
+            self._start = asdict(timings)
         now = self._now
         now.prompt_tokens += prompt_tokens
         now.generated_tokens += generated_tokens
@@ -61,11 +60,11 @@ class StatsLog:
             log.info("%s", self.line(elapsed, load()))
         self._since += elapsed
         if self._timings is not None:
-            self._start = _Totals(asdict(self._timings))
-        self._now = _Totals({})
+            self._start = asdict(self._timings)
+        self._now = _Totals()
 
     def line(self, elapsed: float, load: EngineLoad) -> str:
-        now, start, t = self._now, self._start.timings, asdict(self._timings)
+        now, start, t = self._now, self._start, asdict(self._timings)
         d = {k: t[k] - start.get(k, 0) for k in t if not isinstance(t[k], dict)}
         decode, prompt = int(d["decode_steps"]), int(d["prefill_steps"])
         steps = max(decode + prompt, 1)
