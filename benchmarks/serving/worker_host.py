@@ -1,7 +1,7 @@
 """Host time per engine step of a real mixed worker against the offline engine, on the CPU (issue 26).
 
     python benchmarks/serving/worker_host.py [--num-requests 1024] [--concurrency 256] [--prompt-len 512]
-        [--output-len 128] [--vocab-size 10000] [--repeats 3] [--json PATH]
+        [--output-len 128] [--vocab-size 10000] [--repeats 3] [--worker-io thread process] [--json PATH]
 
 On one H200 the default model's GPU step is about 1 ms, so serving is host-bound, and the worker
 (common/worker/service.py) adds host time per cycle that the offline engine does not have. This measures
@@ -32,11 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.engine.decode_host import EXCLUDED, HOST_PHASES  # noqa: E402
 from benchmarks.serving.worker_host_driver import DriverPlan, drive  # noqa: E402
-from benchmarks.serving.worker_host_phases import WORKER_PHASES, Clocks, Window, gate, thread_cpu_clock  # noqa: E402
+from benchmarks.serving.worker_host_phases import (  # noqa: E402
+    WORKER_PHASES,
+    Clocks,
+    Window,
+    gate,
+    process_cpu_clock,
+    thread_cpu_clock,
+)
 from common.config import EngineConfig  # noqa: E402
 from common.llm_engine import LLMEngine  # noqa: E402
 from common.wire.sampling_params import SamplingParams  # noqa: E402
-from common.worker.config import WorkerConfig  # noqa: E402
+from common.worker.config import WORKER_IO_CHOICES, WorkerConfig  # noqa: E402
 from common.worker.engine_factory import build_engine  # noqa: E402
 from common.worker.service import WorkerService  # noqa: E402
 from decode_worker.role import MixedRole  # noqa: E402
@@ -92,8 +99,9 @@ def run_offline(config: EngineConfig, plan: DriverPlan) -> dict:
     return window.figures or {}
 
 
-def run_worker(config: EngineConfig, plan: DriverPlan) -> dict:
-    """The real WorkerService (mixed role, I/O thread, ZMQ) against the driver process."""
+def run_worker(config: EngineConfig, plan: DriverPlan, worker_io: str) -> dict:
+    """The real WorkerService (mixed role, ZMQ; its sockets on an I/O thread or in a channel process,
+    `worker_io`) against the driver process."""
     spawn = multiprocessing.get_context("spawn")  # no fork of a process that holds torch and threads
     parent, child = spawn.Pipe()
     driver = spawn.Process(target=drive, args=(plan, child), daemon=True)
@@ -101,13 +109,19 @@ def run_worker(config: EngineConfig, plan: DriverPlan) -> dict:
     if not parent.poll(DRIVER_START_S):
         raise RuntimeError("the driver process did not start")
     inbox = parent.recv()
-    service = WorkerService(WorkerConfig("worker-host", inbox, config, host="127.0.0.1"), MixedRole())
+    worker = WorkerConfig("worker-host", inbox, config, host="127.0.0.1", worker_io=worker_io)
+    service = WorkerService(worker, MixedRole())
     clocks = Clocks()
     clocks.instrument_engine(config.kvcache_block_size)
     clocks.instrument_worker(MixedRole)
     try:
         service.start()
-        io_clock = thread_cpu_clock(service.channels._thread.ident)
+        channels = service.channels
+        io_clock = (
+            process_cpu_clock(channels._proc.pid)
+            if worker_io == "process"
+            else thread_cpu_clock(channels._thread.ident)
+        )
         window = Window(clocks, {"main": time.thread_time, "io": io_clock})
         while not service.stopping:
             service.run_once()
@@ -145,7 +159,8 @@ TABLE = (
     + [("engine glue", "engine glue", 1)]
     + [("engine-thread loop besides step", "loop besides step", 0)]
     + [(label, label, depth + 1) for label, depth, _, _ in WORKER_PHASES if label != "loop"]
-    + [("I/O thread CPU", "cpu io", 0), ("io decode", "io decode", 1), ("io encode", "io encode", 1)]
+    + [("I/O thread (or process) CPU", "cpu io", 0)]
+    + [("io decode", "io decode", 1), ("io encode", "io encode", 1)]
     + [("io other (poll, sockets)", "io other", 1)]
     + [("total host", "total host", 0), ("excluded: " + EXCLUDED[0], EXCLUDED[0], 0)]
     + [("excluded: " + EXCLUDED[1], EXCLUDED[1], 0), ("steps in window", "steps", 0)]
@@ -164,11 +179,11 @@ def summarise(runs: list[dict]) -> dict[str, dict[str, float]]:
     }
 
 
-def print_table(offline: dict, worker: dict) -> None:
-    print(f"{'us per engine step (median [min-max])':<40}{'offline':>22}{'worker':>24}")
+def print_table(summary: dict[str, dict]) -> None:
+    print(f"{'us per engine step (median [min-max])':<40}" + "".join(f"{arm:>24}" for arm in summary))
     for title, key, depth in TABLE:
-        cells = [_cell(side.get(key)) for side in (offline, worker)]
-        print(f"{'  ' * depth + title:<40}{cells[0]:>22}{cells[1]:>24}")
+        cells = "".join(f"{_cell(side.get(key)):>24}" for side in summary.values())
+        print(f"{'  ' * depth + title:<40}{cells}")
 
 
 def _cell(s: dict | None) -> str:
@@ -187,6 +202,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--worker-io",
+        nargs="+",
+        choices=WORKER_IO_CHOICES,
+        default=["thread"],
+        help="worker arms: where its sockets run (several: one arm each, alternated)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write every run and the medians here")
     args = ap.parse_args(argv)
     for name in (
@@ -209,7 +231,8 @@ def main(argv=None) -> dict:
     from common.tools.tiny_models import write_tiny_model
 
     plan = DriverPlan(args.num_requests, args.concurrency, args.prompt_len, args.output_len, args.vocab_size)
-    runs: dict[str, list[dict]] = {"offline": [], "worker": []}
+    arms = {f"worker {io}" if len(args.worker_io) > 1 else "worker": io for io in args.worker_io}
+    runs: dict[str, list[dict]] = {"offline": [], **{arm: [] for arm in arms}}
     with tempfile.TemporaryDirectory() as tmp:
         room = args.prompt_len + args.output_len + 1
         model = write_tiny_model(
@@ -218,9 +241,10 @@ def main(argv=None) -> dict:
         config = engine_config(str(model), args)
         for _ in range(args.repeats):
             runs["offline"].append(per_step(run_offline(config, plan)))
-            runs["worker"].append(per_step(run_worker(config, plan)))
+            for arm, io in arms.items():
+                runs[arm].append(per_step(run_worker(config, plan, io)))
     summary = {side: summarise(r) for side, r in runs.items()}
-    print_table(summary["offline"], summary["worker"])
+    print_table(summary)
     result = {"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": summary}
     print(json.dumps({side: {k: round(v["median"], 1) for k, v in s.items()} for side, s in summary.items()}))
     if args.json is not None:

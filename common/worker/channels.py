@@ -118,6 +118,11 @@ class WorkerChannels:
     def publish(self, msg: Message) -> None:
         self._put(EVENTS, msg)
 
+    def send_to(self, destination: str, msg: Message) -> None:
+        """Queue `msg` for an outbox destination as the three above name it (the channel process of
+        `--worker-io process` replays the worker's sends through this)."""
+        self._put(destination, msg)
+
     def hold_wakes(self) -> None:
         """From now until `release_wakes()`, sends queued by this thread wake the I/O thread once, at the
         release. Each wake hands the GIL to the I/O thread for a pass of its loop, which the engine

@@ -23,6 +23,10 @@ from common.net.curve import CurveKeys
 from common.net.flags import Flag, FlagTable, add_log_level
 from common.net.transports import KV_TRANSPORT_CHOICES
 
+# Where the worker's sockets live (common/worker/io_process.py): an I/O thread of the engine process,
+# or a channel process of their own.
+WORKER_IO_CHOICES = ("thread", "process")
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -46,6 +50,7 @@ class WorkerConfig:
     heartbeat_interval_s: float = 0.5
     register_interval_s: float = 2.0
     log_stats_interval_s: float = 10.0  # the periodic stats line (common/worker/stats_log.py); 0: off
+    worker_io: str = "thread"  # WORKER_IO_CHOICES
     model_name: str | None = None
     node_id: str | None = None  # the cluster node the worker runs on (reported at registration)
     curve: CurveKeys | None = field(default=None, repr=False)
@@ -62,6 +67,8 @@ class WorkerConfig:
             raise ValueError(f"host must be an address peers can dial (or 'auto'), got {self.host!r}")
         if self.curve is not None and not isinstance(self.curve, CurveKeys):
             raise ValueError("curve must be CurveKeys or None")
+        if self.worker_io not in WORKER_IO_CHOICES:
+            raise ValueError(f"worker_io must be one of {WORKER_IO_CHOICES}, got {self.worker_io!r}")
         if self.kv_transport not in KV_TRANSPORT_CHOICES:
             raise ValueError(f"kv_transport must be one of {KV_TRANSPORT_CHOICES}, got {self.kv_transport!r}")
         for name in ("kv_lease_s", "kv_fetch_timeout_s", "heartbeat_interval_s", "register_interval_s"):
@@ -105,6 +112,12 @@ WORKER_FLAGS = FlagTable(
             float,
             "seconds between the worker's stats lines (0: none)",
             option="--log-stats-interval",
+        ),
+        Flag(
+            "worker_io",
+            str,
+            "where the worker's sockets run: an I/O thread beside the engine, or a process of their own",
+            WORKER_IO_CHOICES,
         ),
         Flag("model_name", str, "model name reported at registration", option="--served-model-name"),
         Flag("node_id", str, "the cluster node it runs on, shown in /health (Ray: the node id)"),

@@ -26,6 +26,7 @@ from common.worker.channels import BoundAddresses, WorkerChannels
 from common.worker.config import WorkerConfig
 from common.worker.engine_factory import build_engine
 from common.worker.fronts import FrontStatus
+from common.worker.io_process import ChannelSpec, ProcessChannels
 from common.worker.role import WorkerContext, WorkerRole
 from common.worker.stats_log import StatsLog
 
@@ -60,20 +61,21 @@ class WorkerService:
         cfg = self.config
         self.engine = build_engine(cfg.engine)
         host = resolve_host(cfg.host, split_addresses(cfg.router_addr)[0])
-        self.channels = WorkerChannels(
-            cfg.worker_id,
-            cfg.router_addr,
-            host,
-            self.role.publishes_events,
-            cfg.heartbeat_interval_s,
-            cfg.register_interval_s,
-            cfg.curve,
-        )
+        self.channels = self._channels(host)
         addresses = self.channels.start()
         kv_endpoint = self.role.start(WorkerContext(cfg, self.engine, self.channels, host))
         self._post_load()
         self.channels.register(self._registration(host, addresses, kv_endpoint))
         log.info("%s worker %s ready: commands on %s", cfg.role, cfg.worker_id, addresses.command_addr)
+
+    def _channels(self, host: str) -> WorkerChannels | ProcessChannels:
+        cfg = self.config
+        args = (cfg.worker_id, cfg.router_addr, host, self.role.publishes_events)
+        timers = (cfg.heartbeat_interval_s, cfg.register_interval_s)
+        if cfg.worker_io == "process":
+            level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+            return ProcessChannels(ChannelSpec(*args, *timers, level, cfg.curve))
+        return WorkerChannels(*args, *timers, cfg.curve)
 
     def stop(self) -> None:
         """Ask the loop to end (thread- and signal-handler-safe)."""

@@ -5,6 +5,8 @@ its decisions.
   mixed  --prefill 0 --decode 0 --mixed 2: mixed workers alone, every request served whole locally
   never  --prefill 1 --decode 1 --disagg never: the decode worker prefills every prompt itself
   auto   --prefill 1 --decode 0 --mixed 1 --disagg auto: the router picks per request
+  io     --prefill 1 --decode 1 --mixed 1 --worker-io process: every worker's sockets in a channel
+         process of its own (common/worker/io_process.py), hand-offs and local requests both
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ SETUPS = {
     "mixed": ["--prefill", "0", "--decode", "0", "--mixed", "2"],
     "never": ["--prefill", "1", "--decode", "1", "--disagg", "never"],
     "auto": ["--prefill", "1", "--decode", "0", "--mixed", "1", "--disagg", "auto"],
+    "io": ["--prefill", "1", "--decode", "1", "--mixed", "1", "--worker-io", "process"],
 }
 TEXTS = [
     "The capital of France is",
@@ -81,9 +84,12 @@ def test_answers_equal_the_offline_engine_and_decisions_are_counted(cluster, off
 def test_pairs_that_can_hand_off_are_probed_and_sound(cluster) -> None:
     """Without a floor a working pair is measured and not degraded; a cluster without prefill workers
     has no pair to probe (kv_pairs in /health, router/kv_probes.py)."""
-    want = {"mixed": set(), "never": {("prefill-0", "decode-0")}, "auto": {("prefill-0", "mixed-0")}}[
-        cluster.setup
-    ]
+    want = {
+        "mixed": set(),
+        "never": {("prefill-0", "decode-0")},
+        "auto": {("prefill-0", "mixed-0")},
+        "io": {("prefill-0", "decode-0"), ("prefill-0", "mixed-0")},
+    }[cluster.setup]
     deadline = time.monotonic() + 60
     while {(p["prefill"], p["decode"]) for p in cluster.health()["kv_pairs"]} != want:
         assert time.monotonic() < deadline, cluster.health()

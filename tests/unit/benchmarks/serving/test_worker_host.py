@@ -27,7 +27,7 @@ def test_a_tiny_run_reports_every_phase(tmp_path, capsys) -> None:
         "after_iteration",
         "events.flush",
         "post_load",
-        "I/O thread CPU",
+        "I/O thread (or process) CPU",
         "io decode",
         "io encode",
         "total host",
@@ -45,3 +45,13 @@ def test_bad_arguments_are_refused() -> None:
     for bad in (["--concurrency", "0"], ["--num-requests", "-1"], ["--repeats", "0"]):
         with pytest.raises(SystemExit):
             worker_host.parse_args(bad)
+
+
+def test_both_worker_io_arms_serve_every_request() -> None:
+    argv = ["--num-requests", "24", "--concurrency", "8", "--prompt-len", "32", "--output-len", "8"]
+    argv += ["--vocab-size", "512", "--repeats", "1", "--worker-io", "thread", "process"]
+    summary = worker_host.main(argv)["summary"]
+    assert summary.keys() == {"offline", "worker thread", "worker process"}
+    for arm in ("worker thread", "worker process"):
+        assert summary[arm]["requests finished"]["median"] == 24, arm
+        assert summary[arm]["steps"]["median"] > 0, arm

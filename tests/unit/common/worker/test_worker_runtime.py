@@ -16,7 +16,6 @@ from common.config import EngineConfig
 from common.engine_args import add_engine_args, engine_argv, engine_config_from_args, engine_overrides
 from common.net.addresses import resolve_host, split_tcp_address
 from common.net.waker import Waker
-from common.wire.hashing import probe_hash
 from common.wire.messages import (
     Abort,
     PrefillRequest,
@@ -25,7 +24,6 @@ from common.wire.messages import (
     TokenOutput,
     WorkerHeartbeat,
     WorkerRegister,
-    decode,
     encode,
 )
 from common.wire.sampling_params import SamplingParams
@@ -35,6 +33,7 @@ from common.worker.config import WorkerConfig, parse_worker_args
 from common.worker.role import LoadReport
 from common.worker.service import WorkerService
 from prefill_worker.role import PrefillRole
+from tests.helpers.fake_router import receive, registration
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -173,33 +172,6 @@ def test_shutdown_message_stops_the_loop_and_strays_are_ignored() -> None:
 
 
 # ---- channels over real sockets -------------------------------------------------------------------
-
-
-@pytest.fixture
-def router_inbox():
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.LINGER, 0)
-    pull.bind("tcp://127.0.0.1:*")
-    yield pull, pull.getsockopt_string(zmq.LAST_ENDPOINT)
-    pull.close(linger=0)
-    ctx.term()
-
-
-def receive(sock: zmq.Socket, kind: type, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sock.poll(100):
-            msg = decode(sock.recv())
-            if isinstance(msg, kind):
-                return msg
-    raise AssertionError(f"no {kind.__name__} arrived")
-
-
-def registration(command_addr: str, events_addr: str | None) -> WorkerRegister:
-    return WorkerRegister(
-        "p0", "prefill", "127.0.0.1", 1, command_addr, events_addr, {}, 16, probe_hash(16), 8, 64, 64, "m"
-    )
 
 
 def test_channels_register_heartbeat_and_survive_garbage(router_inbox) -> None:
