@@ -78,7 +78,9 @@ def _free(llm: LLM) -> None:
     torch.cuda.empty_cache()
 
 
-def greedy_runs(model: str, prompts, kv_cache_dtype: str, max_tokens: int) -> list[tuple[list[int], list[float]]]:
+def greedy_runs(
+    model: str, prompts, kv_cache_dtype: str, max_tokens: int
+) -> list[tuple[list[int], list[float]]]:
     """Each prompt alone: its greedy tokens and each step's gap between its top two logits."""
     llm = LLM(model, kv_cache_dtype=kv_cache_dtype, max_model_len=4096)
     gaps: list[float] = []
@@ -125,9 +127,16 @@ def speed(model: str, kv_cache_dtype: str, args) -> dict:
     tpot = {rows: decode_tpot(llm, args.context, args.decode_tokens, rows) * 1e3 for rows in (1, 64)}
     _free(llm)
     work = argparse.Namespace(
-        served_set=False, num_seqs=args.num_seqs, input_len=[100, 1024], output_len=[100, 1024], seed=0,
-        engine_kwargs=json.dumps({"kv_cache_dtype": kv_cache_dtype}), enforce_eager=False, dtype="auto",
-        temperature=0.6, quiet=True,
+        served_set=False,
+        num_seqs=args.num_seqs,
+        input_len=[100, 1024],
+        output_len=[100, 1024],
+        seed=0,
+        engine_kwargs=json.dumps({"kv_cache_dtype": kv_cache_dtype}),
+        enforce_eager=False,
+        dtype="auto",
+        temperature=0.6,
+        quiet=True,
     )
     prompts, outputs = make_workload(work)
     offline = run_engine(model, prompts, outputs, work)
@@ -140,7 +149,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--prompts", type=int, default=len(QUESTIONS) + len(MORE_QUESTIONS), help="the first N questions")
+    p.add_argument(
+        "--prompts", type=int, default=len(QUESTIONS) + len(MORE_QUESTIONS), help="the first N questions"
+    )
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--decode-tokens", type=int, default=256)
     p.add_argument("--num-seqs", type=int, default=256)
@@ -152,11 +163,10 @@ def main() -> None:
     runs = {arm: greedy_runs(model, prompts, arm, args.max_tokens) for arm in ARMS}
     result = {"agreement": divergence_stats(runs["auto"], runs["fp8"])}
     a = result["agreement"]
-    runs_dtype = "bf16" if torch.cuda.is_available() else "fp32"  # "auto" on the GPU and on the CPU
     print(
-        f"fp8 vs model-dtype ({runs_dtype}) cache, {a['prompts']} prompts x {args.max_tokens} greedy tokens: "
+        f"fp8 vs model-dtype ('auto') cache, {a['prompts']} prompts x {args.max_tokens} greedy tokens: "
         f"{a['identical']} identical; median first divergence {a['median_first_divergence']}; "
-        f"the {runs_dtype} run's top-2 logit gap there: median "
+        f"the 'auto' run's top-2 logit gap there: median "
         f"{a['median_top2_gap_at_divergence']}, max {a['max_top2_gap_at_divergence']}"
     )
     print("first divergences (None: identical):", a["first_divergences"])
@@ -164,10 +174,9 @@ def main() -> None:
         for arm in ARMS:
             result[arm] = speed(model, arm, args)
             s = result[arm]
-            print(
-                f"kv cache {arm}: TPOT batch 1 {s['tpot_ms_batch1']:.3f} ms, batch 64 {s['tpot_ms_batch64']:.3f} ms "
-                f"at {args.context} context; offline {s['offline_tok_per_s']:,.0f} tok/s ({args.num_seqs} seqs)"
-            )
+            tpot = f"TPOT batch 1 {s['tpot_ms_batch1']:.3f} ms, batch 64 {s['tpot_ms_batch64']:.3f} ms"
+            offline = f"offline {s['offline_tok_per_s']:,.0f} tok/s ({args.num_seqs} seqs)"
+            print(f"kv cache {arm}: {tpot} at {args.context} context; {offline}")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
 

@@ -66,7 +66,9 @@ def cache_shape(
 
 def layer_views(kv_cache: torch.Tensor, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each layer's (k, v) views `[num_blocks, block_size, num_kv_heads, head_dim]` of the engine cache."""
-    return [(kv_cache[0, i, :, :block_size], kv_cache[1, i, :, :block_size]) for i in range(kv_cache.shape[1])]
+    return [
+        (kv_cache[0, i, :, :block_size], kv_cache[1, i, :, :block_size]) for i in range(kv_cache.shape[1])
+    ]
 
 
 def scales_of(view: torch.Tensor) -> torch.Tensor:
@@ -110,11 +112,5 @@ def store(
 
 
 def gather(cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Blocks `blocks` (1-d long) of an fp8 layer view, dequantised: [n, block_size, num_kv_heads, head_dim]."""
+    """Blocks `blocks` (1-d long) of an fp8 layer view, dequantised: [n, block_size, heads, head_dim]."""
     return dequantize(cache.index_select(0, blocks), scales_of(cache).index_select(0, blocks), dtype)
-
-
-def scale_strides(view: torch.Tensor) -> tuple[int, int]:
-    """(block, token) strides, in float32 elements, of `scales_of(view)` (its head stride is 1), for kernels."""
-    scales = scales_of(view)
-    return scales.stride(0), scales.stride(1)

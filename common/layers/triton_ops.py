@@ -267,8 +267,9 @@ def qkv_rope_store(
 ) -> torch.Tensor:
     """From the fused qkv projection [T, (H + 2 Hkv) * D]: q normed+rotated into a new [T, H, D]
     tensor; k normed+rotated and v written straight into their cache slots (slot < 0: skipped).
-    One launch replaces q-rope, k-rope and the KV store (an fp8 cache: quantised, common/attention/kv_fp8.py). With `k_out` ([T, Hkv, D], contiguous, qkv's
-    dtype) the rotated k is also written there, every row, for prefill attention over the step's keys."""
+    One launch replaces q-rope, k-rope and the KV store (an fp8 cache: quantised, see
+    common/attention/kv_fp8.py). With `k_out` ([T, Hkv, D], contiguous, qkv's dtype) the rotated k is
+    also written there, every row, for prefill attention over the step's keys."""
     tokens = qkv.shape[0]
     head_dim = k_cache.shape[-1]
     q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)

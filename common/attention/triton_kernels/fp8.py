@@ -35,7 +35,9 @@ def to_fp8_range(x, scale):
 @triton.jit
 def token_scales(scale_head_ptr, blocks, toks, tok_mask, stride_sb, stride_ss, BLOCK_SIZE: tl.constexpr):
     """Scales of context tokens `toks` (in blocks `blocks`) of one KV head; 0 where masked."""
-    return tl.load(scale_head_ptr + blocks * stride_sb + (toks % BLOCK_SIZE) * stride_ss, mask=tok_mask, other=0.0)
+    return tl.load(
+        scale_head_ptr + blocks * stride_sb + (toks % BLOCK_SIZE) * stride_ss, mask=tok_mask, other=0.0
+    )
 
 
 def scale_args(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple:

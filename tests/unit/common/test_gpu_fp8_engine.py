@@ -48,7 +48,9 @@ def _greedy_with_logits(llm: LLM, prompt: list[int]) -> tuple[list[int], torch.T
     return out[0]["token_ids"], torch.cat(seen)
 
 
-def _compare(ref: tuple[list[int], torch.Tensor], got: tuple[list[int], torch.Tensor]) -> tuple[int | None, float]:
+def _compare(
+    ref: tuple[list[int], torch.Tensor], got: tuple[list[int], torch.Tensor]
+) -> tuple[int | None, float]:
     """(first differing token, worst relative logit error while the contexts are the same); asserts
     that tokens part only where the reference's top two logits are within twice that step's error."""
     first = next((i for i, (a, b) in enumerate(zip(ref[0], got[0], strict=True)) if a != b), None)

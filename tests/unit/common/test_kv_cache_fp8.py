@@ -62,7 +62,9 @@ def _prompts(seed: int = 0) -> list[list[int]]:
 def _run(llm: LLM, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens of one prompt and the logits of every step (prefill, then one per decode step)."""
     seen = record_logits(llm)
-    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
+    out = llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False
+    )
     return out[0]["token_ids"], torch.cat(seen)
 
 
@@ -102,7 +104,9 @@ def test_prefix_cache_hits_read_fp8_blocks(tiny_model_dirs):
     prefix = [rng.randrange(512) for _ in range(80)]
     prompts = [prefix + [rng.randrange(512) for _ in range(n)] for n in (1, 9, 23, 40)]
     greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    cold = LLM(tiny_model_dirs["qwen2"], num_kvcache_blocks=256, kv_cache_dtype="fp8", enable_prefix_caching=False)
+    cold = LLM(
+        tiny_model_dirs["qwen2"], num_kvcache_blocks=256, kv_cache_dtype="fp8", enable_prefix_caching=False
+    )
     expected = [cold.generate([p], greedy, use_tqdm=False)[0]["token_ids"] for p in prompts]
     llm = LLM(tiny_model_dirs["qwen2"], num_kvcache_blocks=256, kv_cache_dtype="fp8")
     first = llm.generate(prompts[:1], greedy, use_tqdm=False)

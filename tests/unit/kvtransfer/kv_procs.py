@@ -44,7 +44,9 @@ class CacheSpec:
         # Magnitudes that differ by token, so every stored vector has its own scale.
         size = (slots.numel(), self.num_kv_heads, self.head_dim)
         for k, v in kv_fp8.layer_views(cache, self.block_size):
-            kv = [torch.randn(size, generator=gen) * torch.rand(size[0], 1, 1, generator=gen) * 8 for _ in "kv"]
+            kv = [
+                torch.randn(size, generator=gen) * torch.rand(size[0], 1, 1, generator=gen) * 8 for _ in "kv"
+            ]
             kv_fp8.store(*kv, k, v, slots)
         return cache.to(self.device)
 

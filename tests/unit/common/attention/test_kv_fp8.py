@@ -28,7 +28,9 @@ def test_round_trip_error_is_within_half_an_fp8_step():
 
 def test_zero_and_bf16_vectors_quantise_without_nan():
     values, scales = kv_fp8.quantize(torch.zeros(3, 2, DIM, dtype=torch.bfloat16))
-    assert torch.equal(kv_fp8.dequantize(values, scales, torch.bfloat16), torch.zeros(3, 2, DIM, dtype=torch.bfloat16))
+    assert torch.equal(
+        kv_fp8.dequantize(values, scales, torch.bfloat16), torch.zeros(3, 2, DIM, dtype=torch.bfloat16)
+    )
     assert (scales == kv_fp8.SCALE_EPS).all()
 
 
@@ -39,13 +41,22 @@ def test_the_flag_maps_to_one_torch_dtype():
         kv_fp8.kv_cache_torch_dtype("int8", torch.bfloat16)
 
 
-@pytest.mark.parametrize("block_size, head_dim, rows", [(16, 32, 2), (16, 64, 1), (16, 128, 1), (256, 64, 16)])
+@pytest.mark.parametrize(
+    "block_size, head_dim, rows", [(16, 32, 2), (16, 64, 1), (16, 128, 1), (256, 64, 16)]
+)
 def test_scale_rows_hold_one_float32_per_token_and_head(block_size, head_dim, rows):
     assert kv_fp8.scale_rows(block_size, head_dim) == rows
     shape = kv_fp8.cache_shape(3, 5, block_size, 4, head_dim, kv_fp8.FP8_DTYPE)
     assert shape == (2, 3, 5, block_size + rows, 4, head_dim)
     assert rows * 4 * head_dim >= block_size * 4 * 4  # room for block_size x 4 heads x 4 bytes
-    assert kv_fp8.cache_shape(3, 5, block_size, 4, head_dim, torch.bfloat16) == (2, 3, 5, block_size, 4, head_dim)
+    assert kv_fp8.cache_shape(3, 5, block_size, 4, head_dim, torch.bfloat16) == (
+        2,
+        3,
+        5,
+        block_size,
+        4,
+        head_dim,
+    )
     with pytest.raises(ValueError, match="head_dim"):
         kv_fp8.scale_rows(16, 30)
 
@@ -69,10 +80,14 @@ def test_a_block_carries_its_scales():
     dst[:, :, 0] = src[:, :, 4]  # block 4 -> block 0, bytes only
     dst_k, dst_v = kv_fp8.layer_views(dst, BLOCK)[1]
     blocks = torch.tensor([0])
-    assert torch.equal(kv_fp8.gather(dst_k, blocks, torch.float32), kv_fp8.gather(k_view, torch.tensor([4]), torch.float32))
+    assert torch.equal(
+        kv_fp8.gather(dst_k, blocks, torch.float32), kv_fp8.gather(k_view, torch.tensor([4]), torch.float32)
+    )
     got = kv_fp8.gather(dst_k, blocks, torch.float32)[0, [1, 7]]
     torch.testing.assert_close(got, k[3:], atol=0, rtol=2**-4)
-    torch.testing.assert_close(kv_fp8.gather(dst_v, blocks, torch.float32)[0, [1, 7]], v[3:], atol=0, rtol=2**-4)
+    torch.testing.assert_close(
+        kv_fp8.gather(dst_v, blocks, torch.float32)[0, [1, 7]], v[3:], atol=0, rtol=2**-4
+    )
 
 
 def _fp8_context(seq_lens, gen) -> tuple[PagedContext, torch.Tensor, torch.Tensor]:
@@ -81,12 +96,18 @@ def _fp8_context(seq_lens, gen) -> tuple[PagedContext, torch.Tensor, torch.Tenso
     ctx = PagedContext(seq_lens, BLOCK, KV_HEADS, DIM, torch.float32, gen, "cpu", spare_blocks=1)
     k32, v32 = ctx.clean_caches()
     num_blocks = k32.shape[0]
-    fp8 = torch.zeros(kv_fp8.cache_shape(1, num_blocks, BLOCK, KV_HEADS, DIM, kv_fp8.FP8_DTYPE), dtype=kv_fp8.FP8_DTYPE)
+    fp8 = torch.zeros(
+        kv_fp8.cache_shape(1, num_blocks, BLOCK, KV_HEADS, DIM, kv_fp8.FP8_DTYPE), dtype=kv_fp8.FP8_DTYPE
+    )
     k8, v8 = kv_fp8.layer_views(fp8, BLOCK)[0]
     slots = torch.arange(num_blocks * BLOCK)
     TorchAttentionBackend().store_kv(k32.flatten(0, 1), v32.flatten(0, 1), k8, v8, slots)
     all_blocks = torch.arange(num_blocks)
-    return ctx, (k8, v8), (kv_fp8.gather(k8, all_blocks, torch.float32), kv_fp8.gather(v8, all_blocks, torch.float32))
+    return (
+        ctx,
+        (k8, v8),
+        (kv_fp8.gather(k8, all_blocks, torch.float32), kv_fp8.gather(v8, all_blocks, torch.float32)),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -107,7 +128,9 @@ def test_torch_backend_reads_fp8_as_its_dequantised_values(dtype):
     q_pre = torch.randn(sum(q_lens), 2 * KV_HEADS, DIM, generator=gen).to(dtype)
     pre_meta = ctx.meta(q_lens, is_decode=False)
     prefill = backend.prefill(q_pre, k8, v8, pre_meta, scale)
-    torch.testing.assert_close(prefill.float(), backend.prefill(q_pre.float(), k_deq, v_deq, pre_meta, scale), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        prefill.float(), backend.prefill(q_pre.float(), k_deq, v_deq, pre_meta, scale), atol=tol, rtol=tol
+    )
     unquantised = backend.prefill(q_pre.float(), *ctx.clean_caches(), pre_meta, scale)
     # N(0, 1) keys and values: each stored element is off by up to 2^-4 of itself (about 2.5% on average),
     # so outputs (weighted means of the values, weights from perturbed scores) move by about as much.

@@ -68,7 +68,10 @@ def test_store_kv_quantises_like_the_reference(block_size, num_kv_heads):
     k[0, 0] = 0.0  # an all-zero head: scale epsilon, zeros stored
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens].to(DEVICE)
     slots[::5] = -1
-    got, want = _fp8_views(num_blocks, block_size, num_kv_heads), _fp8_views(num_blocks, block_size, num_kv_heads)
+    got, want = (
+        _fp8_views(num_blocks, block_size, num_kv_heads),
+        _fp8_views(num_blocks, block_size, num_kv_heads),
+    )
     store_kv(k, v, *got, slots)
     REFERENCE.store_kv(k, v, *want, slots)
     blocks = torch.arange(num_blocks, device=DEVICE)
@@ -76,7 +79,10 @@ def test_store_kv_quantises_like_the_reference(block_size, num_kv_heads):
         torch.testing.assert_close(kv_fp8.scales_of(g), kv_fp8.scales_of(w), atol=0, rtol=1e-6)
         # Division rounding may put an element one e4m3 step (2^-3 relative) from the reference's.
         torch.testing.assert_close(
-            kv_fp8.gather(g, blocks, torch.float32), kv_fp8.gather(w, blocks, torch.float32), atol=1e-6, rtol=2**-3
+            kv_fp8.gather(g, blocks, torch.float32),
+            kv_fp8.gather(w, blocks, torch.float32),
+            atol=1e-6,
+            rtol=2**-3,
         )
     written = torch.zeros(num_blocks * block_size, dtype=torch.bool, device=DEVICE)
     written[slots[slots >= 0]] = True
@@ -96,7 +102,14 @@ def test_prefill_reads_fp8(case, block_size, dtype):
     q = torch.randn(sum(q_lens), 4 * KV_HEADS, HEAD_DIM, generator=gen).to(DEVICE, dtype)
     scale = HEAD_DIM**-0.5
     out = paged_prefill_attention(
-        q, k8, v8, meta.block_tables, meta.query_start_loc, meta.seq_lens, scale, meta.max_query_len,
+        q,
+        k8,
+        v8,
+        meta.block_tables,
+        meta.query_start_loc,
+        meta.seq_lens,
+        scale,
+        meta.max_query_len,
         out=torch.full_like(q, float("nan")),
     )
     _assert_close(out, REFERENCE.prefill(q.float(), k_deq, v_deq, meta, scale))
@@ -128,7 +141,9 @@ def test_backend_forward_stores_then_attends_in_fp8():
     (k8, v8), _ = _fp8_context(ctx)
     (rk8, rv8), _ = _fp8_context(ctx, poison=False)  # the reference masks after reading: no NaN
     meta = ctx.meta([1] * 3, is_decode=True)
-    q, k, v = (torch.randn(3, n * KV_HEADS, HEAD_DIM, generator=gen).to(DEVICE, torch.bfloat16) for n in (4, 1, 1))
+    q, k, v = (
+        torch.randn(3, n * KV_HEADS, HEAD_DIM, generator=gen).to(DEVICE, torch.bfloat16) for n in (4, 1, 1)
+    )
     out = TritonAttentionBackend().forward(q, k, v, k8, v8, meta, HEAD_DIM**-0.5)
     ref = REFERENCE.forward(q, k, v, rk8, rv8, meta, HEAD_DIM**-0.5)
     _assert_close(out, ref)
