@@ -9,6 +9,9 @@ from common.wire.roles import ROLES, Role
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+# "auto": the KV cache holds the model dtype; "fp8": float8_e4m3fn values with a float32 scale per token
+# and KV head (common/attention/kv_fp8.py maps these names to torch dtypes; this module stays torch-free).
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     attention_backend: str = "auto"
+    kv_cache_dtype: str = "auto"  # "fp8": opt-in float8 KV cache (vLLM's --kv-cache-dtype), never the default
     enable_prefix_caching: bool = True
     role: Role = "mixed"
     seed: int = 0
@@ -72,6 +76,7 @@ class EngineConfig:
         _choice("device", self.device, DEVICES)
         _choice("dtype", self.dtype, DTYPES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _choice("role", self.role, ROLES)
         if self.speculative not in (None, "ngram", "draft"):
             raise ValueError(f"speculative must be None, 'ngram' or 'draft', got {self.speculative!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.config import ATTENTION_BACKENDS, DEVICES, DTYPES, EngineConfig
+from common.config import ATTENTION_BACKENDS, DEVICES, DTYPES, KV_CACHE_DTYPES, EngineConfig
 from common.net.flags import Flag, FlagTable
 
 ENGINE_FLAGS = FlagTable(
@@ -32,6 +32,12 @@ ENGINE_FLAGS = FlagTable(
         Flag("device", str, "device", DEVICES),
         Flag("dtype", str, "weight and KV dtype", DTYPES),
         Flag("attention_backend", str, "attention implementation", ATTENTION_BACKENDS),
+        Flag(
+            "kv_cache_dtype",
+            str,
+            "KV cache dtype: auto (the model dtype) or fp8 (float8_e4m3fn, per-token scales)",
+            KV_CACHE_DTYPES,
+        ),
         Flag(
             "enable_prefix_caching",
             None,

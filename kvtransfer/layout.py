@@ -1,8 +1,10 @@
 """Cache layout checks and the block gather/scatter every transport shares.
 
-A block b is `kv_cache[:, :, b]` (all layers, k and v). Gathers and scatters go through the flat view
-`[2 * num_layers, num_blocks, block_elems]`: the same bytes, but torch's index kernels are an order of
-magnitude faster on it than on the 6-d tensor (measured on CPU), and one call moves many blocks.
+A block b is `kv_cache[:, :, b]` (all layers, k and v; with an fp8 cache also the block's scales, which
+live in extra rows of the block, common/attention/kv_fp8.py, so they move wherever the block moves).
+Gathers and scatters go through the flat view `[2 * num_layers, num_blocks, block_elems]`: the same
+bytes, but torch's index kernels are an order of magnitude faster on it than on the 6-d tensor
+(measured on CPU), and one call moves many blocks.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ class CacheLayout:
     def mismatch(self, other: CacheLayout) -> str | None:
         """Why blocks of `other` cannot be copied into blocks of `self`, or None."""
         if self.dtype != other.dtype:
-            return f"dtype mismatch: sender {other.dtype}, receiver {self.dtype}"
+            return (
+                f"dtype mismatch: sender {other.dtype}, receiver {self.dtype} (a prefill and a decode worker "
+                "pair only with the same --dtype and --kv-cache-dtype)"
+            )
         if self != other:
             return (
                 "block shape mismatch [num_layers, block_size, num_kv_heads, head_dim]: "

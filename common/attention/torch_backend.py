@@ -3,7 +3,9 @@
 It gathers each sequence's paged context into a contiguous tensor and calls SDPA. It loops over
 sequences on the host for prefill, so it is a correctness reference, not a fast path on a GPU; on the
 CPU it is the engine's backend, and its bf16 decode keeps float32 contexts across steps
-(`torch_contexts.py`).
+(`torch_contexts.py`). An fp8 cache (`kv_fp8.py`) is quantised on store and dequantised as it is
+gathered, into the compute dtype; its decode does not keep widened contexts (fp8 is a GPU memory
+saving; on the CPU it is a correctness reference).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from common.attention import kv_fp8
 from common.attention.base import AttentionBackend, AttentionMetadata
 from common.attention.torch_contexts import WideContexts, budget_bytes
 from common.wire.blocks import blocks_for
@@ -32,6 +35,9 @@ class TorchAttentionBackend(AttentionBackend):
         slots = slot_mapping if bool(keep.all()) else slot_mapping[keep]
         if not bool(keep.all()):
             k, v = k[keep], v[keep]
+        if kv_fp8.is_fp8(k_cache):
+            kv_fp8.store(k, v, k_cache, v_cache, slots)
+            return
         k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
         v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
 
@@ -46,6 +52,8 @@ class TorchAttentionBackend(AttentionBackend):
         tables = meta.block_tables.long()
         if meta.seq_lens_host:  # gather only the blocks some sequence uses (no device sync needed)
             tables = tables[:, : blocks_for(max(meta.seq_lens_host), k_cache.shape[1])]
+        if kv_fp8.is_fp8(k_cache):
+            return self._decode_fp8(q, k_cache, v_cache, tables, meta, scale)
         if _compute_dtype(q) != q.dtype:
             return self._decode_upcast(q, k_cache, v_cache, tables, meta, scale)
         k = _gather(k_cache, tables).transpose(1, 2)  # [B, Hkv, L, D]
@@ -60,6 +68,22 @@ class TorchAttentionBackend(AttentionBackend):
             enable_gqa=k.shape[1] != q.shape[1],
         )
         return out.squeeze(2)
+
+    def _decode_fp8(self, q, k_cache, v_cache, tables, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """Decode over an fp8 cache: the contexts are dequantised into the compute dtype as gathered."""
+        dtype = _compute_dtype(q)
+        k = _gather_fp8(k_cache, tables, dtype).transpose(1, 2)  # [B, Hkv, L, D]
+        v = _gather_fp8(v_cache, tables, dtype).transpose(1, 2)
+        valid = torch.arange(k.shape[2], device=q.device).unsqueeze(0) < meta.seq_lens.unsqueeze(1)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2).to(dtype),  # [B, H, 1, D]
+            k,
+            v,
+            attn_mask=valid[:, None, None, :],
+            scale=scale,
+            enable_gqa=k.shape[1] != q.shape[1],
+        )
+        return out.squeeze(2).to(q.dtype)
 
     def _decode_upcast(
         self, q, k_cache, v_cache, tables, meta: AttentionMetadata, scale: float
@@ -116,8 +140,8 @@ class TorchAttentionBackend(AttentionBackend):
                 continue
             n_blocks = blocks_for(seq_len, block_size)
             blocks = meta.block_tables[i, :n_blocks].long()
-            k = k_cache[blocks].flatten(0, 1)[:seq_len]
-            v = v_cache[blocks].flatten(0, 1)[:seq_len]
+            k = _context(k_cache, blocks, _compute_dtype(q))[:seq_len]
+            v = _context(v_cache, blocks, _compute_dtype(q))[:seq_len]
             out[q_lo:q_hi] = _causal_attention(q[q_lo:q_hi], k, v, scale)
         return out
 
@@ -126,6 +150,18 @@ def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     """The blocks of `tables` [B, N] as one [B, N * block_size, Hkv, D] context per sequence
     (`index_select` on the flat table copies the same values as `cache[tables]`, in less time)."""
     return cache.index_select(0, tables.flatten()).view(tables.shape[0], -1, *cache.shape[2:])
+
+
+def _gather_fp8(cache: torch.Tensor, tables: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`_gather` of an fp8 cache, dequantised to `dtype`: [B, N * block_size, Hkv, D]."""
+    return kv_fp8.gather(cache, tables.flatten(), dtype).view(tables.shape[0], -1, *cache.shape[2:])
+
+
+def _context(cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One sequence's blocks as [n * block_size, Hkv, D] (an fp8 cache dequantised to `dtype`)."""
+    if kv_fp8.is_fp8(cache):
+        return kv_fp8.gather(cache, blocks, dtype).flatten(0, 1)
+    return cache[blocks].flatten(0, 1)
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

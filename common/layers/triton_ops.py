@@ -2,8 +2,9 @@
 
 Each replaces several eager PyTorch kernels with one launch, which is what decides decode speed
 when every launch costs microseconds: add+RMSNorm (1 instead of ~8), SiLU*mul (1 instead of 3),
-per-head q/k RMSNorm + rotary embedding for q and k together (1 instead of ~20).
-Numerics follow the eager layers: fp32 math, results rounded to the activation dtype.
+per-head q/k RMSNorm + rotary embedding for q and k together (1 instead of ~20; with the KV store,
+`qkv_rope_store`, in triton_qkv.py and re-exported here). Numerics follow the eager layers: fp32
+math, results rounded to the activation dtype.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from common.layers.triton_qkv import qkv_rope_store  # noqa: F401  (re-exported: ops().qkv_rope_store)
 
 
 @triton.jit
@@ -153,134 +156,3 @@ def norm_rope(
             num_warps=1,
         )
     return out
-
-
-@triton.jit
-def _qkv_kernel(
-    qkv_ptr,
-    q_out_ptr,
-    k_out_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    qw_ptr,
-    kw_ptr,
-    cos_ptr,
-    sin_ptr,
-    pos_ptr,
-    stride_t,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    num_heads,
-    num_kv_heads,
-    eps,
-    HEAD_DIM: tl.constexpr,
-    HALF: tl.constexpr,
-    HAS_NORM: tl.constexpr,
-    CACHE_BLOCK: tl.constexpr,
-    K_OUT: tl.constexpr,
-):
-    # One program per (token, head) over q heads, then k heads, then v heads.
-    tok = tl.program_id(0)
-    head = tl.program_id(1)
-    d = tl.arange(0, HALF)
-    src = qkv_ptr + tok * stride_t + head * HEAD_DIM
-    x1 = tl.load(src + d)
-    x2 = tl.load(src + HALF + d)
-    slot = tl.load(slot_ptr + tok).to(tl.int64)
-    cache_off = (slot // CACHE_BLOCK) * stride_cb + (slot % CACHE_BLOCK) * stride_cs
-    if head >= num_heads + num_kv_heads:  # v: straight into the cache
-        dst = v_cache_ptr + cache_off + (head - num_heads - num_kv_heads) * stride_ch
-        keep = (d < HALF) & (slot >= 0)
-        tl.store(dst + d, x1.to(v_cache_ptr.dtype.element_ty), mask=keep)
-        tl.store(dst + HALF + d, x2.to(v_cache_ptr.dtype.element_ty), mask=keep)
-    else:
-        is_q = head < num_heads
-        f1 = x1.to(tl.float32)
-        f2 = x2.to(tl.float32)
-        if HAS_NORM:
-            w_ptr = qw_ptr if is_q else kw_ptr
-            inv = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
-            dt = qkv_ptr.dtype.element_ty
-            f1 = ((f1 * inv).to(dt) * tl.load(w_ptr + d)).to(tl.float32)
-            f2 = ((f2 * inv).to(dt) * tl.load(w_ptr + HALF + d)).to(tl.float32)
-        pos = tl.load(pos_ptr + tok).to(tl.int64)
-        c = tl.load(cos_ptr + pos * HALF + d)
-        s = tl.load(sin_ptr + pos * HALF + d)
-        r1 = (f1 * c - f2 * s).to(qkv_ptr.dtype.element_ty)
-        r2 = (f2 * c + f1 * s).to(qkv_ptr.dtype.element_ty)
-        if is_q:
-            dst = q_out_ptr + (tok * num_heads + head) * HEAD_DIM
-            tl.store(dst + d, r1)
-            tl.store(dst + HALF + d, r2)
-        else:
-            dst = k_cache_ptr + cache_off + (head - num_heads) * stride_ch
-            keep = (d < HALF) & (slot >= 0)
-            tl.store(dst + d, r1.to(k_cache_ptr.dtype.element_ty), mask=keep)
-            tl.store(dst + HALF + d, r2.to(k_cache_ptr.dtype.element_ty), mask=keep)
-            if K_OUT:  # the same rotated k, packed, for attention over the step's own keys
-                k_dst = k_out_ptr + (tok * num_kv_heads + head - num_heads) * HEAD_DIM
-                tl.store(k_dst + d, r1)
-                tl.store(k_dst + HALF + d, r2)
-
-
-def qkv_rope_store(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    q_weight: torch.Tensor | None,
-    k_weight: torch.Tensor | None,
-    eps: float,
-    num_heads: int,
-    num_kv_heads: int,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """From the fused qkv projection [T, (H + 2 Hkv) * D]: q normed+rotated into a new [T, H, D]
-    tensor; k normed+rotated and v written straight into their cache slots (slot < 0: skipped).
-    One launch replaces q-rope, k-rope and the KV store. With `k_out` ([T, Hkv, D], contiguous, qkv's
-    dtype) the rotated k is also written there, every row, for prefill attention over the step's keys."""
-    tokens = qkv.shape[0]
-    head_dim = k_cache.shape[-1]
-    q = torch.empty((tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    if k_out is not None and (
-        k_out.shape != (tokens, num_kv_heads, head_dim)
-        or k_out.dtype != qkv.dtype
-        or not k_out.is_contiguous()
-    ):
-        raise ValueError(
-            f"k_out must be a contiguous {qkv.dtype} [{tokens}, {num_kv_heads}, {head_dim}] tensor"
-        )
-    if tokens:
-        has_norm = q_weight is not None
-        _qkv_kernel[(tokens, num_heads + 2 * num_kv_heads)](
-            qkv,
-            q,
-            k_out if k_out is not None else q,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            q_weight if has_norm else qkv,
-            k_weight if has_norm else qkv,
-            cos,
-            sin,
-            positions,
-            qkv.stride(0),
-            k_cache.stride(0),
-            k_cache.stride(1),
-            k_cache.stride(2),
-            num_heads,
-            num_kv_heads,
-            eps,
-            HEAD_DIM=head_dim,
-            HALF=head_dim // 2,
-            HAS_NORM=has_norm,
-            CACHE_BLOCK=k_cache.shape[1],
-            K_OUT=k_out is not None,
-            num_warps=1,
-        )
-    return q

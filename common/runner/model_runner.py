@@ -8,6 +8,7 @@ import torch
 
 from common.attention import create_backend, resolve_backend_name
 from common.attention.context import ForwardContext, set_forward_context
+from common.attention.kv_fp8 import kv_cache_torch_dtype
 from common.config import EngineConfig
 from common.core.sequence import Sequence
 from common.device import DevicePlatform
@@ -66,6 +67,7 @@ class ModelRunner:
         self.platform = platform
         self.device = platform.torch_device
         self.dtype = platform.resolve_dtype(config.dtype, model_config.torch_dtype)
+        self.kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype)
         self.block_size = config.kvcache_block_size
         self.backend_name = resolve_backend_name(config.attention_backend, platform.type)
         self.sampler = Sampler()
@@ -167,7 +169,7 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_block(self) -> int:
-        return kv_bytes_per_block(self.model_config, self.config, self.dtype)
+        return kv_bytes_per_block(self.model_config, self.config, self.kv_dtype)
 
     def num_blocks_for_memory(self) -> int:
         """How many KV blocks fit (common/runner/kv_cache.py); a worker's runner overrides it."""
@@ -178,7 +180,7 @@ class ModelRunner:
         if self.tp is not None:  # block ids must mean the same slots on every rank
             num_blocks = self.tp.agree_num_blocks(num_blocks)
         self.kv_cache = allocate_kv_cache(
-            self.model, self.config, self.model_config, num_blocks, self.dtype, self.device
+            self.model, self.config, self.model_config, num_blocks, self.kv_dtype, self.device
         )
 
     @property

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from common.attention import kv_fp8
+from common.attention.triton_kernels.fp8 import scale_args, token_scales
 from common.layers.pdl import pdl_enabled, pdl_wait
 from common.layers.split_arrival import ArrivalCounters, arrive, depart
 
@@ -50,6 +52,8 @@ def _decode_kernel(
     lse_ptr,
     counter_ptr,
     order_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     qk_scale,
     num_splits,
     stride_qb,
@@ -60,6 +64,8 @@ def _decode_kernel(
     stride_bt,
     stride_ob,
     stride_oh,
+    stride_sb,
+    stride_ss,
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,
@@ -72,6 +78,7 @@ def _decode_kernel(
     BLOCK_S: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,  # launched as a programmatic dependent (common/layers/pdl.py)
+    FP8: tl.constexpr,  # an fp8 cache: per-token scales at k/v_scale_ptr (fp8.py)
 ):
     # Everything this kernel reads (q, the KV cache just stored, lengths) may come from the previous
     # kernels, and the counters are shared: nothing before the wait.
@@ -105,11 +112,16 @@ def _decode_kernel(
         stride_cb,
         stride_cs,
         dim_mask,
+        k_scale_ptr + kvh,
+        v_scale_ptr + kvh,
+        stride_sb,
+        stride_ss,
         BLOCK_SIZE,
         TILE_N,
         GROUP_P,
         BLOCK_D,
         DOT_PRECISION,
+        FP8,
     )
     # Splits that start past the end hold nothing: they neither write nor arrive. A sequence that
     # fits in one split skips the merge: its split writes the output directly.
@@ -150,14 +162,20 @@ def _attend(
     stride_cb,
     stride_cs,
     dim_mask,
+    k_scale_head_ptr,
+    v_scale_head_ptr,
+    stride_sb,
+    stride_ss,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     GROUP_P: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """Online softmax of q's rows over context tokens [start, end) of one KV head: the normalised
-    output [GROUP_P, BLOCK_D] (fp32) and its log2-sum-exp [GROUP_P]; zeros and -inf when empty."""
+    output [GROUP_P, BLOCK_D] (fp32) and its log2-sum-exp [GROUP_P]; zeros and -inf when empty.
+    FP8: each token's key scale multiplies its scores and its value scale its softmax weights."""
     m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
@@ -171,13 +189,21 @@ def _attend(
         kv_mask = tok_mask[:, None] & dim_mask[None, :]
         k = tl.load(k_head_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if FP8:
+            k_sc = token_scales(k_scale_head_ptr, blocks, toks, tok_mask, stride_sb, stride_ss, BLOCK_SIZE)
+            s = s * k_sc[None, :]
         s = tl.where(tok_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_head_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+        if FP8:
+            v_sc = token_scales(v_scale_head_ptr, blocks, toks, tok_mask, stride_sb, stride_ss, BLOCK_SIZE)
+            pv = (p * v_sc[None, :]).to(q.dtype)
+        else:
+            pv = p.to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PRECISION)
         m_i = m_new
     has_any = l_i > 0.0
     out = tl.where(has_any[:, None], acc / tl.where(has_any, l_i, 1.0)[:, None], 0.0)
@@ -224,6 +250,8 @@ def paged_decode_attention(
     One launch. Never synchronises with the host; scratch is allocated from host-known shapes only,
     so the call can be captured in a CUDA graph (the capture's memory pool then owns the scratch).
     The arrival counters are allocated outside capture only: make the same call once before capturing.
+    An fp8 cache (kv_fp8.layer_views) is read with its scales, which live in the cache's own blocks, so a
+    captured graph reads them at fixed addresses like the values.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -235,6 +263,7 @@ def paged_decode_attention(
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
     pdl = pdl_enabled(q.device)
+    k_scales, v_scales, stride_sb, stride_ss = scale_args(k_cache, v_cache)
     if num_splits == 1:  # the one split writes the output itself: no scratch, no counters
         part = lse = counters = out
     else:
@@ -252,6 +281,8 @@ def paged_decode_attention(
         lse,
         counters,
         order if order is not None else seq_lens,
+        k_scales,
+        v_scales,
         scale * _LOG2E,
         num_splits,
         q.stride(0),
@@ -261,10 +292,13 @@ def paged_decode_attention(
         k_cache.stride(2),
         block_tables.stride(0),
         *out.stride()[:2],
+        stride_sb,
+        stride_ss,
         NUM_KV_HEADS=num_kv_heads,
         ORDERED=order is not None,
         MERGE=num_splits > 1,
         PDL=pdl,
+        FP8=kv_fp8.is_fp8(k_cache),
         launch_pdl=pdl,
         BLOCK_S=triton.next_power_of_2(num_splits),
         **_constants(q, k_cache, num_heads // num_kv_heads, head_dim),

@@ -8,7 +8,8 @@ is known on the host without reading any device tensor.
 
 Keys and values (the cached prefix and this step's tokens, already stored) are read through the block
 table, one token-row gather per tile. Key tiles entirely below the tile's first query position need no
-causal mask and run in a cheaper loop; only the tiles that cross the diagonal are masked.
+causal mask and run in a cheaper loop; only the tiles that cross the diagonal are masked. An fp8 cache
+(cached prefix and new tokens alike) is read with its per-token scales (fp8.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from common.attention import kv_fp8
+from common.attention.triton_kernels.fp8 import scale_args, token_scales
 
 _LOG2E = 1.4426950408889634
 
@@ -52,10 +56,15 @@ def _attend_tiles(
     stride_cs,
     dims,
     dim_mask,
+    k_scale_head_ptr,
+    v_scale_head_ptr,
+    stride_sb,
+    stride_ss,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """Online-softmax update of (acc, m_i, l_i) over keys [kv_lo, kv_hi); scores are in log2 units."""
     for start in range(kv_lo, kv_hi, BLOCK_N):
@@ -66,11 +75,15 @@ def _attend_tiles(
             kv_mask = tok_mask[:, None] & dim_mask[None, :]
         else:
             # Tiles below the diagonal lie wholly inside the context: no per-token predicates.
+            tok_mask = toks < kv_hi  # (read by the fp8 scale loads only; all true here)
             blocks = tl.load(table + toks // BLOCK_SIZE).to(tl.int64)
             kv_mask = dim_mask[None, :]
         kv_off = blocks[:, None] * stride_cb + (toks % BLOCK_SIZE)[:, None] * stride_cs + dims[None, :]
         k = tl.load(k_base + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if FP8:
+            k_sc = token_scales(k_scale_head_ptr, blocks, toks, tok_mask, stride_sb, stride_ss, BLOCK_SIZE)
+            s = s * k_sc[None, :]
         if CAUSAL_MASK:
             s = tl.where((toks[None, :] <= pos[:, None]) & tok_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -78,7 +91,12 @@ def _attend_tiles(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+        if FP8:
+            v_sc = token_scales(v_scale_head_ptr, blocks, toks, tok_mask, stride_sb, stride_ss, BLOCK_SIZE)
+            pv = (p * v_sc[None, :]).to(q.dtype)
+        else:
+            pv = p.to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -93,6 +111,8 @@ def _prefill_kernel(
     query_start_loc_ptr,
     seq_lens_ptr,
     out_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     qk_scale,
     num_seqs,
     stride_qt,
@@ -103,6 +123,8 @@ def _prefill_kernel(
     stride_bt,
     stride_ot,
     stride_oh,
+    stride_sb,
+    stride_ss,
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
@@ -110,6 +132,7 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP8: tl.constexpr,  # an fp8 cache: per-token scales at k/v_scale_ptr (fp8.py)
 ):
     # Launch order runs the heaviest (last, longest-context) tiles of each sequence first: a shorter tail.
     tile = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -139,6 +162,8 @@ def _prefill_kernel(
     table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_base = k_cache_ptr + (head // GROUP) * stride_ch
     v_base = v_cache_ptr + (head // GROUP) * stride_ch
+    k_scale_base = k_scale_ptr + head // GROUP
+    v_scale_base = v_scale_ptr + head // GROUP
     # Keys before the tile's first query position are visible to every row of the tile.
     full_end = ((ctx_before + m0 + 1) // BLOCK_N) * BLOCK_N
     kv_end = tl.minimum(seq_len, ctx_before + m0 + BLOCK_M)
@@ -158,10 +183,15 @@ def _prefill_kernel(
         stride_cs,
         dims,
         dim_mask,
+        k_scale_base,
+        v_scale_base,
+        stride_sb,
+        stride_ss,
         BLOCK_SIZE,
         BLOCK_N,
         False,
         DOT_PRECISION,
+        FP8,
     )
     acc, m_i, l_i = _attend_tiles(
         acc,
@@ -179,10 +209,15 @@ def _prefill_kernel(
         stride_cs,
         dims,
         dim_mask,
+        k_scale_base,
+        v_scale_base,
+        stride_sb,
+        stride_ss,
         BLOCK_SIZE,
         BLOCK_N,
         True,
         DOT_PRECISION,
+        FP8,
     )
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     o_ptrs = out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + dims[None, :]
@@ -225,6 +260,7 @@ def paged_prefill_attention(
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
     cfg = config or prefill_config(head_dim, q.element_size(), max_query_len)
+    k_scales, v_scales, stride_sb, stride_ss = scale_args(k_cache, v_cache)
     grid = (num_tokens // cfg["BLOCK_M"] + num_seqs, num_heads)
     _prefill_kernel[grid](
         q,
@@ -234,6 +270,8 @@ def paged_prefill_attention(
         query_start_loc,
         seq_lens,
         out,
+        k_scales,
+        v_scales,
         scale * _LOG2E,
         num_seqs,
         q.stride(0),
@@ -244,11 +282,14 @@ def paged_prefill_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
+        stride_sb,
+        stride_ss,
         HEAD_DIM=head_dim,
         GROUP=num_heads // k_cache.shape[2],
         BLOCK_SIZE=k_cache.shape[1],
         BLOCK_D=triton.next_power_of_2(head_dim),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        FP8=kv_fp8.is_fp8(k_cache),
         **cfg,
     )
     return out

@@ -27,10 +27,28 @@ class CacheSpec:
     device: str = "cpu"
 
     def make(self) -> torch.Tensor:
-        """The same random cache in every process (seeded CPU generator, then cast and moved)."""
+        """The same random cache in every process (seeded CPU generator, then cast and moved). dtype
+        "fp8": an engine fp8 cache (scale rows included) whose every slot was stored by `kv_fp8.store`."""
         gen = torch.Generator().manual_seed(self.seed)
+        if self.dtype == "fp8":
+            return self._make_fp8(gen)
         shape = (2, self.num_layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         return torch.randn(shape, generator=gen).to(DTYPES[self.dtype]).to(self.device)
+
+    def _make_fp8(self, gen: torch.Generator) -> torch.Tensor:
+        from common.attention import kv_fp8
+
+        dims = (self.num_layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        cache = torch.zeros(kv_fp8.cache_shape(*dims, kv_fp8.FP8_DTYPE), dtype=kv_fp8.FP8_DTYPE)
+        slots = torch.arange(self.num_blocks * self.block_size)
+        # Magnitudes that differ by token, so every stored vector has its own scale.
+        size = (slots.numel(), self.num_kv_heads, self.head_dim)
+        for k, v in kv_fp8.layer_views(cache, self.block_size):
+            kv = [
+                torch.randn(size, generator=gen) * torch.rand(size[0], 1, 1, generator=gen) * 8 for _ in "kv"
+            ]
+            kv_fp8.store(*kv, k, v, slots)
+        return cache.to(self.device)
 
     def with_(self, **kw) -> CacheSpec:
         return replace(self, **kw)
