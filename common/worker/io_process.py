@@ -20,6 +20,7 @@ either. Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -189,10 +190,8 @@ class ProcessChannels:
         """Send what is pending, close the pair (the child then closes its sockets) and reap it."""
         if self._proc is None or self._conn is None:
             return
-        try:
+        with contextlib.suppress(ChannelProcessDied):  # closing anyway
             self._flush()
-        except ChannelProcessDied:
-            pass  # closing anyway
         with self._lock:
             self._conn.close()
         try:
