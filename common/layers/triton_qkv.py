@@ -73,14 +73,16 @@ def _qkv_kernel(
         s = tl.load(sin_ptr + pos * HALF + d)
         r1 = (f1 * c - f2 * s).to(qkv_ptr.dtype.element_ty)
         r2 = (f2 * c + f1 * s).to(qkv_ptr.dtype.element_ty)
+        # The two branches name their destinations apart: Triton types a name across the branches of a
+        # runtime `if`, and an fp8 cache row is not a bf16 pointer.
         if is_q:
-            dst = q_out_ptr + (tok * num_heads + head) * HEAD_DIM
-            tl.store(dst + d, r1)
-            tl.store(dst + HALF + d, r2)
+            q_dst = q_out_ptr + (tok * num_heads + head) * HEAD_DIM
+            tl.store(q_dst + d, r1)
+            tl.store(q_dst + HALF + d, r2)
         else:
             kvh = head - num_heads
-            dst = k_cache_ptr + cache_off + kvh * stride_ch
-            _store_head(dst, k_scale_ptr + scale_off + kvh, r1, r2, slot >= 0, HALF, FP8)
+            cache_dst = k_cache_ptr + cache_off + kvh * stride_ch
+            _store_head(cache_dst, k_scale_ptr + scale_off + kvh, r1, r2, slot >= 0, HALF, FP8)
             if K_OUT:  # the same rotated k, packed, for attention over the step's own keys
                 k_dst = k_out_ptr + (tok * num_kv_heads + kvh) * HEAD_DIM
                 tl.store(k_dst + d, r1)
