@@ -53,11 +53,6 @@ def default_api_servers(cores: int) -> int:
     return max(1, min(MAX_DEFAULT_FRONTS, cores // CORES_PER_FRONT))
 
 
-def host_cores() -> int:
-    """Cores this process may run on (its affinity, which a container's CPU set narrows)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @dataclass
 class Front:
     index: int

@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from common.engine_args import add_engine_args, engine_overrides
+from common.host import host_cores
 from common.net.curve import CurveKeys
 from common.net.flags import add_log_level
 from deploy.base import WorkerBackend, WorkerHandle
-from deploy.fronts import Front, Fronts, default_api_servers, host_cores
+from deploy.fronts import Front, Fronts, default_api_servers
 from deploy.passthrough import (
     ROUTER_PASSTHROUGH,
     WORKER_PASSTHROUGH,

@@ -24,8 +24,20 @@ from common.net.flags import Flag, FlagTable, add_log_level
 from common.net.transports import KV_TRANSPORT_CHOICES
 
 # Where the worker's sockets live (common/worker/io_process.py): an I/O thread of the engine process,
-# or a channel process of their own.
-WORKER_IO_CHOICES = ("thread", "process")
+# a channel process of their own, or "auto": the process where the worker may use at least
+# PROCESS_IO_MIN_CORES cores. Measured on the H200 host (16 cores, docs/benchmarks.md): the process
+# served 1.22x the thread's tokens/s; on a 2-core box the extra process competes with the engine.
+WORKER_IO_CHOICES = ("auto", "thread", "process")
+PROCESS_IO_MIN_CORES = 4
+
+
+def resolve_worker_io(choice: str, cores: int) -> str:
+    """ "thread" or "process" for a `worker_io` choice on a host with `cores` usable cores."""
+    if choice not in WORKER_IO_CHOICES:
+        raise ValueError(f"worker_io must be one of {WORKER_IO_CHOICES}, got {choice!r}")
+    if choice != "auto":
+        return choice
+    return "process" if cores >= PROCESS_IO_MIN_CORES else "thread"
 
 
 @dataclass(frozen=True)
@@ -50,7 +62,7 @@ class WorkerConfig:
     heartbeat_interval_s: float = 0.5
     register_interval_s: float = 2.0
     log_stats_interval_s: float = 10.0  # the periodic stats line (common/worker/stats_log.py); 0: off
-    worker_io: str = "thread"  # WORKER_IO_CHOICES
+    worker_io: str = "auto"  # WORKER_IO_CHOICES
     model_name: str | None = None
     node_id: str | None = None  # the cluster node the worker runs on (reported at registration)
     curve: CurveKeys | None = field(default=None, repr=False)
@@ -116,7 +128,8 @@ WORKER_FLAGS = FlagTable(
         Flag(
             "worker_io",
             str,
-            "where the worker's sockets run: an I/O thread beside the engine, or a process of their own",
+            "where the worker's sockets run: an I/O thread beside the engine, a process of their own, or "
+            f"auto (a process where the worker may use >= {PROCESS_IO_MIN_CORES} cores)",
             WORKER_IO_CHOICES,
         ),
         Flag("model_name", str, "model name reported at registration", option="--served-model-name"),

@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 
+from common.host import host_cores
 from common.net.addresses import resolve_host, split_addresses
 from common.wire import request_log
 from common.wire.cache_messages import SnapshotRequest
@@ -23,7 +24,7 @@ from common.wire.messages import Abort, Message, Shutdown, WorkerRegister, WorkR
 from common.wire.probe_messages import KVProbe, KVProbeRequest
 from common.worker.aborts import AbortBook
 from common.worker.channels import BoundAddresses, WorkerChannels
-from common.worker.config import WorkerConfig
+from common.worker.config import WorkerConfig, resolve_worker_io
 from common.worker.engine_factory import build_engine
 from common.worker.fronts import FrontStatus
 from common.worker.io_process import ChannelSpec, ProcessChannels
@@ -72,7 +73,9 @@ class WorkerService:
         cfg = self.config
         args = (cfg.worker_id, cfg.router_addr, host, self.role.publishes_events)
         timers = (cfg.heartbeat_interval_s, cfg.register_interval_s)
-        if cfg.worker_io == "process":
+        io = resolve_worker_io(cfg.worker_io, host_cores())
+        log.info("worker I/O: %s (--worker-io %s)", io, cfg.worker_io)
+        if io == "process":
             level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
             return ProcessChannels(ChannelSpec(*args, *timers, level, cfg.curve))
         return WorkerChannels(*args, *timers, cfg.curve)

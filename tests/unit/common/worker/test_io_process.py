@@ -28,7 +28,7 @@ from common.wire.messages import (
     encode,
 )
 from common.wire.sampling_params import SamplingParams
-from common.worker.config import WorkerConfig
+from common.worker.config import WorkerConfig, resolve_worker_io
 from common.worker.io_process import ChannelProcessDied, ChannelSpec, ProcessChannels
 from common.worker.role import LoadReport
 from tests.helpers.fake_router import receive, registration
@@ -124,6 +124,13 @@ def test_sockets_that_cannot_be_set_up_fail_the_start(router_inbox) -> None:
     with pytest.raises(ValueError, match="cannot set up the worker's sockets"):
         channels.start()
     channels.close()
+
+
+def test_auto_worker_io_takes_a_process_only_with_cores_to_spare() -> None:
+    assert resolve_worker_io("auto", 16) == "process" and resolve_worker_io("auto", 2) == "thread"
+    assert resolve_worker_io("thread", 16) == "thread" and resolve_worker_io("process", 1) == "process"
+    with pytest.raises(ValueError, match="worker_io"):
+        resolve_worker_io("fiber", 4)
 
 
 def test_worker_io_is_validated() -> None:
