@@ -24,6 +24,7 @@ from common.wire.handoff import HandOff
 
 from .base import KVReceiver, KVSender, Release, TransferResult
 from .config import KVTransferConfig, resolve_transport
+from .layout import CacheLayout
 from .registry import create_receiver, create_sender
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,9 @@ class _TransportSet(ABC):
         log.info("KV %s: %s", self.kind, ", ".join(self._endpoints))
 
     def summary(self) -> dict:
-        """What a worker's registration says about its KV side (the router treats it as opaque)."""
-        return {"transports": list(self._endpoints)}
+        """What a worker's registration says about its KV side: its transports, and its cache dtype
+        (the router admits one per cluster: blocks of another dtype cannot be handed off)."""
+        return {"transports": list(self._endpoints), "kv_dtype": CacheLayout.of(self.kv_cache).dtype}
 
     def close(self) -> None:
         for endpoint in self._endpoints.values():

@@ -3,8 +3,10 @@
 Invariants:
 - Every registered worker passed the parity check: its block size equals the cluster's (fixed by
   `--block-size` or by the first accepted worker) and its probe hash equals `probe_hash(block_size)`
-  computed here, so router and worker hash blocks identically. Rejected workers are remembered (for
-  /health and /debug) but never routed to.
+  computed here, so router and worker hash blocks identically; a worker that names its KV cache dtype
+  (`kv_endpoint["kv_dtype"]`) names the cluster's (the first accepted worker's), so every prefill
+  worker's blocks fit every decode worker's cache (fp8 and bf16 caches cannot hand off). Rejected
+  workers are remembered (for /health and /debug) but never routed to.
 - A worker is LIVE while its last message (register or heartbeat) is younger than `heartbeat_timeout`
   on the router's monotonic clock (worker clocks are not trusted), DOWN otherwise.
 - Load figures combine the last heartbeat with what the router dispatched since (see `LoadTracker`).
@@ -81,6 +83,7 @@ class WorkerRegistry:
         self.heartbeat_timeout = heartbeat_timeout
         self.disagg = check_mode(disagg)
         self.block_size = block_size
+        self.kv_dtype: str | None = None  # the KV cache dtype of the first accepted worker naming one
         self.loads = LoadTracker()
         self._workers: dict[str, WorkerInfo] = {}
         self.rejected: dict[str, str] = {}  # worker id -> why
@@ -93,6 +96,8 @@ class WorkerRegistry:
         self.rejected.pop(reg.worker_id, None)
         if self.block_size is None:
             self.block_size = reg.block_size
+        if self.kv_dtype is None:
+            self.kv_dtype = reg.kv_endpoint.get("kv_dtype")
         old = self._workers.get(reg.worker_id)
         if old is not None and old.reg == reg:
             old.last_seen, old.state = now, WorkerState.LIVE
@@ -109,6 +114,12 @@ class WorkerRegistry:
             return str(e)
         if reg.probe_hash != expected:
             return f"probe_hash {reg.probe_hash} != {expected}: the worker hashes blocks differently"
+        kv_dtype = reg.kv_endpoint.get("kv_dtype")
+        if kv_dtype is not None and self.kv_dtype is not None and kv_dtype != self.kv_dtype:
+            return (
+                f"KV cache dtype {kv_dtype} != the cluster's {self.kv_dtype}: every worker needs the same "
+                "--dtype and --kv-cache-dtype"
+            )
         return ""
 
     def heartbeat(self, hb: WorkerHeartbeat, now: float) -> HeartbeatOutcome:

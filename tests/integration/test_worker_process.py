@@ -1,10 +1,12 @@
 """One worker process (`python -m {prefill,decode}_worker`, tiny random model) against a stand-in router
 inbox: registration and its parity fields, heartbeats, snapshots, garbage on the command socket, a
 mixed worker generating over its real command socket, and a clean exit (status 0) on Shutdown and on
-SIGTERM."""
+SIGTERM; with `--worker-io process`, the same generation through the channel process, and a worker
+whose channel process dies exits instead of serving deaf."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -46,7 +48,9 @@ def inbox():
     ctx.term()
 
 
-def start_worker(module: str, model: str, router_addr: str, role: str | None = None) -> subprocess.Popen:
+def start_worker(
+    module: str, model: str, router_addr: str, role: str | None = None, *extra: str
+) -> subprocess.Popen:
     role = role or module
     cmd = [sys.executable, "-m", f"{module}_worker", "--model", model, "--router-addr", router_addr]
     cmd += [
@@ -58,6 +62,7 @@ def start_worker(module: str, model: str, router_addr: str, role: str | None = N
         "16",
         "--log-level",
         "warning",
+        *extra,
     ]
     return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -80,7 +85,7 @@ def test_decode_worker_registers_and_exits_on_shutdown(tiny_model_dirs, inbox) -
         reg = receive(pull, WorkerRegister, proc)
         assert (reg.worker_id, reg.role, reg.pid, reg.events_addr) == ("decode-x", "decode", proc.pid, None)
         assert reg.block_size == 16 and reg.probe_hash == probe_hash(16) and reg.num_kv_blocks == 16
-        assert reg.kv_endpoint == {"transports": ["tcp"]}
+        assert reg.kv_endpoint == {"transports": ["tcp"], "kv_dtype": "float32"}  # the CPU default dtype
         assert receive(pull, WorkerHeartbeat, proc).num_total_blocks == 16
         assert (
             receive(pull, WorkerRegister, proc, timeout=5) == reg
@@ -135,6 +140,43 @@ def test_mixed_worker_generates_over_its_command_socket(tiny_model_dirs, inbox) 
         assert set(block_hashes(prompt, 16)) <= set(receive(pull, Snapshot, proc).hashes)
         push.send(encode(Shutdown("test over")))
         assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def channel_process(worker: subprocess.Popen) -> int:
+    """The pid of the worker's channel process (its child running common.worker.io_child)."""
+    with open(f"/proc/{worker.pid}/task/{worker.pid}/children") as f:
+        for pid in map(int, f.read().split()):
+            with open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                if b"common.worker.io_child" in cmd.read():
+                    return pid
+    raise AssertionError("the worker runs no channel process")
+
+
+def test_a_process_io_worker_generates_and_exits_when_its_channel_dies(
+    tiny_model_dirs, inbox
+) -> None:
+    pull, push = inbox
+    model = tiny_model_dirs["qwen2"]
+    addr = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+    proc = start_worker("decode", model, addr, "mixed", "--worker-io", "process")
+    try:
+        reg = receive(pull, WorkerRegister, proc)
+        push.connect(reg.command_addr)
+        prompt = [(i * 29 + 5) % 500 for i in range(33)]
+        params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+        push.send(encode(GenerateRequest("p1", prompt, params, None)))
+        outs: list[TokenOutput] = []
+        while not outs or outs[-1].finish_reason is None:
+            msg = receive(pull, (TokenOutput, TokenBatch), proc)
+            outs += msg.outputs() if isinstance(msg, TokenBatch) else [msg]
+        expected = LLM(model, num_kvcache_blocks=16).generate([prompt], params, use_tqdm=False)
+        assert [t for o in outs for t in o.token_ids] == expected[0]["token_ids"]
+        os.kill(channel_process(proc), signal.SIGKILL)
+        assert proc.wait(timeout=20) != 0  # a worker that cannot hear or answer the router must go
+        assert "channel process is gone" in proc.stdout.read()
     finally:
         proc.kill()
         proc.wait()

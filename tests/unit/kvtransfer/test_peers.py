@@ -61,7 +61,8 @@ def peers():
 
 def test_blocks_move_and_the_publication_is_released(peers) -> None:
     senders, receivers, src, dst = peers
-    assert senders.summary() == receivers.summary() == {"transports": ["tcp"]}
+    dtype = str(src.dtype).removeprefix("torch.")
+    assert senders.summary() == receivers.summary() == {"transports": ["tcp"], "kv_dtype": dtype}
     handoff = senders.publish("r1", "tcp://127.0.0.1:9", [3, 5])
     assert (handoff.transport, handoff.request_id, handoff.num_blocks) == ("tcp", "r1", 2)
     assert receivers.fetch(handoff, [10, 0]) is None

@@ -51,6 +51,19 @@ def test_parity_check_rejects_mismatches() -> None:
     assert huge.outcome is RegistrationOutcome.REJECTED and "probe" in huge.reason
 
 
+def test_one_kv_cache_dtype_per_cluster() -> None:
+    reg = WorkerRegistry(heartbeat_timeout=5)
+    assert reg.register(_reg("p0", kv_endpoint={"transports": ["tcp"]}), 0).outcome is RegistrationOutcome.NEW
+    assert reg.kv_dtype is None  # a worker that names no dtype fixes none
+    bf16 = {"transports": ["tcp"], "kv_dtype": "bfloat16"}
+    assert reg.register(_reg("d0", role="decode", kv_endpoint=bf16), 0).outcome is RegistrationOutcome.NEW
+    assert reg.kv_dtype == "bfloat16"
+    fp8 = reg.register(_reg("d1", role="decode", kv_endpoint={"kv_dtype": "float8_e4m3fn"}), 0)
+    assert fp8.outcome is RegistrationOutcome.REJECTED
+    assert "float8_e4m3fn" in fp8.reason and "--kv-cache-dtype" in fp8.reason
+    assert reg.register(_reg("d2", role="decode", kv_endpoint=bf16), 0).outcome is RegistrationOutcome.NEW
+
+
 def test_refresh_and_restart() -> None:
     reg = WorkerRegistry(heartbeat_timeout=5)
     reg.register(_reg("p0"), 0)
