@@ -2,12 +2,13 @@
 # Goodput past capacity (issue 26 item 4): does a cluster keep completing requests at its peak rate when
 # twice as many arrive, shedding the excess with 429 instead of collapsing?
 #   bash benchmarks/serving/overload.sh [MODEL_DIR]            (default: the default model)
-# One cluster (LAUNCH, default `--mixed 1`, with `--max-running-requests` BOUND, default 32). Peak: a
-# closed loop of BOUND clients (requests of IN_LEN random tokens in / OUT_LEN out, greedy) for
-# DURATION s; its completed requests per second are the capacity P. Then open-loop Poisson arrivals at
-# MULT x P (default 2) for DURATION s. Runs alternate (peak, overload) REPEAT times (default 3); the
-# table gives each run's completed/s and the median ratio. Goodput here = completed requests per
-# second (the issue's definition); 429s count as not completed. Logs go to ${OUT:-/tmp/pdserve-overload}.
+# One cluster (LAUNCH, default `--backend local --prefill 0 --decode 0 --mixed 1`), with
+# `--max-running-requests` BOUND (default 32). Peak: a closed loop of BOUND clients (requests of IN_LEN
+# random tokens in / OUT_LEN out, greedy) for about DURATION s; its completed requests per second are
+# the capacity P. Then open-loop Poisson arrivals at MULT x P (default 2) for DURATION s. Runs
+# alternate (peak, overload) REPEAT times (default 3); the table gives each run's completed/s and the
+# median ratio. Goodput here = completed requests per second (the issue's definition); 429s count as
+# not completed. Logs go to ${OUT:-/tmp/pdserve-overload}.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -18,7 +19,7 @@ BOUND="${BOUND:-32}" DURATION="${DURATION:-30}" MULT="${MULT:-2}" IN_LEN="${IN_L
 BENCH=(python3 benchmarks/serving/serving.py --client-procs "${CLIENT_PROCS:-1}" --input-len "$IN_LEN"
   --output-len "$OUT_LEN" --temperature 0)
 # shellcheck disable=SC2086
-python3 -m deploy.launch --model "$MODEL" --port 0 ${LAUNCH:---mixed 1} --max-running-requests "$BOUND" \
+python3 -m deploy.launch --model "$MODEL" --port 0 ${LAUNCH:---backend local --prefill 0 --decode 0 --mixed 1} --max-running-requests "$BOUND" \
   --log-dir "$LOG/logs" > "$LOG/launch.txt" 2>&1 &
 LAUNCHER=$!
 trap 'kill -TERM $LAUNCHER 2>/dev/null; wait $LAUNCHER' EXIT
