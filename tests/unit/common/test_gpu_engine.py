@@ -6,14 +6,12 @@ through the normal safetensors path. Skipped on machines without CUDA.
 
 from __future__ import annotations
 
-import gc
-import random
-
 import pytest
 import torch
 
 from common import LLM, SamplingParams
 from common.tools.random_model import write_random_model
+from tests.helpers.gpu_llm import random_prompts, small_gpu_llm
 from tests.helpers.recording import record_logits
 
 pytestmark = pytest.mark.gpu
@@ -25,22 +23,11 @@ def qwen3_dir(tmp_path_factory):
     return str(write_random_model(tmp_path_factory.mktemp("qwen3") / "m", "qwen3-0.6b", seed=0))
 
 
-def _prompts(n: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(151000) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def _llm(model: str, **kw) -> LLM:
-    gc.collect()
-    torch.cuda.empty_cache()
-    return LLM(model, gpu_memory_utilization=0.35, max_model_len=4096, max_num_seqs=64, **kw)
-
-
 def test_logits_match_transformers_bf16(qwen3_dir):
     import transformers
 
-    prompt = _prompts(1, 200, 200)[0]
-    llm = _llm(qwen3_dir)
+    prompt = random_prompts(1, 200, 200)[0]
+    llm = small_gpu_llm(qwen3_dir)
     seen = record_logits(llm)
     out = llm.generate(
         [prompt], SamplingParams(temperature=0, max_tokens=17, ignore_eos=True), use_tqdm=False
@@ -70,12 +57,12 @@ def test_cuda_graphs_match_eager(qwen3_dir):
     With a batch padded up to the next captured size, GEMMs of another shape may round
     differently, so there the logits must agree within bf16 tolerance step by step.
     """
-    exact, padded = _prompts(16, 10, 300, seed=1), _prompts(12, 10, 300, seed=4)
-    eager = _llm(qwen3_dir, enforce_eager=True)
+    exact, padded = random_prompts(16, 10, 300, seed=1), random_prompts(12, 10, 300, seed=4)
+    eager = small_gpu_llm(qwen3_dir, enforce_eager=True)
     a, _ = _greedy_with_logits(eager, exact)
     a_pad, a_logits = _greedy_with_logits(eager, padded)
     del eager
-    graphs = _llm(qwen3_dir)
+    graphs = small_gpu_llm(qwen3_dir)
     assert graphs.engine.runner.graphs is not None
     b, _ = _greedy_with_logits(graphs, exact)
     b_pad, b_logits = _greedy_with_logits(graphs, padded)
@@ -94,12 +81,12 @@ def test_prefix_hit_matches_miss(qwen3_dir, monkeypatch):
     # Misses would prefill on FlashAttention and hits on Triton, which round differently in bf16: this
     # compares the cache, not the kernels (test_varlen_prefill.py does that), so both run on Triton.
     monkeypatch.setenv("PDSERVE_VARLEN_PREFILL", "0")
-    prefix = _prompts(1, 256, 256, seed=2)[0]
-    prompts = [prefix + p for p in _prompts(6, 5, 60, seed=3)]
-    cold = _llm(qwen3_dir, enable_prefix_caching=False)
+    prefix = random_prompts(1, 256, 256, seed=2)[0]
+    prompts = [prefix + p for p in random_prompts(6, 5, 60, seed=3)]
+    cold = small_gpu_llm(qwen3_dir, enable_prefix_caching=False)
     a = [o["token_ids"] for o in cold.generate(prompts, GREEDY, use_tqdm=False)]
     del cold
-    warm = _llm(qwen3_dir)
+    warm = small_gpu_llm(qwen3_dir)
     warm.generate(prompts[:1], GREEDY, use_tqdm=False)
     hits = warm.engine.block_manager.stats.hit_tokens
     b = [o["token_ids"] for o in warm.generate(prompts, GREEDY, use_tqdm=False)]

@@ -7,7 +7,6 @@ Each test prints what it measured, so a failure shows by how much.
 
 from __future__ import annotations
 
-import gc
 import random
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 
 from common import LLM, SamplingParams
 from common.tools.random_model import write_random_model
+from tests.helpers.gpu_llm import random_prompts, small_gpu_llm
 from tests.helpers.recording import record_logits
 
 pytestmark = pytest.mark.gpu
@@ -28,17 +28,6 @@ REL_TOL = 0.15
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
     return str(write_random_model(tmp_path_factory.mktemp("qwen3-fp8") / "m", "qwen3-0.6b", seed=0))
-
-
-def _prompts(n: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(151000) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def _llm(model: str, **kw) -> LLM:
-    gc.collect()
-    torch.cuda.empty_cache()
-    return LLM(model, gpu_memory_utilization=0.35, max_model_len=4096, max_num_seqs=64, **kw)
 
 
 def _greedy_with_logits(llm: LLM, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
@@ -64,12 +53,12 @@ def _compare(
 
 
 def test_fp8_cache_follows_the_bf16_cache(qwen3_dir):
-    prompts = _prompts(6, 20, 600)
-    bf16 = _llm(qwen3_dir)
+    prompts = random_prompts(6, 20, 600)
+    bf16 = small_gpu_llm(qwen3_dir)
     ref = [_greedy_with_logits(bf16, p) for p in prompts]
     bf16_block_bytes = bf16.engine.runner.kv_bytes_per_block
     del bf16
-    fp8 = _llm(qwen3_dir, kv_cache_dtype="fp8")
+    fp8 = small_gpu_llm(qwen3_dir, kv_cache_dtype="fp8")
     assert fp8.engine.kv_cache.dtype == torch.float8_e4m3fn and fp8.engine.runner.graphs is not None
     # head_dim 128, 16-token blocks: 16 token rows + 1 scale row of 1 byte against 16 rows of 2 bytes.
     assert fp8.engine.runner.kv_bytes_per_block * 32 == bf16_block_bytes * 17
@@ -80,11 +69,11 @@ def test_fp8_cache_follows_the_bf16_cache(qwen3_dir):
 
 def test_fp8_cuda_graphs_match_fp8_eager(qwen3_dir):
     """Graph replay reads the same fp8 blocks and scales as eager steps (bf16-rounding differences only)."""
-    prompts = _prompts(3, 50, 400, seed=1)
-    eager = _llm(qwen3_dir, kv_cache_dtype="fp8", enforce_eager=True)
+    prompts = random_prompts(3, 50, 400, seed=1)
+    eager = small_gpu_llm(qwen3_dir, kv_cache_dtype="fp8", enforce_eager=True)
     ref = [_greedy_with_logits(eager, p) for p in prompts]
     del eager
-    graphs = _llm(qwen3_dir, kv_cache_dtype="fp8")
+    graphs = small_gpu_llm(qwen3_dir, kv_cache_dtype="fp8")
     assert graphs.engine.runner.graphs is not None
     results = [_compare(r, _greedy_with_logits(graphs, p)) for r, p in zip(ref, prompts, strict=True)]
     print("fp8 graphs vs fp8 eager:", results)
@@ -96,10 +85,10 @@ def test_fp8_prefix_hit_matches_miss(qwen3_dir):
     prefix = [rng.randrange(151000) for _ in range(300)]
     prompts = [prefix + [rng.randrange(151000) for _ in range(n)] for n in (5, 60)]
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    cold = _llm(qwen3_dir, kv_cache_dtype="fp8", enable_prefix_caching=False)
+    cold = small_gpu_llm(qwen3_dir, kv_cache_dtype="fp8", enable_prefix_caching=False)
     expected = [cold.generate([p], params, use_tqdm=False)[0]["token_ids"] for p in prompts]
     del cold
-    warm = _llm(qwen3_dir, kv_cache_dtype="fp8")
+    warm = small_gpu_llm(qwen3_dir, kv_cache_dtype="fp8")
     got = [warm.generate([p], params, use_tqdm=False)[0]["token_ids"] for p in prompts]
     assert warm.engine.block_manager.stats.hit_tokens >= 288  # the second prompt reused 18 fp8 blocks
     agree = sum(a == b for x, y in zip(got, expected, strict=True) for a, b in zip(x, y, strict=True))
