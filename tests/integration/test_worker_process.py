@@ -155,9 +155,7 @@ def channel_process(worker: subprocess.Popen) -> int:
     raise AssertionError("the worker runs no channel process")
 
 
-def test_a_process_io_worker_generates_and_exits_when_its_channel_dies(
-    tiny_model_dirs, inbox
-) -> None:
+def test_a_process_io_worker_generates_and_exits_when_its_channel_dies(tiny_model_dirs, inbox) -> None:
     pull, push = inbox
     model = tiny_model_dirs["qwen2"]
     addr = pull.getsockopt_string(zmq.LAST_ENDPOINT)
