@@ -8,7 +8,8 @@
 # the capacity P. Then open-loop Poisson arrivals at MULT x P (default 2) for DURATION s. Runs
 # alternate (peak, overload) REPEAT times (default 3); the table gives each run's completed/s and the
 # median ratio. Goodput here = completed requests per second (the issue's definition); 429s count as
-# not completed. Logs go to ${OUT:-/tmp/pdserve-overload}.
+# not completed. Every run draws its own prompts (its own --seed): a repeated prompt would be served
+# from the prefix cache and inflate the next run's rate. Logs go to ${OUT:-/tmp/pdserve-overload}.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -32,12 +33,12 @@ rate_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['sum
 for r in $(seq 1 "${REPEAT:-3}"); do
   # Closed loop: enough requests to keep BOUND busy for DURATION s at the last measured rate.
   n=$(python3 -c "print(max(int(${PEAK:-8} * $DURATION), 4 * $BOUND))")
-  "${BENCH[@]}" --base-url "$URL" --num-prompts "$n" --max-concurrency "$BOUND" --json-out "$LOG/peak.r$r.json" \
+  "${BENCH[@]}" --base-url "$URL" --num-prompts "$n" --max-concurrency "$BOUND" --seed "$r" --json-out "$LOG/peak.r$r.json" \
     > "$LOG/peak.r$r.txt" 2>&1
   PEAK=$(rate_of "$LOG/peak.r$r.json")
   rate=$(python3 -c "print($MULT * $PEAK)")
   n=$(python3 -c "print(int($MULT * $PEAK * $DURATION))")
-  "${BENCH[@]}" --base-url "$URL" --num-prompts "$n" --request-rate "$rate" --json-out "$LOG/over.r$r.json" \
+  "${BENCH[@]}" --base-url "$URL" --num-prompts "$n" --request-rate "$rate" --seed "$((100 + r))" --json-out "$LOG/over.r$r.json" \
     > "$LOG/over.r$r.txt" 2>&1
   echo "run $r: peak $PEAK req/s; at $rate req/s offered: $(rate_of "$LOG/over.r$r.json") req/s completed"
 done

@@ -29,6 +29,7 @@ from common.wire.messages import (
     decode,
     encode,
 )
+from tests.helpers.channel_process import channel_process
 from tests.integration.launcher import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
@@ -145,16 +146,6 @@ def test_mixed_worker_generates_over_its_command_socket(tiny_model_dirs, inbox) 
         proc.wait()
 
 
-def channel_process(worker: subprocess.Popen) -> int:
-    """The pid of the worker's channel process (its child running common.worker.io_child)."""
-    with open(f"/proc/{worker.pid}/task/{worker.pid}/children") as f:
-        for pid in map(int, f.read().split()):
-            with open(f"/proc/{pid}/cmdline", "rb") as cmd:
-                if b"common.worker.io_child" in cmd.read():
-                    return pid
-    raise AssertionError("the worker runs no channel process")
-
-
 def test_a_process_io_worker_generates_and_exits_when_its_channel_dies(tiny_model_dirs, inbox) -> None:
     pull, push = inbox
     model = tiny_model_dirs["qwen2"]
@@ -172,7 +163,7 @@ def test_a_process_io_worker_generates_and_exits_when_its_channel_dies(tiny_mode
             outs += msg.outputs() if isinstance(msg, TokenBatch) else [msg]
         expected = LLM(model, num_kvcache_blocks=16).generate([prompt], params, use_tqdm=False)
         assert [t for o in outs for t in o.token_ids] == expected[0]["token_ids"]
-        os.kill(channel_process(proc), signal.SIGKILL)
+        os.kill(channel_process(proc.pid), signal.SIGKILL)
         assert proc.wait(timeout=20) != 0  # a worker that cannot hear or answer the router must go
         assert "channel process is gone" in proc.stdout.read()
     finally:
