@@ -70,7 +70,7 @@ def create_app(router: Router) -> ASGIApp:
     _add_status_routes(api, router)
     app: ASGIApp = GenerationRoutes(api, router)
     app = BodyGuard(app, max_bytes=router.config.max_body_bytes)
-    app = InflightGate(app, router.inflight)
+    app = InflightGate(app, router.inflight, router.config.admission_wait_s)
     if router.config.api_key is not None:
         app = APIKeyAuth(app, api_key=router.config.api_key, protect_status=router.config.protect_status)
     app = LauncherProbeMiddleware(app)  # outside the key check: a refused poll is quiet too

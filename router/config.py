@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ class RouterConfig:
     snapshot_retry_interval: float = 2.0
     block_size: int | None = None
     max_running_requests: int = 4096
+    admission_wait_s: float = 0.0  # how long a request past the bound waits for a place before its 429
     stream_interval: int = 1
     max_body_bytes: int = 8 * 1024 * 1024
     max_retries: int = 1
@@ -87,6 +89,9 @@ class RouterConfig:
         for name in ("heartbeat_timeout", "snapshot_retry_interval"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        wait = self.admission_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < math.inf:
+            raise ValueError(f"admission_wait_s must be a finite number of seconds >= 0, got {wait!r}")
         for name in ("max_running_requests", "max_body_bytes", "stream_interval"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")

@@ -73,6 +73,12 @@ ROUTER_FLAGS = FlagTable(
             "generation requests in flight beyond which a new one gets 429 before its body is read",
         ),
         Flag(
+            "admission_wait_s",
+            float,
+            "seconds a request past --max-running-requests waits for a place before its 429 (0: none)",
+            option="--admission-wait",
+        ),
+        Flag(
             "stream_interval",
             int,
             "tokens a streamed choice gathers per SSE chunk after its first (as vLLM's; 1: every message)",

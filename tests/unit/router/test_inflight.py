@@ -71,3 +71,32 @@ async def _until_healthy(http: httpx.AsyncClient) -> None:
     while (await http.get("/health")).status_code != 200:
         assert time.monotonic() < deadline, "router never became healthy"
         await asyncio.sleep(0.05)
+
+
+def test_with_an_admission_wait_a_request_past_the_bound_is_served_once_a_place_frees(
+    model_dir: Path, tmp_path: Path, tokenizer
+):
+    reply = tokenizer.encode(" one two three", add_special_tokens=False)
+    args = ("--max-running-requests", "1", "--admission-wait", "10")
+    with router_process(model_dir, tmp_path, *args) as info:
+        asyncio.run(_waited(info, reply))
+
+
+async def _waited(info: dict, reply: list[int]) -> None:
+    specs = [("p0", "prefill", Script(reply=reply)), ("d0", "decode", Script(reply=reply, token_delay=0.3))]
+    workers = await start_workers(info["inbox"], specs)
+    try:
+        async with httpx.AsyncClient(base_url=info["http"], timeout=20) as http:
+            await _until_healthy(http)
+            body = {"prompt": "x", "max_tokens": len(reply)}
+            first = asyncio.create_task(http.post("/v1/completions", json=body))
+            await asyncio.sleep(0.2)  # the first holds the only place
+            began = time.monotonic()
+            second = await http.post("/v1/completions", json=body)
+            assert second.status_code == 200, second.text  # held, not shed
+            assert time.monotonic() - began > 0.2  # it waited for the first to end
+            assert (await first).status_code == 200
+            assert 'pdserve_requests_total{status="rejected"}' not in (await http.get("/metrics")).text
+    finally:
+        for w in workers:
+            await w.stop()

@@ -4,6 +4,7 @@ same file as two front processes do."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,20 @@ def test_fronts_share_one_bound(tmp_path: Path) -> None:
     assert b.try_enter() and (a.count, b.count, a.total) == (1, 2, 3)
     assert not a.try_enter()
     assert a._metrics.requests.value(status="rejected") == 2
+
+
+def test_a_waiting_request_takes_a_place_freed_on_another_front(tmp_path: Path) -> None:
+    a, b = _bounds(tmp_path, limit=1)
+    assert b.try_enter()
+
+    async def run() -> bool:
+        waiter = asyncio.create_task(a.enter(5.0))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # b holds the only place
+        b.leave()  # nothing wakes a: it sees the freed slot on its next poll
+        return await asyncio.wait_for(waiter, 1.0)
+
+    assert asyncio.run(run()) and (a.count, b.count) == (1, 0)
 
 
 def test_a_restarted_front_starts_from_zero(tmp_path: Path) -> None:
