@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from router.config import RouterConfig
 from router.inflight import InflightBound
 from router.router_metrics import RouterMetrics
 
@@ -102,3 +105,10 @@ def test_a_cancelled_waiter_leaves_the_queue() -> None:
         assert await nxt and bound.count == 2
 
     asyncio.run(run())
+
+
+def test_the_admission_wait_is_validated() -> None:
+    assert RouterConfig(model="/m", admission_wait_s=0.5).admission_wait_s == 0.5
+    for bad in (-1.0, float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="admission_wait_s"):
+            RouterConfig(model="/m", admission_wait_s=bad)

@@ -44,6 +44,7 @@ def test_every_flag_reaches_its_field(monkeypatch) -> None:
         "snapshot_retry_interval": 0.5,
         "block_size": 32,
         "max_running_requests": 3,
+        "admission_wait_s": 0.25,
         "stream_interval": 4,
         "max_body_bytes": 100,
         "ready_file": "/tmp/ready.json",
