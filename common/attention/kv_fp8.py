@@ -5,7 +5,8 @@ amax(|x|) / 448 (448 is e4m3's largest finite value), computed when the vector i
 no calibration, and a vector never shares a scale with a later one. A per-block scale fixed at a block's
 first write would clip every later token of that block that is larger; a per-block scale recomputed on
 each write would re-quantise (and so degrade) the tokens already there. One float per head_dim values
-costs 4 / head_dim of the cache (3% at head_dim 128).
+is 4 / head_dim of the values' bytes, rounded up to whole rows per block: at 16-token blocks one row
+of 16, 6% of an fp8 block (a block then takes 17/32 of a bf16 block's bytes at any head_dim >= 64).
 
 Where the scales live: inside the cache tensor, in `scale_rows` extra token rows at the end of every
 block. The engine's cache is `[2, num_layers, num_blocks, block_size + scale_rows, num_kv_heads,

@@ -11,10 +11,11 @@ from common.wire.kv_events import KVEvent
 
 if TYPE_CHECKING:
     from common.worker.channels import WorkerChannels
+    from common.worker.io_process import ProcessChannels
 
 
 class EventPublisher:
-    def __init__(self, worker_id: str, channels: WorkerChannels) -> None:
+    def __init__(self, worker_id: str, channels: WorkerChannels | ProcessChannels) -> None:
         self.worker_id = worker_id
         self.channels = channels
         self.seq = 0  # the last batch published

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from common.llm_engine import LLMEngine
     from common.worker.channels import WorkerChannels
     from common.worker.config import WorkerConfig
+    from common.worker.io_process import ProcessChannels
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class LoadReport:
 class WorkerContext:
     config: WorkerConfig
     engine: LLMEngine
-    channels: WorkerChannels
+    channels: WorkerChannels | ProcessChannels  # by --worker-io; the same engine-side methods
     host: str  # the resolved address this worker binds and advertises
 
     @property
