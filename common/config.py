@@ -92,8 +92,8 @@ class EngineConfig:
 
     def _check_multiplex(self) -> None:
         """What multiplexed mode (prefill and decode side by side, common/multiplex) does not combine
-        with yet: other roles (it is one mixed engine), speculation and run-ahead (both assume one
-        step in flight on one stream), tensor parallelism (one rank owns both streams)."""
+        with yet: other roles (it is one mixed engine), speculation (it assumes one step in flight on
+        one stream), tensor parallelism (one rank owns both streams)."""
         target = self.itl_target_ms
         if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1e6:
             raise ValueError(f"itl_target_ms must be a positive number of milliseconds, got {target!r}")
@@ -105,8 +105,6 @@ class EngineConfig:
             raise ValueError(f"pd_multiplex is one mixed engine (prefill and decode), not role {self.role!r}")
         if self.speculative is not None:
             raise ValueError("pd_multiplex does not combine with speculative decoding yet (speculative)")
-        if self.async_scheduling:
-            raise ValueError("pd_multiplex does not combine with run-ahead decoding yet (async_scheduling)")
         if self.tensor_parallel_size != 1:
             raise ValueError("pd_multiplex needs tensor_parallel_size 1")
 

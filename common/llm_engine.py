@@ -68,10 +68,12 @@ class LLMEngine:
         if partitions is None:
             self.scheduler = Scheduler(self.scheduler_config, self.block_manager, speculator)
         else:
-            if speculator is not None or async_scheduling:
-                raise ValueError("multiplexed mode runs without speculation and run-ahead decoding")
+            if speculator is not None:
+                raise ValueError("multiplexed mode runs without speculation")
             scheduler = SplitScheduler(self.scheduler_config, self.block_manager)
-            self.multiplexer = MultiplexedSteps.build(config, scheduler, runner, partitions, self.timings)
+            self.multiplexer = MultiplexedSteps.build(
+                config, scheduler, runner, partitions, self.timings, async_scheduling
+            )
             self.scheduler = scheduler
         self.async_scheduling = async_scheduling
         self._in_flight: run_ahead.InFlightStep | None = None
@@ -263,11 +265,8 @@ class LLMEngine:
 
 def run_ahead_enabled(config: EngineConfig, runner: ModelRunner) -> bool:
     """Whether plain decode steps run ahead: as configured, by default on CUDA; never with tensor
-    parallelism (run-ahead feeds device-side tokens that only rank 0, the sampler, holds) nor in
-    multiplexed mode (its decode steps are synchronous, see common/multiplex/stepper.py)."""
-    if config.pd_multiplex:
-        logger.info("run-ahead decoding is off in multiplexed mode")
-        return False
+    parallelism (run-ahead feeds device-side tokens that only rank 0, the sampler, holds). In
+    multiplexed mode only decode steps run ahead (common/multiplex/stepper.py)."""
     enabled = runner.platform.is_cuda if config.async_scheduling is None else config.async_scheduling
     if config.tensor_parallel_size > 1 and enabled:
         logger.info("run-ahead decoding is off with tensor_parallel_size > 1")

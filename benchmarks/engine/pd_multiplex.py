@@ -6,8 +6,10 @@
 
 One process, one model load: every arm is a fresh engine (its own block manager and scheduler) over
 the same loaded runner (weights, KV cache tensor, CUDA graphs), so arms differ only in how they
-schedule. Arms: `agg-C`, the normal engine with a token budget (chunk) of C per step, and `mux`, the
-multiplexed engine (prefill chunks of the largest C on SM shares beside the decode steps). Arms run
+schedule. Arms: `agg-C`, the normal engine with a token budget (chunk) of C per step, and `mux-T`, the
+multiplexed engine (prefill chunks of the largest C on SM shares beside the decode steps) holding an
+inter-token target of T ms (`--mux-arms`, e.g. `30,10,10:sync,10:noprio`: `sync` without run-ahead
+decode steps, `noprio` with decode on the ordinary stream instead of the high-priority one). Arms run
 alternated, `--rounds` times each.
 
 A run: `--streams` short requests start and reach decode; then `--long-count` prompts of
@@ -58,7 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--long-interval-s", type=float, default=0.5)
     p.add_argument("--chunks", default="512,2048,8192", help="aggregated arms' token budgets per step")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--itl-target-ms", type=float, default=None, help="multiplexed arm (default: engine's)")
+    p.add_argument(
+        "--mux-arms", default="30", help="multiplexed arms: inter-token targets in ms, each with :sync/:noprio"
+    )
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     return p.parse_args(argv)
@@ -68,7 +72,6 @@ def load(args: argparse.Namespace, chunks: list[int]) -> LLM:
     model = args.model
     if args.random_model:
         model = str(write_random_model(Path(tempfile.mkdtemp()) / "m", args.random_model))
-    extra = {} if args.itl_target_ms is None else {"itl_target_ms": args.itl_target_ms}
     return LLM(
         resolve_model(model),
         device=args.device,
@@ -78,23 +81,40 @@ def load(args: argparse.Namespace, chunks: list[int]) -> LLM:
         max_num_seqs=max(args.streams + args.long_count, 8),
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=False,  # arms share the KV tensor: no cache may outlive its engine
-        **extra,
     )
 
 
-def make_arms(llm: LLM, chunks: list[int]) -> dict[str, object]:
+def parse_mux_arm(spec: str) -> tuple[float, set[str]]:
+    """`10:sync:noprio` -> (10.0, {"sync", "noprio"}); ValueError naming `--mux-arms` otherwise."""
+    target, *options = spec.split(":")
+    try:
+        ms = float(target)
+    except ValueError:
+        ms = -1.0
+    if not ms > 0 or not set(options) <= {"sync", "noprio"}:
+        raise ValueError(f"--mux-arms: {spec!r} is not a target in ms with optional :sync / :noprio")
+    return ms, set(options)
+
+
+def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str]) -> dict[str, object]:
     """Arm name -> a function building a fresh engine for one run over the loaded runner."""
     base, runner = llm.engine.config, llm.engine.runner
     partitions = build_partitions(runner.platform)
 
-    def engine(config, parts=None) -> LLMEngine:
-        ahead = False if parts is not None else run_ahead_enabled(config, runner)
+    def engine(config, parts=None, sync=False) -> LLMEngine:
+        ahead = False if sync else run_ahead_enabled(config, runner)
         return LLMEngine(config, llm.engine.model_config, runner, ahead, None, parts)
 
     arms: dict[str, object] = {
         f"agg-{c}": (lambda c=c: engine(base.with_overrides(max_num_batched_tokens=c))) for c in chunks
     }
-    arms["mux"] = lambda: engine(base.with_overrides(pd_multiplex=True), partitions)
+    for spec in mux_arms:
+        ms, options = parse_mux_arm(spec)
+        parts = partitions
+        if "noprio" in options and hasattr(partitions, "decode_stream"):  # same lanes, no priority
+            parts = type(partitions)(partitions.lanes, partitions.gemm_errors, None)
+        config = base.with_overrides(pd_multiplex=True, itl_target_ms=ms)
+        arms[f"mux-{spec}"] = lambda c=config, p=parts, s="sync" in options: engine(c, p, s)
     return arms
 
 
@@ -150,7 +170,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def report(results: dict[str, list[RunStats]]) -> None:
     print(
-        f"\n{'arm':<10} {'out tok/s':>10} {'ITL p50':>9} {'ITL p99':>9} {'ITL max':>9} "
+        f"\n{'arm':<16} {'out tok/s':>10} {'ITL p50':>9} {'ITL p99':>9} {'ITL max':>9} "
         f"{'TTFT p50':>9} {'TTFT max':>9}   (ms)"
     )
     for arm, runs in results.items():
@@ -159,14 +179,17 @@ def report(results: dict[str, list[RunStats]]) -> None:
         rate = sum(r.tokens for r in runs) / max(sum(r.seconds for r in runs), 1e-9)
         cells = [_pct(gaps, 0.5), _pct(gaps, 0.99), max(gaps, default=float("nan"))]
         cells += [_pct(ttfts, 0.5), max(ttfts, default=float("nan"))]
-        print(f"{arm:<10} {rate:>10.1f} " + " ".join(f"{1e3 * c:>9.2f}" for c in cells))
+        print(f"{arm:<16} {rate:>10.1f} " + " ".join(f"{1e3 * c:>9.2f}" for c in cells))
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
     args = parse_args(argv)
     chunks = [int(c) for c in args.chunks.split(",")]
+    mux_arms = args.mux_arms.split(",")
+    for spec in mux_arms:
+        parse_mux_arm(spec)  # before the model loads
     llm = load(args, chunks)
-    arms = make_arms(llm, chunks)
+    arms = make_arms(llm, chunks, mux_arms)
     vocab = min(llm.engine.model_config.vocab_size, 100_000)
     results: dict[str, list[RunStats]] = {name: [] for name in arms}
     for r in range(args.rounds):

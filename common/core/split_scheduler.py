@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection
 from common.core.batch import ScheduledBatch
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
+from common.core.stopping import finishes_in_flight
 
 
 def is_decoding(seq: Sequence) -> bool:
@@ -38,10 +39,15 @@ class SplitScheduler(Scheduler):
     Built without a speculator (multiplexed mode refuses speculation, common/config.py)."""
 
     def schedule_decode(self, busy: Collection[int] = ()) -> ScheduledBatch:
+        """One token for each decoding sequence not `busy`, except a sequence whose run-ahead token
+        still in flight is its last by length (the in-flight step's resolve finishes it)."""
+        limit = self.config.max_model_len
+
+        def wanted(s: Sequence) -> bool:
+            return s.seq_id not in busy and is_decoding(s) and not finishes_in_flight(s, limit)
+
         batch = ScheduledBatch()
-        self._schedule_matching(
-            batch, self.config.max_num_seqs, lambda s: s.seq_id not in busy and is_decoding(s), busy
-        )
+        self._schedule_matching(batch, self.config.max_num_seqs, wanted, busy)
         return batch
 
     def schedule_prefill(self, budget: int) -> ScheduledBatch:

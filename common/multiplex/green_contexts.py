@@ -10,6 +10,11 @@ log line; when none passes, `build` raises RuntimeError and the engine runs aggr
 
 The whole-device lane is a plain stream (no green context): it is what a chunk gets while nothing
 decodes, and the top rung of the controller's ladder when decode is far under its target.
+
+Decode steps run on a stream of the highest priority (`engine_scope`; `PDSERVE_MUX_DECODE_PRIORITY=0`
+keeps the current stream instead): a prefill chunk on a share leaves the other SMs to decode, but
+decode kernels launched with a grid for the whole device also queue for the share's SMs, and there
+the block scheduler then serves them before the prefill's waiting blocks.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 
+from common.env_flags import env_switch
 from common.multiplex.partitions import Completion, PrefillLane
 
 log = logging.getLogger(__name__)
@@ -85,13 +91,32 @@ class GreenContextPartitions:
     Build with `build` (creates contexts and runs kernels: no work in the constructor).
     `gemm_errors`: each checked share's measured relative error (inf: it failed to run)."""
 
-    def __init__(self, lanes: tuple[PrefillLane, ...], gemm_errors: dict[int, float]) -> None:
+    def __init__(
+        self, lanes: tuple[PrefillLane, ...], gemm_errors: dict[int, float], decode_stream: Any = None
+    ) -> None:
         self._lanes = lanes
         self.gemm_errors = gemm_errors
+        self.decode_stream = decode_stream  # None: steps run on the caller's current stream
 
     @property
     def lanes(self) -> tuple[PrefillLane, ...]:
         return self._lanes
+
+    @contextlib.contextmanager
+    def engine_scope(self) -> Iterator[None]:
+        """Run the step on the decode stream, ordered after the caller's stream on entry and before
+        it on exit (work outside the step, such as a CUDA-graph capture or a test's own reads,
+        stays on the caller's stream)."""
+        if self.decode_stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.decode_stream.device)
+        self.decode_stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(self.decode_stream):
+                yield
+        finally:
+            caller.wait_stream(self.decode_stream)
 
     @classmethod
     def build(cls, device: torch.device) -> GreenContextPartitions:
@@ -109,7 +134,10 @@ class GreenContextPartitions:
             )
         lanes.append(CudaLane(None, torch.cuda.Stream(device=device), device))
         log.info("prefill SM shares in use: %s of %d SMs", [lane.sms for lane in lanes[:-1]], total)
-        return cls(tuple(lanes), errors)
+        decode = None
+        if env_switch("PDSERVE_MUX_DECODE_PRIORITY", True):
+            decode = torch.cuda.Stream(device=device, priority=-100)  # clamped to the highest there is
+        return cls(tuple(lanes), errors, decode)
 
 
 def _checked_lane(sms: int, device: torch.device) -> tuple[CudaLane | None, float]:

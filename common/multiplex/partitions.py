@@ -59,6 +59,12 @@ class SMPartitions(Protocol):
     @property
     def lanes(self) -> tuple[PrefillLane, ...]: ...
 
+    def engine_scope(self) -> contextlib.AbstractContextManager[None]:
+        """The stream every multiplexed step runs in (decode steps, chunk launches): the CUDA
+        backend's high-priority decode stream, so that where the decode and prefill kernels meet
+        on an SM the decode blocks are scheduled first."""
+        ...
+
 
 class _Done:
     def done(self) -> bool:
@@ -91,6 +97,9 @@ class InlinePartitions:
     @property
     def lanes(self) -> tuple[PrefillLane, ...]:
         return self._lanes
+
+    def engine_scope(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def partitions_for(config: EngineConfig, platform: DevicePlatform) -> SMPartitions | None:

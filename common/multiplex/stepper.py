@@ -8,14 +8,20 @@ Each `step()`:
    stops checked, blocks committed; the sequences join the decode batch from now on);
 2. when no chunk is in flight, schedules the next one (`SplitScheduler.schedule_prefill`), asks the
    controller for its lane (SM share) and launches it there without waiting;
-3. runs one decode step on the engine's stream (the CUDA graphs, all SMs but the chunk's share) over
-   every decoding sequence not in the chunk, synchronously, and reports its duration to the controller
-   while a chunk runs; with nothing to decode it waits for the chunk and resolves it instead.
+3. launches one decode step on the engine's stream (the CUDA graphs, all SMs but the chunk's share)
+   over every decoding sequence not in the chunk, then resolves the decode step launched by the
+   previous `step()` (run-ahead, as the aggregated engine's `common.core.run_ahead`: the new step's
+   placeholder rows read that step's tokens on the device), or waits for the new one when run-ahead
+   is off; the gap between two decode outputs goes to the controller while a chunk runs. With
+   nothing to decode it resolves what is in flight and waits for the chunk.
 
 Invariants: a chunk's sequences are `busy` until it resolves: never scheduled, preempted or freed
 (an abort of one is held back until the chunk has finished, because the device may still be writing
-its KV blocks and a freed block could be handed to a decoding sequence at once). Decode steps are
-synchronous, so when a chunk is scheduled no decode work is in flight on the other stream.
+its KV blocks and a freed block could be handed to a decoding sequence at once). At most one decode
+step is in flight. Blocks a decode sequence gives up while its step is in flight (a finish, an abort,
+a preemption by a chunk) may be handed out at once: the next decode step runs after it on the same
+stream, and a chunk's lane waits for the engine's stream when it starts (`PrefillLane.activate`), so
+no new owner writes a block before the in-flight step is done with it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from common.config import EngineConfig
+from common.core import run_ahead
 from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
@@ -65,7 +72,8 @@ class MultiplexStats:
 
 
 class MultiplexedSteps:
-    """See the module docstring. `chunk_tokens`: the most prompt tokens one chunk computes."""
+    """See the module docstring. `chunk_tokens`: the most prompt tokens one chunk computes;
+    `ahead`: decode steps run ahead (off on the CPU, where a launch already computes the step)."""
 
     def __init__(
         self,
@@ -75,6 +83,7 @@ class MultiplexedSteps:
         controller: ShareController,
         chunk_tokens: int,
         timings: StepTimings,
+        ahead: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -83,7 +92,10 @@ class MultiplexedSteps:
         self.chunk_tokens = chunk_tokens
         self.timings = timings
         self.stats = MultiplexStats()
+        self.ahead = ahead
         self._chunk: _Chunk | None = None
+        self._decode_in_flight: run_ahead.InFlightStep | None = None
+        self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
         self._held_aborts: set[str] = set()
 
     @classmethod
@@ -94,14 +106,21 @@ class MultiplexedSteps:
         runner: ModelRunner,
         partitions: SMPartitions,
         timings: StepTimings,
+        ahead: bool,
     ) -> MultiplexedSteps:
         """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms`."""
         lanes = len(partitions.lanes)
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
-        return cls(scheduler, runner, partitions, controller, config.max_num_batched_tokens, timings)
+        chunk = config.max_num_batched_tokens
+        return cls(scheduler, runner, partitions, controller, chunk, timings, ahead)
 
     @property
     def in_flight(self) -> bool:
+        """A chunk or a decode step is still on the device."""
+        return self._chunk is not None or self._decode_in_flight is not None
+
+    @property
+    def chunk_in_flight(self) -> bool:
         return self._chunk is not None
 
     def abort(self, request_ids: Iterable[str]) -> list[Sequence]:
@@ -114,13 +133,20 @@ class MultiplexedSteps:
         return self.scheduler.abort(wanted)
 
     def step(self, result: StepResult) -> None:
+        with self.partitions.engine_scope():
+            self._step(result)
+
+    def _step(self, result: StepResult) -> None:
         if self._chunk is not None and self._chunk.completion.done():
-            result.updates += self._resolve(self._chunk)
+            result.updates += self._resolve_chunk(self._chunk)
         if self._chunk is None:
             self._launch_chunk(result)
-        if not self._decode(result) and self._chunk is not None:
-            self._chunk.completion.wait()
-            result.updates += self._resolve(self._chunk)
+        if not self._decode(result):
+            result.updates += self._resolve_decode(frozenset())
+            self._last_decode_output = None  # decoding paused: the next output starts no gap
+            if self._chunk is not None:
+                self._chunk.completion.wait()
+                result.updates += self._resolve_chunk(self._chunk)
 
     def _launch_chunk(self, result: StepResult) -> None:
         batch = self.scheduler.schedule_prefill(self.chunk_tokens)
@@ -137,25 +163,50 @@ class MultiplexedSteps:
         result.num_prefill_tokens += batch.num_prefill_tokens
 
     def _decode(self, result: StepResult) -> bool:
-        """One synchronous decode step; False when no sequence decodes."""
+        """Launch one decode step and resolve the one before it; False when no sequence decodes."""
+        if self._decode_in_flight is not None and any(map(run_ahead.needs_host_tokens, self.scheduler.running)):
+            result.updates += self._resolve_decode(frozenset())  # penalties, logprobs: host tokens first
         busy = self._chunk.seq_ids if self._chunk is not None else frozenset()
         batch = self.scheduler.schedule_decode(busy)
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return False
         began = time.perf_counter()
-        output = self.runner.launch(batch.seqs, True).result()
-        seconds = time.perf_counter() - began
-        result.updates += self.scheduler.update_from_output(batch.seqs, output)
-        if self._chunk is not None:
-            self.controller.observe_decode(seconds)
-            self.stats.decode_steps_beside += 1
-        self.timings.decode_forward += seconds
+        previous = self._decode_in_flight
+        rows = run_ahead.src_rows(previous, batch.seqs) if previous is not None else None
+        handle = self.runner.launch(batch.seqs, True, rows)
+        result.updates += self._resolve_decode(frozenset(s.seq_id for s in batch.seqs))
+        if self.ahead and not any(map(run_ahead.needs_host_tokens, batch.seqs)):
+            self._decode_in_flight = run_ahead.start(batch.seqs, handle)
+        else:
+            result.updates += self.scheduler.update_from_output(batch.seqs, handle.result())
+            self._decode_output(handle.wait_seconds)
+        self.timings.decode_forward += time.perf_counter() - began
         self.timings.decode_steps += 1
         result.num_decode_tokens += batch.num_decode_tokens
         return True
 
-    def _resolve(self, chunk: _Chunk) -> list[SeqUpdate]:
+    def _resolve_decode(self, launched: frozenset[int]) -> list[SeqUpdate]:
+        """The in-flight decode step's tokens (none in flight: nothing). `launched`: the sequences of
+        the step launched after it, whose blocks outlive it (`Scheduler.update_from_output`)."""
+        step, self._decode_in_flight = self._decode_in_flight, None
+        if step is None:
+            return []
+        updates = run_ahead.resolve(step, self.scheduler, set(launched))
+        self._decode_output(step.handle.wait_seconds)
+        return updates
+
+    def _decode_output(self, wait_seconds: float) -> None:
+        """Decode tokens reached the host: the gap since the last ones is an inter-token gap, which
+        the controller reads while a chunk runs."""
+        now = time.perf_counter()
+        if self._chunk is not None and self._last_decode_output is not None:
+            self.controller.observe_decode(now - self._last_decode_output)
+            self.stats.decode_steps_beside += 1
+        self._last_decode_output = now
+        self.timings.device_wait += wait_seconds
+
+    def _resolve_chunk(self, chunk: _Chunk) -> list[SeqUpdate]:
         """`chunk` has finished: apply held aborts (its blocks are safe to free now), then its tokens."""
         self._chunk = None
         output = chunk.handle.result()

@@ -1,6 +1,7 @@
 """Multiplexed mode on a CUDA GPU: float32 greedy tokens equal the aggregated offline engine's (prefix
-hits included, prompts arriving while others decode, so chunks really run beside decode steps on SM
-shares), and the start-up bf16 GEMM check passes on the shares in use. Skipped without CUDA.
+hits included, prompts arriving while others decode, so chunks really run beside run-ahead decode
+steps on the high-priority stream and SM shares), and the start-up bf16 GEMM check passes on the
+shares in use. Skipped without CUDA.
 
 Uses Qwen3-0.6B-architecture float32 weights with a fixed seed (common.tools.random_model)."""
 
@@ -60,6 +61,7 @@ def test_fp32_greedy_equals_aggregated(qwen3_fp32):
     mux = _llm(qwen3_fp32, pd_multiplex=True)
     stepper = mux.engine.multiplexer
     assert stepper is not None, "multiplexed mode was refused (see the log: GEMM check)"
+    assert stepper.ahead  # decode steps run ahead on CUDA by default
     hits = mux.engine.block_manager.stats.hit_tokens
     got = _outputs(mux)
     assert got == want

@@ -1,4 +1,7 @@
-"""Multiplexed mode on the CPU (inline partitions): the same greedy tokens as the aggregated engine."""
+"""Multiplexed mode on the CPU (inline partitions): the same tokens as the aggregated engine, with
+decode steps run ahead (`async_scheduling`, forced on here) and without. On the CPU every launch
+completes at once: these check the bookkeeping (placeholders, late stops, deferred frees, aborts,
+preemption beside a chunk), not the overlap (tests/unit/common/multiplex/test_gpu_multiplex.py)."""
 
 from __future__ import annotations
 
@@ -24,11 +27,11 @@ def _llm(model_dir: str, **kw) -> LLM:
     return LLM(model_dir, num_kvcache_blocks=96, kvcache_block_size=16, max_num_batched_tokens=32, **kw)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_greedy_equals_aggregated(tiny_model_dirs, arch):
+@pytest.mark.parametrize("arch,ahead", [("qwen3", False), ("llama", False), ("qwen3", True)])
+def test_greedy_equals_aggregated(tiny_model_dirs, arch, ahead):
     prompts = _prompts()
     plain = _llm(tiny_model_dirs[arch])
-    mux = _llm(tiny_model_dirs[arch], pd_multiplex=True)
+    mux = _llm(tiny_model_dirs[arch], pd_multiplex=True, async_scheduling=ahead)
     assert isinstance(mux.engine.multiplexer.partitions, InlinePartitions)
     # Twice: the second round's prompts hit the prefix cache filled by the first.
     for _ in range(2):
@@ -38,10 +41,11 @@ def test_greedy_equals_aggregated(tiny_model_dirs, arch):
     assert mux.engine.block_manager.num_free_blocks == mux.engine.block_manager.num_blocks
 
 
-def test_staggered_arrivals_equal_aggregated(tiny_model_dirs):
+@pytest.mark.parametrize("ahead", [False, True])
+def test_staggered_arrivals_equal_aggregated(tiny_model_dirs, ahead):
     prompts = _prompts(1)
     plain = _llm(tiny_model_dirs["qwen3"])
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead)
     assert run_staggered(mux.engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
     stats = mux.engine.multiplexer.stats
     assert stats.decode_steps_beside > 0 and sum(stats.chunks_per_lane.values()) > len(prompts)
@@ -67,5 +71,63 @@ def test_refuses_what_does_not_combine(tiny_model_dirs):
         _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, speculative="ngram")
     with pytest.raises(ValueError, match="role"):
         _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, role="prefill")
-    with pytest.raises(ValueError, match="async_scheduling"):
-        _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
+
+
+def _mixed_params(n: int, seed: int) -> list[SamplingParams]:
+    """Greedy and seeded sampling, lengths from 1 token (a stop at the first) to 30, EOS stops."""
+    rng = random.Random(seed)
+    return [
+        SamplingParams(temperature=rng.choice([0.0, 0.8]), seed=i, max_tokens=rng.randint(1, 30))
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("kv_blocks", [256, 12])  # 12 blocks of 16 forces preemption
+def test_run_ahead_matches_aggregated(tiny_model_dirs, kv_blocks):
+    rng = random.Random(4)
+    prompts = [[rng.randrange(512) for _ in range(rng.randint(3, 60))] for _ in range(10)]
+    params = _mixed_params(10, 5)
+    runs, preempted = [], 0
+    for mux in (False, True):
+        llm = LLM(
+            tiny_model_dirs["llama"],
+            num_kvcache_blocks=kv_blocks,
+            max_num_batched_tokens=32,
+            pd_multiplex=mux,
+            async_scheduling=mux,
+        )
+        step = llm.engine.step
+
+        def counting_step(step=step):
+            nonlocal preempted
+            result = step()
+            preempted += result.num_preempted
+            return result
+
+        llm.engine.step = counting_step
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        runs.append([(o["token_ids"], o["finish_reason"]) for o in outs])
+        bm = llm.engine.block_manager
+        assert bm.num_free_blocks == bm.num_blocks and all(b.ref_count == 0 for b in bm.blocks)
+    assert runs[1] == runs[0]
+    assert "stop" in {reason for _, reason in runs[0]}
+    assert (preempted > 0) == (kv_blocks == 12)
+
+
+def test_abort_beside_a_run_ahead_step(tiny_model_dirs):
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
+    engine = mux.engine
+    for rid in ("b", "c"):
+        engine.add_request([5, 6, 7], GREEDY, request_id=rid)
+    engine.step()  # b and c prefilled together (nothing decodes: waited for)
+    engine.step()  # their first decode step is launched and stays in flight
+    engine.add_request(list(range(1, 80)), GREEDY, request_id="a")
+    engine.step()  # a's chunk starts; the next decode step runs ahead of the first
+    assert engine.multiplexer.chunk_in_flight and engine.multiplexer.in_flight
+    assert sorted(s.request_id for s in engine.abort(["a", "b"])) == ["b"]
+    done = {}
+    while engine.has_unfinished:
+        for u in engine.step().updates:
+            done.setdefault(u.seq.request_id, []).append(u.new_token_id)
+    assert "b" not in done and len(done["c"]) > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
