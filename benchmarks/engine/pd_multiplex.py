@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chunks", default="512,2048,8192", help="aggregated arms' token budgets per step")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument(
-        "--mux-arms", default="30", help="multiplexed arms: inter-token targets in ms, each with :sync/:noprio"
+        "--mux-arms", default="30", help="multiplexed arms: inter-token targets (ms), each with :sync/:noprio"
     )
     p.add_argument("--max-model-len", type=int, default=16384)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)

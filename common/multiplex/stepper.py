@@ -164,7 +164,8 @@ class MultiplexedSteps:
 
     def _decode(self, result: StepResult) -> bool:
         """Launch one decode step and resolve the one before it; False when no sequence decodes."""
-        if self._decode_in_flight is not None and any(map(run_ahead.needs_host_tokens, self.scheduler.running)):
+        running = self.scheduler.running
+        if self._decode_in_flight is not None and any(map(run_ahead.needs_host_tokens, running)):
             result.updates += self._resolve_decode(frozenset())  # penalties, logprobs: host tokens first
         busy = self._chunk.seq_ids if self._chunk is not None else frozenset()
         batch = self.scheduler.schedule_decode(busy)
