@@ -3,7 +3,8 @@
 The lanes form a ladder, smallest share first, the whole device last. The controller keeps one rung:
 * no decode batch running when a chunk starts: the chunk gets the whole device (top rung), and the
   rung is left as it was (that chunk's decode gaps say nothing about it);
-* otherwise, the decode steps measured beside the previous chunk on the rung decide: their
+* otherwise, the decode output gaps (one step's tokens to the next's) measured beside the previous
+  chunk on the rung decide: their
   `QUANTILE` above the inter-token target -> one rung down (decode gets more SMs); below
   `grow_below` x target -> one rung up (prefill gets more), but never to the whole device while
   decode runs; in between -> stay. (On the H200, 8B shape, the chunks that ran on the whole device
@@ -68,7 +69,7 @@ class ShareController:
         return self.rung
 
     def observe_decode(self, seconds: float) -> None:
-        """One decode step's gap, measured while the current chunk was in flight."""
+        """One gap between two decode steps' outputs, measured while the current chunk was in flight."""
         if self._chunk_rung is not None:
             self._gaps.append(seconds)
 
