@@ -99,6 +99,7 @@ def aggregate(runs: list[dict]) -> dict:
         "ttft": pair("ttft"),
         "tpot": pair("tpot"),
         "itl": pair("itl"),
+        "goodput": med(lambda r: r["goodput"]),
         "failed": sum(r["failed"] for r in runs),
         "kv": pair("kv"),
         "stages": {s: statistics.median(r["stages"][s] for r in runs if s in r["stages"]) for s in stages},
@@ -129,6 +130,7 @@ def run_rows(log: Path) -> list[dict]:
                 "ttft": (ttft_of["ttft_ms"]["p50"], ttft_of["ttft_ms"]["p99"]),
                 "tpot": (tpot_of["tpot_ms"]["p50"], tpot_of["tpot_ms"]["p99"]),
                 "itl": _itl(tpot_of),
+                "goodput": s.get("goodput_per_s") if s.get("goodput_per_s") is not None else float("nan"),
                 "failed": s["failed"],
                 "kv": (gb, gbps),
                 "stages": stage_means_ms(delta),
@@ -152,11 +154,11 @@ def offline_tok_s(log: Path) -> float | None:
 
 def render(table: list[dict], offline: float | None) -> str:
     head = "| setup | workload | runs | output tok/s median (min-max) | run s | TTFT p50/p99 ms | "
-    head += "TPOT p50/p99 ms | ITL p99/max ms | KV GB (GB/s) | "
+    head += "TPOT p50/p99 ms | ITL p99/max ms | goodput req/s | KV GB (GB/s) | "
     head += " / ".join(STAGES) + " (mean ms) | decisions | failed |"
-    lines = [head, "|" + " --- |" * 12]
+    lines = [head, "|" + " --- |" * 13]
     if offline:
-        lines.append(f"| offline (1 GPU) | random | 1 | {offline:,.0f} | - | - | - | - | - | - | - | 0 |")
+        lines.append(f"| offline (1 GPU) | random | 1 | {offline:,.0f} | - | - | - | - | - | - | - | - | 0 |")
     for r in table:
         stages = " / ".join(f"{r['stages'][s]:.0f}" if s in r["stages"] else "-" for s in STAGES)
         low, high = r["tok_s_range"]
@@ -165,7 +167,7 @@ def render(table: list[dict], offline: float | None) -> str:
             f"| {r['setup']} | {r['workload']} | {r['runs']} | {r['tok_s']:,.0f} ({low:,.0f}-{high:,.0f}) | "
             f"{r['duration_s']:.0f} | {r['ttft'][0]:.0f} / {r['ttft'][1]:.0f} | "
             f"{r['tpot'][0]:.2f} / {r['tpot'][1]:.2f} | {r['itl'][0]:.1f} / {r['itl'][1]:.1f} | "
-            f"{r['kv'][0]:.2f} ({r['kv'][1]:.1f}) | {stages} | {found} | {r['failed']} |"
+            f"{r['goodput']:.2f} | {r['kv'][0]:.2f} ({r['kv'][1]:.1f}) | {stages} | {found} | {r['failed']} |"
         )
     return "\n".join(lines)
 

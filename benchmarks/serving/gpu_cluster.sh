@@ -11,7 +11,9 @@
 #   1p3d     1 prefill + 3 decode, 2p2d: 2 prefill + 2 decode, KV over KV (default auto), every request
 #            disaggregated (four GPUs: see benchmarks/serving/gpu_four.sh)
 # BACKEND=ray places the workers through Ray's GPU resources (default local processes).
-# Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving/serving.py, each sized to
+# Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving/serving.py (interference:
+# LONG_RATE long prompts per second, default 1; GOODPUT adds SLO flags such as "--goodput-ttft-ms 1000
+# --goodput-itl-ms 50"), each sized to
 # run >= 30 s on one H200 (RANDOM_PROMPTS, default 12288 requests of 512 in / 128 out, also the offline
 # reference's count; INTERF_S, default 30; MT_CONVERSATIONS, default 768): runs of 2-4 s differed by up to
 # 1.8x. REPEAT=N (default 3) runs each N times on the same cluster; the table gives median and min-max.
@@ -47,7 +49,7 @@ workload() {  # $1 workload, $2 json path
     random) $BENCH --base-url "$URL" --num-prompts "$RANDOM_PROMPTS" --input-len 512 --output-len 128 \
         --max-concurrency 256 --json-out "$2" ;;
     interference) $BENCH --base-url "$URL" --workload interference --duration ${INTERF_S:-30} --chat-concurrency 64 \
-        --input-len 256 --output-len 256 --long-len 6000 --long-rate 1 --json-out "$2" ;;
+        --input-len 256 --output-len 256 --long-len 6000 --long-rate ${LONG_RATE:-1} ${GOODPUT:-} --json-out "$2" ;;
     multiturn) $BENCH --base-url "$URL" --workload multi-turn --num-conversations ${MT_CONVERSATIONS:-768} --turns 4 \
         --input-len 512 --output-len 128 --max-concurrency 64 --json-out "$2" ;;
   esac

@@ -15,7 +15,8 @@ ITL (inter-token latency) = every gap between two consecutive chunks with text, 
 stalls an average such as TPOT hides;
 output tokens and cached prompt tokens come from the final usage chunk (`stream_options.include_usage`,
 `usage.prompt_tokens_details.cached_tokens`); throughputs divide by the wall time of the whole run;
-goodput counts the requests meeting every SLO given (`--goodput-ttft-ms`, `--goodput-tpot-ms`).
+goodput counts the requests meeting every SLO given (`--goodput-ttft-ms`, `--goodput-tpot-ms`, and
+`--goodput-itl-ms`, which every gap between two streamed chunks of a request must meet).
 Against a pdserve router the run's per-stage breakdown (`pdserve_stage_seconds` from /metrics, scraped
 before and after) is printed too. `--client-procs N` spreads the requests over N client processes,
 so the client never limits a fast server (one process parses roughly 20-40k chunks/s).
@@ -253,6 +254,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, RunConfig]:
     p.add_argument("--timeout", dest="timeout_s", type=float, default=600.0, help="seconds per request")
     p.add_argument("--goodput-ttft-ms", type=float, default=None)
     p.add_argument("--goodput-tpot-ms", type=float, default=None)
+    p.add_argument("--goodput-itl-ms", type=float, default=None, help="SLO on every inter-token gap")
     p.add_argument("--client-procs", type=int, default=1, help="client processes sharing the requests")
     p.add_argument("--metrics-url", default=None, help="default: the base URL's /metrics (stage breakdown)")
     p.add_argument("--json-out", default=None)
@@ -280,15 +282,16 @@ def run_once(a: argparse.Namespace, cfg: RunConfig) -> dict:
     """One run at `cfg.max_concurrency`: prints its tables, returns its JSON document (less args)."""
     metrics_url = a.metrics_url or cfg.base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     before = scrape(metrics_url)
+    slo = (a.goodput_ttft_ms, a.goodput_tpot_ms, a.goodput_itl_ms)
     by_kind = {}
     if a.workload in ("interference", "multi-turn"):  # time-driven, one client process
         groups, duration = asyncio.run(_run_timed(a, cfg))
         results = groups.pop("all")
-        by_kind = {k: summarize(v, duration, a.goodput_ttft_ms, a.goodput_tpot_ms) for k, v in groups.items()}
+        by_kind = {k: summarize(v, duration, *slo) for k, v in groups.items()}
     else:
         results, duration = asyncio.run(run_benchmark(cfg, build_workload(a)))
     after = scrape(metrics_url) if before is not None else None
-    summary = summarize(results, duration, a.goodput_ttft_ms, a.goodput_tpot_ms)
+    summary = summarize(results, duration, *slo)
     print(f"== max_concurrency {cfg.max_concurrency} ==\n{format_table(summary)}")
     for kind, figures in by_kind.items():
         print(f"-- {kind} requests only --\n{format_table(figures)}")

@@ -38,8 +38,14 @@ def percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def is_good(r: RequestResult, ttft_ms: float | None, tpot_ms: float | None) -> bool:
+def is_good(
+    r: RequestResult, ttft_ms: float | None, tpot_ms: float | None, itl_ms: float | None = None
+) -> bool:
+    """Every SLO given is met: TTFT, TPOT (the mean gap) and `itl_ms`, which every single gap between
+    two streamed chunks must meet (a stall the mean hides misses it)."""
     if not r.ok or (ttft_ms is not None and (r.ttft_s is None or r.ttft_s * 1e3 > ttft_ms)):
+        return False
+    if itl_ms is not None and r.itl_s and max(r.itl_s) * 1e3 > itl_ms:
         return False
     tpot = r.tpot_s  # None for one-token outputs: no inter-token time to miss the SLO with
     return tpot_ms is None or tpot is None or tpot * 1e3 <= tpot_ms
@@ -56,14 +62,16 @@ def _itl_stats_ms(results: list[RequestResult]) -> dict:
     return _stats_ms(gaps) | {"max": max(gaps) * 1e3 if gaps else math.nan}
 
 
-def summarize(results: list[RequestResult], duration_s: float, ttft_ms=None, tpot_ms=None) -> dict:
+def summarize(
+    results: list[RequestResult], duration_s: float, ttft_ms=None, tpot_ms=None, itl_ms=None
+) -> dict:
     ok = [r for r in results if r.ok]
     duration_s = max(duration_s, 1e-9)
     out_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
-    slo_given = ttft_ms is not None or tpot_ms is not None
-    good = sum(is_good(r, ttft_ms, tpot_ms) for r in results)
+    slo_given = ttft_ms is not None or tpot_ms is not None or itl_ms is not None
+    good = sum(is_good(r, ttft_ms, tpot_ms, itl_ms) for r in results)
     return {
         "completed": len(ok),
         "failed": len(results) - len(ok),
@@ -78,7 +86,7 @@ def summarize(results: list[RequestResult], duration_s: float, ttft_ms=None, tpo
         "tpot_ms": _stats_ms([t for r in ok if (t := r.tpot_s) is not None]),
         "itl_ms": _itl_stats_ms(ok),
         "goodput_per_s": good / duration_s if slo_given else None,
-        "goodput_slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms},
+        "goodput_slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "itl_ms": itl_ms},
     }
 
 

@@ -95,6 +95,9 @@ def test_tpot_and_goodput_rules():
     assert not is_good(r, ttft_ms=None, tpot_ms=99)
     assert is_good(RequestResult(latency_s=0.05, ttft_s=0.05, output_tokens=1), 60, 1)  # no TPOT to miss
     assert not is_good(RequestResult(error="HTTP 500"), None, None)
+    r.itl_s = [0.1, 0.02, 0.18]  # the mean gap meets 100 ms, one stall does not
+    assert is_good(r, None, tpot_ms=100) and not is_good(r, None, None, itl_ms=100)
+    assert is_good(r, None, None, itl_ms=180)
 
 
 def test_summarize_aggregates():
@@ -114,6 +117,7 @@ def test_summarize_aggregates():
     assert s["itl_ms"] == pytest.approx({"mean": 200.0, "p50": 150.0, "p99": 394.0, "max": 400.0})
     assert s["goodput_per_s"] == 0.5  # only the first meets TTFT <= 150 ms
     assert summarize(results, 2.0)["goodput_per_s"] is None  # no SLO given
+    assert summarize(results, 2.0, itl_ms=250)["goodput_per_s"] == 0.5  # the second's 400 ms gap
     table = serving.format_table(s)
     assert "ttft_ms p99" in table and "goodput_per_s" in table
 
