@@ -6,9 +6,10 @@ The lanes form a ladder, smallest share first, the whole device last. The contro
 * otherwise, the decode output gaps (one step's tokens to the next's) measured beside the previous
   chunk on the rung decide: their `QUANTILE` above the inter-token target -> one rung down (decode
   gets more SMs); below `grow_below` x target -> one rung up (prefill gets more), but never to the
-  whole device while decode runs; in between -> stay. (On the H200, 8B shape, the chunks that ran on the whole device
-  beside decode steps made the longest gaps, up to 244 ms: a decode kernel waits there for the
-  prefill GEMM's waves to drain; on a share it always has SMs of its own. docs/benchmarks.md.)
+  whole device while decode runs; in between -> stay. (On the H200, 8B shape, the chunks that ran on
+  the whole device beside decode steps made the longest gaps, up to 244 ms: a decode kernel waits
+  there for the prefill GEMM's waves to drain; on a share it always has SMs of its own.
+  docs/benchmarks.md.)
 Decode never needs a share of its own: only prefill is restricted, so with no prefill waiting the
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.
