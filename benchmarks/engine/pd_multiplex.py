@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--mux-arms", default="30", help="multiplexed arms: inter-token targets (ms), each with :sync/:noprio"
     )
-    p.add_argument("--max-model-len", type=int, default=16384)
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the model's limit")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     return p.parse_args(argv)
 
@@ -120,7 +120,7 @@ def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str]) -> dict[str, obj
 
 def run_once(engine: LLMEngine, args: argparse.Namespace, vocab: int, seed: int) -> RunStats:
     rng = random.Random(seed)
-    room = args.max_model_len - STREAM_PROMPT - 1
+    room = engine.max_model_len - STREAM_PROMPT - 1
     stream = SamplingParams(temperature=0, max_tokens=room, ignore_eos=True)
     for i in range(args.streams):
         engine.add_request([rng.randrange(vocab) for _ in range(STREAM_PROMPT)], stream, f"s{i}")
