@@ -15,8 +15,9 @@ alternated, `--rounds` times each.
 A run: `--streams` short requests start and reach decode; then `--long-count` prompts of
 `--long-prompt` tokens arrive every `--long-interval-s`. The window runs from the first arrival to
 the last long prompt's first token. Reported per arm (all rounds pooled): output tokens/s in the
-window, the decode streams' inter-token gaps (p50/p99/max: every gap, not an average) and the long
-prompts' time to first token (p50/max).
+window, the decode streams' inter-token gaps (p50/p99/max: every gap, not an average), the long
+prompts' time to first token (p50/max), and how many requests met the SLO (`--slo-itl-ms`: every gap
+of a stream in the window; `--slo-ttft-ms`: a long prompt's first token), as a share of all of them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ STREAM_PROMPT = 128  # tokens of each decode stream's prompt
 @dataclass
 class RunStats:
     gaps: list[float] = field(default_factory=list)
+    worst_gap: dict[str, float] = field(default_factory=dict)  # per decode stream, in the window
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
@@ -63,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--mux-arms", default="30", help="multiplexed arms: inter-token targets (ms), each with :sync/:noprio"
     )
+    p.add_argument("--slo-itl-ms", type=float, default=50.0, help="a stream meets it if every gap does")
+    p.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="a long prompt's first token")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's limit")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     return p.parse_args(argv)
@@ -154,6 +158,7 @@ def _window(engine: LLMEngine, args, longs: list[list[int]], last: dict[str, flo
             stats.tokens += 1
             if rid in last:
                 stats.gaps.append(now - last[rid])
+                stats.worst_gap[rid] = max(stats.worst_gap.get(rid, 0.0), now - last[rid])
                 last[rid] = now
             elif rid in arrived:  # its first update is its first token (others may follow in the step)
                 stats.ttfts.append(now - arrived.pop(rid))
@@ -168,10 +173,18 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def report(results: dict[str, list[RunStats]]) -> None:
+def met_slo(runs: list[RunStats], itl_s: float, ttft_s: float) -> float:
+    """The share of requests (decode streams and long prompts, all runs) that met the SLO."""
+    good = sum(g <= itl_s for r in runs for g in r.worst_gap.values())
+    good += sum(t <= ttft_s for r in runs for t in r.ttfts)
+    total = sum(len(r.worst_gap) + len(r.ttfts) for r in runs)
+    return good / total if total else float("nan")
+
+
+def report(results: dict[str, list[RunStats]], slo_itl_ms: float, slo_ttft_ms: float) -> None:
     print(
         f"\n{'arm':<16} {'out tok/s':>10} {'ITL p50':>9} {'ITL p99':>9} {'ITL max':>9} "
-        f"{'TTFT p50':>9} {'TTFT max':>9}   (ms)"
+        f"{'TTFT p50':>9} {'TTFT max':>9}   (ms)   met SLO (gaps <= {slo_itl_ms:g}, TTFT <= {slo_ttft_ms:g})"
     )
     for arm, runs in results.items():
         gaps = [g for r in runs for g in r.gaps]
@@ -179,7 +192,8 @@ def report(results: dict[str, list[RunStats]]) -> None:
         rate = sum(r.tokens for r in runs) / max(sum(r.seconds for r in runs), 1e-9)
         cells = [_pct(gaps, 0.5), _pct(gaps, 0.99), max(gaps, default=float("nan"))]
         cells += [_pct(ttfts, 0.5), max(ttfts, default=float("nan"))]
-        print(f"{arm:<16} {rate:>10.1f} " + " ".join(f"{1e3 * c:>9.2f}" for c in cells))
+        met = met_slo(runs, slo_itl_ms / 1e3, slo_ttft_ms / 1e3)
+        print(f"{arm:<16} {rate:>10.1f} " + " ".join(f"{1e3 * c:>9.2f}" for c in cells) + f"   {met:>8.1%}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
@@ -199,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
             results[name].append(stats)
             extra = engine.multiplexer.stats if engine.multiplexer is not None else ""
             print(f"round {r} {name}: {stats.tokens} tokens in {stats.seconds:.2f} s {extra}", flush=True)
-    report(results)
+    report(results, args.slo_itl_ms, args.slo_ttft_ms)
     return results
 
 

@@ -14,7 +14,14 @@ def test_every_arm_runs_and_reports(tiny_model_dirs, capsys):
     assert list(results) == ["agg-16", "agg-32", "mux-30", "mux-5:sync"]
     for runs in results.values():
         assert len(runs) == 1 and len(runs[0].ttfts) == 2 and runs[0].gaps
-    assert "ITL p99" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ITL p99" in out and "met SLO" in out
+
+
+def test_met_slo_counts_streams_by_their_worst_gap_and_long_prompts_by_ttft():
+    run = pd_multiplex.RunStats(worst_gap={"s0": 0.01, "s1": 0.08}, ttfts=[0.5, 2.0])
+    assert pd_multiplex.met_slo([run], itl_s=0.05, ttft_s=1.0) == 0.5  # s0 and the first long prompt
+    assert pd_multiplex.met_slo([run, run], itl_s=0.1, ttft_s=3.0) == 1.0
 
 
 @pytest.mark.parametrize("spec", ["0", "fast", "10:quick"])
