@@ -62,6 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--long-interval-s", type=float, default=0.5)
     p.add_argument("--chunks", default="512,2048,8192", help="aggregated arms' token budgets per step")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--mux-chunk", type=int, default=None, help="multiplexed arms' chunk (default: largest)")
     p.add_argument(
         "--mux-arms", default="30", help="multiplexed arms: inter-token targets (ms), each with :sync/:noprio"
     )
@@ -81,7 +82,7 @@ def load(args: argparse.Namespace, chunks: list[int]) -> LLM:
         device=args.device,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
-        max_num_batched_tokens=max(chunks),
+        max_num_batched_tokens=max(chunks),  # main() puts the multiplexed chunk among them
         max_num_seqs=max(args.streams + args.long_count, 8),
         gpu_memory_utilization=args.gpu_memory_utilization,
         enable_prefix_caching=False,  # arms share the KV tensor: no cache may outlive its engine
@@ -100,7 +101,7 @@ def parse_mux_arm(spec: str) -> tuple[float, set[str]]:
     return ms, set(options)
 
 
-def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str]) -> dict[str, object]:
+def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str], mux_chunk: int) -> dict[str, object]:
     """Arm name -> a function building a fresh engine for one run over the loaded runner."""
     base, runner = llm.engine.config, llm.engine.runner
     partitions = build_partitions(runner.platform)
@@ -117,7 +118,7 @@ def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str]) -> dict[str, obj
         parts = partitions
         if "noprio" in options and hasattr(partitions, "decode_stream"):  # same lanes, no priority
             parts = type(partitions)(partitions.lanes, partitions.gemm_errors, None)
-        config = base.with_overrides(pd_multiplex=True, itl_target_ms=ms)
+        config = base.with_overrides(pd_multiplex=True, itl_target_ms=ms, max_num_batched_tokens=mux_chunk)
         arms[f"mux-{spec}"] = lambda c=config, p=parts, s="sync" in options: engine(c, p, s)
     return arms
 
@@ -202,8 +203,9 @@ def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
     mux_arms = args.mux_arms.split(",")
     for spec in mux_arms:
         parse_mux_arm(spec)  # before the model loads
-    llm = load(args, chunks)
-    arms = make_arms(llm, chunks, mux_arms)
+    mux_chunk = args.mux_chunk or max(chunks)
+    llm = load(args, [*chunks, mux_chunk])
+    arms = make_arms(llm, chunks, mux_arms, mux_chunk)
     vocab = min(llm.engine.model_config.vocab_size, 100_000)
     results: dict[str, list[RunStats]] = {name: [] for name in arms}
     for r in range(args.rounds):
