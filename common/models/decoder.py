@@ -6,6 +6,8 @@ k per head (RMSNorm) before the rotary embedding, Llama 3 scales rotary frequenc
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -130,6 +132,19 @@ class DecoderModel(nn.Module):
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
+    def forward_in_parts(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layers_per_part: int
+    ) -> Iterator[torch.Tensor | None]:
+        """The same forward pass, launched `layers_per_part` layers at a time: yields None after each
+        part but the last, then the final hidden states (the caller may do other work in between)."""
+        hidden, residual = self.embed_tokens(input_ids), None
+        for i, layer in enumerate(self.layers, start=1):
+            hidden, residual = layer(positions, hidden, residual)
+            if i % layers_per_part == 0 and i < len(self.layers):
+                yield None
+        hidden, _ = self.norm(hidden, residual)
+        yield hidden
+
 
 class DecoderForCausalLM(nn.Module):
     """Base of every registered architecture; subclasses set the family's flags."""
@@ -159,6 +174,11 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
+
+    def forward_in_parts(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, layers_per_part: int
+    ) -> Iterator[torch.Tensor | None]:
+        return self.model.forward_in_parts(input_ids, positions, layers_per_part)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

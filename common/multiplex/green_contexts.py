@@ -80,6 +80,9 @@ class CudaLane:
         with torch.cuda.stream(self.stream):
             yield
 
+    def resume(self) -> contextlib.AbstractContextManager[None]:
+        return torch.cuda.stream(self.stream)
+
     def record(self) -> Completion:
         event = torch.cuda.Event()
         event.record(self.stream)

@@ -48,6 +48,11 @@ class PrefillLane(Protocol):
         launched on the engine's stream (so it sees finished KV and inputs)."""
         ...
 
+    def resume(self) -> contextlib.AbstractContextManager[None]:
+        """Make the lane's stream current again, without waiting for the engine's stream (the next
+        part of work that `activate` started)."""
+        ...
+
     def record(self) -> Completion:
         """A completion for the work launched on the lane so far."""
         ...
@@ -83,6 +88,9 @@ class InlineLane:
     @contextlib.contextmanager
     def activate(self) -> Iterator[None]:
         yield
+
+    def resume(self) -> contextlib.AbstractContextManager[None]:
+        return self.activate()
 
     def record(self) -> Completion:
         return _Done()

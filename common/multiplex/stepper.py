@@ -7,7 +7,9 @@ Each `step()`:
 1. resolves the chunk in flight if its completion says it is done (its first tokens are sampled,
    stops checked, blocks committed; the sequences join the decode batch from now on);
 2. when no chunk is in flight, schedules the next one (`SplitScheduler.schedule_prefill`), asks the
-   controller for its lane (SM share) and launches it there without waiting;
+   controller for its lane (SM share) and launches its first `layers_per_part` layers there without
+   waiting; while a chunk is still being launched, launches its next part (common/runner/side_launch.py:
+   launching a whole chunk at once would stall every decoding stream for the chunk's host time);
 3. launches one decode step on the engine's stream (the CUDA graphs, all SMs but the chunk's share)
    over every decoding sequence not in the chunk, then resolves the decode step launched by the
    previous `step()` (run-ahead, as the aggregated engine's `common.core.run_ahead`: the new step's
@@ -40,18 +42,26 @@ from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
 from common.multiplex.controller import ControllerConfig, ShareController
 from common.multiplex.partitions import Completion, SMPartitions
-from common.runner.step_handle import StepHandle
+from common.runner.side_launch import SideLaunch
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
 
 
+# Layers launched per part of a chunk while sequences decode (a whole chunk at once when none does).
+LAYERS_PER_PART = 4
+
+
 @dataclass
 class _Chunk:
     seqs: list[Sequence]
-    handle: StepHandle
-    completion: Completion
+    launch: SideLaunch
     lane: int
+    completion: Completion | None = None  # recorded once every part is launched
+
+    @property
+    def done(self) -> bool:
+        return self.completion is not None and self.completion.done()
 
     @cached_property
     def request_ids(self) -> frozenset[str]:
@@ -65,9 +75,11 @@ class _Chunk:
 
 @dataclass
 class MultiplexStats:
-    """Counters for benchmarks: chunks launched per lane index, decode steps run beside a chunk."""
+    """Counters for benchmarks: chunks launched per lane index, the parts they were launched in, decode
+    steps run beside a chunk."""
 
     chunks_per_lane: dict[int, int] = field(default_factory=dict)
+    chunk_parts: int = 0
     decode_steps_beside: int = 0
 
 
@@ -84,6 +96,7 @@ class MultiplexedSteps:
         chunk_tokens: int,
         timings: StepTimings,
         ahead: bool = False,
+        layers_per_part: int | None = LAYERS_PER_PART,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -93,6 +106,7 @@ class MultiplexedSteps:
         self.timings = timings
         self.stats = MultiplexStats()
         self.ahead = ahead
+        self.layers_per_part = layers_per_part  # None: every chunk launched in one piece
         self._chunk: _Chunk | None = None
         self._decode_in_flight: run_ahead.InFlightStep | None = None
         self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
@@ -137,14 +151,18 @@ class MultiplexedSteps:
             self._step(result)
 
     def _step(self, result: StepResult) -> None:
-        if self._chunk is not None and self._chunk.completion.done():
+        if self._chunk is not None and self._chunk.done:
             result.updates += self._resolve_chunk(self._chunk)
         if self._chunk is None:
             self._launch_chunk(result)
+        elif self._chunk.completion is None:
+            self._advance(self._chunk)
         if not self._decode(result):
             result.updates += self._resolve_decode(frozenset())
             self._last_decode_output = None  # decoding paused: the next output starts no gap
             if self._chunk is not None:
+                while self._chunk.completion is None:
+                    self._advance(self._chunk)
                 self._chunk.completion.wait()
                 result.updates += self._resolve_chunk(self._chunk)
 
@@ -153,14 +171,23 @@ class MultiplexedSteps:
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return
-        began = time.perf_counter()
-        lane = self.controller.next_lane(decoding=any(map(is_decoding, self.scheduler.running)))
-        handle = self.runner.launch_side(batch.seqs, self.partitions.lanes[lane])
-        self._chunk = _Chunk(batch.seqs, handle, self.partitions.lanes[lane].record(), lane)
+        decoding = any(map(is_decoding, self.scheduler.running))
+        lane = self.controller.next_lane(decoding)
+        per_part = self.layers_per_part if decoding else None
+        launch = self.runner.launch_side(batch.seqs, self.partitions.lanes[lane], per_part)
+        self._chunk = _Chunk(batch.seqs, launch, lane)
+        self._advance(self._chunk)
         self.stats.chunks_per_lane[lane] = self.stats.chunks_per_lane.get(lane, 0) + 1
-        self.timings.prefill_forward += time.perf_counter() - began  # host time to launch it
         self.timings.prefill_steps += 1
         result.num_prefill_tokens += batch.num_prefill_tokens
+
+    def _advance(self, chunk: _Chunk) -> None:
+        """Launch the chunk's next part; once all are launched, record its completion."""
+        began = time.perf_counter()
+        self.stats.chunk_parts += 1
+        if chunk.launch.advance():
+            chunk.completion = self.partitions.lanes[chunk.lane].record()
+        self.timings.prefill_forward += time.perf_counter() - began  # host time to launch it
 
     def _decode(self, result: StepResult) -> bool:
         """Launch one decode step and resolve the one before it; False when no sequence decodes."""
@@ -210,7 +237,8 @@ class MultiplexedSteps:
     def _resolve_chunk(self, chunk: _Chunk) -> list[SeqUpdate]:
         """`chunk` has finished: apply held aborts (its blocks are safe to free now), then its tokens."""
         self._chunk = None
-        output = chunk.handle.result()
+        assert chunk.launch.handle is not None  # resolved only once launched and done
+        output = chunk.launch.handle.result()
         if self._held_aborts:
             self.scheduler.abort(self._held_aborts)
             self._held_aborts = set()

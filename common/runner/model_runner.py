@@ -32,6 +32,7 @@ from common.runner.inputs import (
 from common.runner.kv_cache import allocate_kv_cache, blocks_for_memory, kv_bytes_per_block
 from common.runner.output import RunnerOutput
 from common.runner.sampler import Sampler
+from common.runner.side_launch import SideLaunch
 from common.runner.step_costs import StepCosts
 from common.runner.step_handle import StepHandle
 from common.runner.tp_group import TPGroup, start_group
@@ -78,7 +79,7 @@ class ModelRunner:
         self._prev_tokens: torch.Tensor | None = None
         staging_size = max(config.max_num_seqs, config.max_num_batched_tokens)
         self._staging = HostStaging(staging_size)
-        self._side_staging = HostStaging(staging_size)  # for `launch_side`'s stream
+        self.side_staging = HostStaging(staging_size)  # for `launch_side`'s stream
         self._step_costs: StepCosts | None = None
 
     @classmethod
@@ -205,18 +206,12 @@ class ModelRunner:
         out, counts = sampled
         return StepHandle(counts, self._staging.stage(out.token_ids), out.logprobs)
 
-    @torch.inference_mode()
-    def launch_side(self, seqs: list[Sequence], lane: PrefillLane) -> StepHandle:
-        """Queue a prefill chunk on `lane`'s stream and return at once (multiplexed mode).
-
-        Eager always: the decode graphs' static inputs belong to the engine's stream. Its tokens are
-        staged through buffers of its own and never become a run-ahead step's inputs."""
-        with lane.activate():
-            sampled = self._forward_and_sample(seqs, False, None, side=True)
-            if sampled is None:
-                return StepHandle([0] * len(seqs), None, None)
-            out, counts = sampled
-            return StepHandle(counts, self._side_staging.stage(out.token_ids), out.logprobs)
+    def launch_side(
+        self, seqs: list[Sequence], lane: PrefillLane, layers_per_part: int | None = None
+    ) -> SideLaunch:
+        """A prefill chunk for `lane`'s stream (multiplexed mode), launched a part at a time by
+        `SideLaunch.advance` (None: all layers in one part). See common/runner/side_launch.py."""
+        return SideLaunch(self, seqs, lane, layers_per_part)
 
     @torch.inference_mode()
     def launch_on_device(self, seqs: list[Sequence], src_rows: list[int] | None = None) -> torch.Tensor:
@@ -227,30 +222,31 @@ class ModelRunner:
             raise ValueError("launch_on_device: every sequence must sample exactly one token")
         return sampled[0].token_ids
 
-    def _forward_and_sample(
-        self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None, side: bool = False
-    ):
-        """`side`: a step on a side stream (`launch_side`): eager, and not remembered as the
-        previous step's tokens."""
-        q_lens = self.graphs.query_lens(seqs) if self.graphs is not None and not side else None
+    def _forward_and_sample(self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None):
+        q_lens = self.graphs.query_lens(seqs) if self.graphs is not None else None
         if q_lens is not None:  # decode, speculative verification, a draft's catch-up: graph rows
             logits, counts = self.graphs.run(seqs, q_lens, src_rows)
         else:
             logits, counts = self._run_eager(seqs, is_decode, src_rows)
         if logits is None:
             return None
-        vocab = logits.shape[-1]
-        sampling, rows = sampling_rows(seqs, counts)
-        batch = prepare_sampling(sampling, vocab, self.device, self.model_config.eos_token_ids, rows)
-        batch.allowed = self.grammar.mask(sampling, vocab, self.device, rows)
-        out = self.sampler(logits, batch)
-        if 0 not in counts and len(out.token_ids) == len(seqs) and not side:
+        out = self.sample(seqs, logits, counts)
+        if 0 not in counts and len(out.token_ids) == len(seqs):
             # One token per sequence: a decode step the next may run ahead of (a verification is
             # synchronous, so its tokens never feed the device-side input of a step).
             self._prev_tokens = out.token_ids
             if self.graphs is not None:
                 self.graphs.set_prev_tokens(out.token_ids)
         return out, counts
+
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor, counts: list[int]):
+        """The sampled rows' tokens (and logprobs) from their logits: sampling parameters, grammar
+        masks, the sampler."""
+        vocab = logits.shape[-1]
+        sampling, rows = sampling_rows(seqs, counts)
+        batch = prepare_sampling(sampling, vocab, self.device, self.model_config.eos_token_ids, rows)
+        batch.allowed = self.grammar.mask(sampling, vocab, self.device, rows)
+        return self.sampler(logits, batch)
 
     def _run_eager(
         self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None

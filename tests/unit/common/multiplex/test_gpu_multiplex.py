@@ -69,6 +69,7 @@ def test_fp32_greedy_equals_aggregated(qwen3_fp32):
     shares = [lane.sms for lane in stepper.partitions.lanes]
     print("lanes:", shares, "chunks per lane:", stepper.stats.chunks_per_lane, stepper.stats)
     assert stepper.stats.decode_steps_beside > 0
+    assert stepper.stats.chunk_parts > sum(stepper.stats.chunks_per_lane.values())  # launched in parts
     assert any(shares[i] is not None for i in stepper.stats.chunks_per_lane)  # some chunk ran on a share
 
 

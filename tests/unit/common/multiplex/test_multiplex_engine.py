@@ -24,7 +24,10 @@ def _prompts(seed: int = 0) -> list[list[int]]:
 
 
 def _llm(model_dir: str, **kw) -> LLM:
-    return LLM(model_dir, num_kvcache_blocks=96, kvcache_block_size=16, max_num_batched_tokens=32, **kw)
+    llm = LLM(model_dir, num_kvcache_blocks=96, kvcache_block_size=16, max_num_batched_tokens=32, **kw)
+    if llm.engine.multiplexer is not None:
+        llm.engine.multiplexer.layers_per_part = 1  # the tiny models' 2 layers: chunks in 2 parts
+    return llm
 
 
 @pytest.mark.parametrize("arch,ahead", [("qwen3", False), ("llama", False), ("qwen3", True)])
@@ -48,7 +51,9 @@ def test_staggered_arrivals_equal_aggregated(tiny_model_dirs, ahead):
     mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead)
     assert run_staggered(mux.engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
     stats = mux.engine.multiplexer.stats
-    assert stats.decode_steps_beside > 0 and sum(stats.chunks_per_lane.values()) > len(prompts)
+    chunks = sum(stats.chunks_per_lane.values())
+    assert stats.decode_steps_beside > 0 and chunks > len(prompts)
+    assert chunks < stats.chunk_parts <= 2 * chunks  # chunks beside decode steps came in two parts
 
 
 def test_abort_of_a_chunk_in_flight_waits_for_it(tiny_model_dirs):
@@ -71,6 +76,9 @@ def test_refuses_what_does_not_combine(tiny_model_dirs):
         _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, speculative="ngram")
     with pytest.raises(ValueError, match="role"):
         _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, role="prefill")
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
+    with pytest.raises(ValueError, match="layers_per_part"):
+        mux.engine.runner.launch_side([], mux.engine.multiplexer.partitions.lanes[0], 0)
 
 
 def _mixed_params(n: int, seed: int) -> list[SamplingParams]:
@@ -96,6 +104,8 @@ def test_run_ahead_matches_aggregated(tiny_model_dirs, kv_blocks):
             pd_multiplex=mux,
             async_scheduling=mux,
         )
+        if mux:
+            llm.engine.multiplexer.layers_per_part = 1
         step = llm.engine.step
 
         def counting_step(step=step):

@@ -1,0 +1,86 @@
+"""A prefill chunk launched onto a side stream a few layers at a time (multiplexed mode).
+
+Launching an eager forward pass is host work: on the H200 host a 16 x 512-token chunk of the default
+model took 12-13 ms of Python and kernel launches before the device had all of it
+(docs/data/h200-muxahead-62e8e6a/p-probe-launch.txt). In multiplexed mode the same thread launches
+the decode steps, so one launch in one piece is an inter-token gap of that length for every decoding
+stream. `SideLaunch` cuts it into parts of `layers_per_part` layers: the stepper launches one part,
+then a decode step, then the next part, and the device runs the chunk's kernels on its lane meanwhile.
+
+Invariants: the first part makes the lane wait for everything already on the engine's stream
+(`PrefillLane.activate`: the chunk reads KV that earlier steps wrote); later parts only resume the
+lane's stream (`PrefillLane.resume`), so the decode steps launched in between never delay the chunk.
+The forward context (attention metadata) is set for each part and cleared after it, so a decode step
+in between sees its own. The chunk's tokens are staged through the runner's side buffers and never
+become a run-ahead step's inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from common.attention.context import ForwardContext, set_forward_context
+from common.core.sequence import Sequence
+from common.multiplex.partitions import PrefillLane
+from common.runner.inputs import prepare_step
+from common.runner.step_handle import StepHandle
+
+if TYPE_CHECKING:
+    from common.runner.model_runner import ModelRunner
+
+
+class SideLaunch:
+    """One chunk's launch; `advance()` launches its next part. `handle` is set once it is all launched."""
+
+    def __init__(
+        self, runner: ModelRunner, seqs: list[Sequence], lane: PrefillLane, layers_per_part: int | None
+    ) -> None:
+        if runner.tp is not None:
+            raise ValueError("a side launch needs tensor_parallel_size 1 (multiplexed mode)")
+        if layers_per_part is not None and layers_per_part < 1:
+            raise ValueError(f"layers_per_part must be a positive int or None, got {layers_per_part!r}")
+        self.runner, self.seqs, self.lane = runner, seqs, lane
+        self.layers_per_part = layers_per_part
+        self.handle: StepHandle | None = None
+        self._parts: Iterator[StepHandle | None] | None = None
+
+    @property
+    def launched(self) -> bool:
+        return self.handle is not None
+
+    def advance(self) -> bool:
+        """Launch the next part; True once the whole chunk (sampling included) is launched."""
+        if self.handle is not None:
+            return True
+        first = self._parts is None
+        if first:
+            self._parts = self._launch()
+        with torch.inference_mode(), self.lane.activate() if first else self.lane.resume():
+            self.handle = next(self._parts)
+        return self.handle is not None
+
+    def _launch(self) -> Iterator[StepHandle | None]:
+        """Yields None after each part but the last, then the handle (the generator behind `advance`)."""
+        runner, seqs = self.runner, self.seqs
+        inputs = prepare_step(seqs, runner.block_size, runner.device, False, runner.max_model_len)
+        context = ForwardContext(runner.backend, inputs.meta)
+        per_part = self.layers_per_part or runner.model_config.num_hidden_layers
+        parts = runner.model.forward_in_parts(inputs.input_ids, inputs.positions, per_part)
+        while True:
+            set_forward_context(context)
+            try:
+                hidden = next(parts)
+            finally:
+                set_forward_context(None)
+            if hidden is not None:
+                break
+            yield None
+        counts = inputs.sample_counts
+        if not any(counts):
+            yield StepHandle([0] * len(seqs), None, None)
+            return
+        out = runner.sample(seqs, runner.model.compute_logits(hidden[inputs.sample_rows]), counts)
+        yield StepHandle(counts, runner.side_staging.stage(out.token_ids), out.logprobs)
