@@ -9,8 +9,8 @@ the same loaded runner (weights, KV cache tensor, CUDA graphs), so arms differ o
 schedule. Arms: `agg-C`, the normal engine with a token budget (chunk) of C per step, and `mux-T`, the
 multiplexed engine (prefill chunks of the largest C on SM shares beside the decode steps) holding an
 inter-token target of T ms (`--mux-arms`, e.g. `30,10,10:sync,10:noprio`: `sync` without run-ahead
-decode steps, `noprio` with decode on the ordinary stream instead of the high-priority one, `whole`
-with each chunk launched in one piece instead of a few layers per decode step). Arms run
+decode steps, `noprio` with decode on the ordinary stream instead of the high-priority one, `parts`
+with each chunk launched 4 layers per decode step instead of in one piece). Arms run
 alternated, `--rounds` times each.
 
 A run: `--streams` short requests start and reach decode; then `--long-count` prompts of
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chunks", default="512,2048,8192", help="aggregated arms' token budgets per step")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--mux-chunk", type=int, default=None, help="multiplexed arms' chunk (default: largest)")
-    p.add_argument("--mux-arms", default="30", help="multiplexed arms: targets (ms), :sync :noprio :whole")
+    p.add_argument("--mux-arms", default="30", help="multiplexed arms: targets (ms), :sync :noprio :parts")
     p.add_argument("--slo-itl-ms", type=float, default=50.0, help="a stream meets it if every gap does")
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="a long prompt's first token")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's limit")
@@ -95,8 +95,8 @@ def parse_mux_arm(spec: str) -> tuple[float, set[str]]:
         ms = float(target)
     except ValueError:
         ms = -1.0
-    if not ms > 0 or not set(options) <= {"sync", "noprio", "whole"}:
-        raise ValueError(f"--mux-arms: {spec!r} is not a target in ms with optional :sync :noprio :whole")
+    if not ms > 0 or not set(options) <= {"sync", "noprio", "parts"}:
+        raise ValueError(f"--mux-arms: {spec!r} is not a target in ms with optional :sync :noprio :parts")
     return ms, set(options)
 
 
@@ -108,8 +108,8 @@ def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str], mux_chunk: int) 
     def engine(config, parts=None, options=frozenset()) -> LLMEngine:
         ahead = False if "sync" in options else run_ahead_enabled(config, runner)
         built = LLMEngine(config, llm.engine.model_config, runner, ahead, None, parts)
-        if "whole" in options and built.multiplexer is not None:
-            built.multiplexer.layers_per_part = None
+        if "parts" in options and built.multiplexer is not None:
+            built.multiplexer.layers_per_part = 4
         return built
 
     arms: dict[str, object] = {

@@ -7,9 +7,9 @@ Each `step()`:
 1. resolves the chunk in flight if its completion says it is done (its first tokens are sampled,
    stops checked, blocks committed; the sequences join the decode batch from now on);
 2. when no chunk is in flight, schedules the next one (`SplitScheduler.schedule_prefill`), asks the
-   controller for its lane (SM share) and launches its first `layers_per_part` layers there without
-   waiting; while a chunk is still being launched, launches its next part (common/runner/side_launch.py:
-   launching a whole chunk at once would stall every decoding stream for the chunk's host time);
+   controller for its lane (SM share) and launches it there without waiting, whole or (with
+   `layers_per_part`) its first part; while a chunk is still being launched, launches its next part
+   (common/runner/side_launch.py: a whole chunk's launch stalls every decoding stream for its host time);
 3. launches one decode step on the engine's stream (the CUDA graphs, all SMs but the chunk's share)
    over every decoding sequence not in the chunk, then resolves the decode step launched by the
    previous `step()` (run-ahead, as the aggregated engine's `common.core.run_ahead`: the new step's
@@ -40,6 +40,7 @@ from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
+from common.env_flags import env_int
 from common.multiplex.controller import ControllerConfig, ShareController
 from common.multiplex.partitions import Completion, SMPartitions
 from common.runner.side_launch import SideLaunch
@@ -48,8 +49,11 @@ if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
 
 
-# Layers launched per part of a chunk while sequences decode (a whole chunk at once when none does).
-LAYERS_PER_PART = 4
+def layers_per_part() -> int | None:
+    """Layers launched per part of a chunk while sequences decode (`PDSERVE_MUX_LAYERS_PER_PART`;
+    0, the default: the whole chunk at once, the form measured on the H200 so far)."""
+    n = env_int("PDSERVE_MUX_LAYERS_PER_PART", 0, 0, 10_000)
+    return n or None
 
 
 @dataclass
@@ -96,7 +100,7 @@ class MultiplexedSteps:
         chunk_tokens: int,
         timings: StepTimings,
         ahead: bool = False,
-        layers_per_part: int | None = LAYERS_PER_PART,
+        layers_per_part: int | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -126,7 +130,7 @@ class MultiplexedSteps:
         lanes = len(partitions.lanes)
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
         chunk = config.max_num_batched_tokens
-        return cls(scheduler, runner, partitions, controller, chunk, timings, ahead)
+        return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, layers_per_part())
 
     @property
     def in_flight(self) -> bool:

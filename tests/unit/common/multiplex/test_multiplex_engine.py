@@ -141,3 +141,14 @@ def test_abort_beside_a_run_ahead_step(tiny_model_dirs):
             done.setdefault(u.seq.request_id, []).append(u.new_token_id)
     assert "b" not in done and len(done["c"]) > 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_layers_per_part_comes_from_the_environment(tiny_model_dirs, monkeypatch):
+    from common.multiplex.stepper import layers_per_part
+
+    assert layers_per_part() is None  # unset: chunks launched whole
+    monkeypatch.setenv("PDSERVE_MUX_LAYERS_PER_PART", "1")
+    assert _llm(tiny_model_dirs["qwen3"], pd_multiplex=True).engine.multiplexer.layers_per_part == 1
+    monkeypatch.setenv("PDSERVE_MUX_LAYERS_PER_PART", "-2")
+    with pytest.raises(ValueError, match="PDSERVE_MUX_LAYERS_PER_PART"):
+        layers_per_part()
