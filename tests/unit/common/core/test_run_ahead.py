@@ -11,6 +11,7 @@ import random
 import pytest
 
 from common import LLM, SamplingParams
+from tests.helpers.counted_run import generate_counted
 
 
 def _prompts(n: int, seed: int) -> list[list[int]]:
@@ -34,20 +35,9 @@ def test_run_ahead_matches_sync(tiny_model_dirs, kv_blocks):
     runs, preempted = [], 0
     for async_on in (False, True):
         llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=kv_blocks, async_scheduling=async_on)
-        step = llm.engine.step
-
-        def counting_step(step=step):
-            nonlocal preempted
-            result = step()
-            preempted += result.num_preempted
-            return result
-
-        llm.engine.step = counting_step
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        runs.append([(o["token_ids"], o["finish_reason"]) for o in outs])
-        bm = llm.engine.block_manager
-        assert bm.num_free_blocks == bm.num_blocks  # every block came back
-        assert all(b.ref_count == 0 for b in bm.blocks)
+        run, count = generate_counted(llm, prompts, params)  # every block came back
+        runs.append(run)
+        preempted += count
     assert runs[0] == runs[1]
     assert "stop" in {reason for _, reason in runs[0]}  # EOS (id 2 here) ends one sequence early
     assert (preempted > 0) == (kv_blocks == 12)

@@ -11,6 +11,7 @@ import pytest
 
 from common import LLM, SamplingParams
 from common.multiplex.partitions import InlinePartitions
+from tests.helpers.counted_run import generate_counted
 from tests.helpers.staggered import run_staggered
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -106,19 +107,9 @@ def test_run_ahead_matches_aggregated(tiny_model_dirs, kv_blocks):
         )
         if mux:
             llm.engine.multiplexer.layers_per_part = 1
-        step = llm.engine.step
-
-        def counting_step(step=step):
-            nonlocal preempted
-            result = step()
-            preempted += result.num_preempted
-            return result
-
-        llm.engine.step = counting_step
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        runs.append([(o["token_ids"], o["finish_reason"]) for o in outs])
-        bm = llm.engine.block_manager
-        assert bm.num_free_blocks == bm.num_blocks and all(b.ref_count == 0 for b in bm.blocks)
+        run, count = generate_counted(llm, prompts, params)  # every block came back
+        runs.append(run)
+        preempted += count
     assert runs[1] == runs[0]
     assert "stop" in {reason for _, reason in runs[0]}
     assert (preempted > 0) == (kv_blocks == 12)
