@@ -186,12 +186,22 @@ class MultiplexedSteps:
         result.num_prefill_tokens += batch.num_prefill_tokens
 
     def _advance(self, chunk: _Chunk) -> None:
-        """Launch the chunk's next part; once all are launched, record its completion."""
+        """Launch the chunk's next part; once all are launched, record its completion. A part that
+        fails abandons the chunk (its sequences stay running until aborted) and re-raises."""
         began = time.perf_counter()
         self.stats.chunk_parts += 1
-        if chunk.launch.advance():
-            chunk.completion = self.partitions.lanes[chunk.lane].record()
-        self.timings.prefill_forward += time.perf_counter() - began  # host time to launch it
+        lane = self.partitions.lanes[chunk.lane]
+        try:
+            if chunk.launch.advance():
+                chunk.completion = lane.record()
+        except BaseException:
+            lane.record().wait()  # the parts already launched may still write the chunk's blocks
+            self._chunk = None
+            self.scheduler.abort(self._held_aborts)
+            self._held_aborts = set()
+            raise
+        finally:
+            self.timings.prefill_forward += time.perf_counter() - began  # host time to launch it
 
     def _decode(self, result: StepResult) -> bool:
         """Launch one decode step and resolve the one before it; False when no sequence decodes."""

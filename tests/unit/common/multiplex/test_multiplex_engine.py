@@ -143,3 +143,31 @@ def test_layers_per_part_comes_from_the_environment(tiny_model_dirs, monkeypatch
     monkeypatch.setenv("PDSERVE_MUX_LAYERS_PER_PART", "-2")
     with pytest.raises(ValueError, match="PDSERVE_MUX_LAYERS_PER_PART"):
         layers_per_part()
+
+
+def test_a_failed_chunk_launch_leaves_the_engine_serving(tiny_model_dirs, monkeypatch):
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
+    engine = mux.engine
+    engine.add_request([5, 6, 7], GREEDY, request_id="b")
+    engine.step()  # b prefilled; it decodes from the next step on
+    model = engine.runner.model
+    real = model.forward_in_parts
+
+    def failing(*args):
+        parts = real(*args)
+        yield next(parts)  # the first of its two parts
+        raise RuntimeError("device error")
+
+    monkeypatch.setattr(model, "forward_in_parts", lambda *a: failing(*a))
+    engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
+    with pytest.raises(RuntimeError, match="device error"):
+        for _ in range(3):
+            engine.step()  # a's chunk: its first part, a decode step for b, then the failing part
+    assert not engine.multiplexer.chunk_in_flight
+    monkeypatch.setattr(model, "forward_in_parts", real)
+    assert sorted(s.request_id for s in engine.abort(["a", "b"])) == ["a", "b"]  # as a worker's fail_all
+    while engine.has_unfinished:
+        engine.step()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    want = _llm(tiny_model_dirs["qwen3"]).generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)
+    assert mux.generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)[0]["token_ids"] == want[0]["token_ids"]
