@@ -12,8 +12,8 @@
 #            disaggregated (four GPUs: see benchmarks/serving/gpu_four.sh)
 # BACKEND=ray places the workers through Ray's GPU resources (default local processes).
 # Workloads (WORKLOADS, default "random interference multiturn"), see benchmarks/serving/serving.py (interference:
-# LONG_RATE long prompts per second, default 1; GOODPUT adds SLO flags such as "--goodput-ttft-ms 1000
-# --goodput-itl-ms 50"), each sized to
+# LONG_RATE long prompts per second, default 1, or interference@R for R per second; GOODPUT adds SLO flags
+# such as "--goodput-ttft-ms 1000 --goodput-itl-ms 50"), each sized to
 # run >= 30 s on one H200 (RANDOM_PROMPTS, default 12288 requests of 512 in / 128 out, also the offline
 # reference's count; INTERF_S, default 30; MT_CONVERSATIONS, default 768): runs of 2-4 s differed by up to
 # 1.8x. REPEAT=N (default 3) runs each N times on the same cluster; the table gives median and min-max.
@@ -48,8 +48,9 @@ workload() {  # $1 workload, $2 json path
   case $1 in
     random) $BENCH --base-url "$URL" --num-prompts "$RANDOM_PROMPTS" --input-len 512 --output-len 128 \
         --max-concurrency 256 --json-out "$2" ;;
-    interference) $BENCH --base-url "$URL" --workload interference --duration ${INTERF_S:-30} --chat-concurrency 64 \
-        --input-len 256 --output-len 256 --long-len 6000 --long-rate ${LONG_RATE:-1} ${GOODPUT:-} --json-out "$2" ;;
+    interference|interference@*) local rate=${LONG_RATE:-1}; [ "$1" != "${1#*@}" ] && rate=${1#*@}
+      $BENCH --base-url "$URL" --workload interference --duration ${INTERF_S:-30} --chat-concurrency 64 \
+        --input-len 256 --output-len 256 --long-len 6000 --long-rate "$rate" ${GOODPUT:-} --json-out "$2" ;;
     multiturn) $BENCH --base-url "$URL" --workload multi-turn --num-conversations ${MT_CONVERSATIONS:-768} --turns 4 \
         --input-len 512 --output-len 128 --max-concurrency 64 --json-out "$2" ;;
   esac

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 28's serving comparison on one GPU: aggregated `--mixed 1` at each chunk size against
+# `--prefill 1 --decode 1` (on a one-GPU host the launcher runs it as one multiplexed worker), on the
+# interference workload of benchmarks/serving/serving.py (64 chat clients 256 in / 256 out back to back,
+# 6,000-token prompts arriving at each rate of LONG_RATES per second), REPEAT runs of INTERF_S seconds
+# per rate, goodput at the SLO (TTFT <= 1 s and every inter-token gap <= ITL_SLO_MS).
+#   bash benchmarks/serving/pd_one_gpu.sh [MODEL_DIR]     (default: the default model)
+# Env: ARMS ("agg512 agg2048 agg8192 mux": aggN is --mixed 1 --max-num-batched-tokens N), LONG_RATES
+# ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
+# MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
+# serves every rate (about 5.5 minutes per arm at the defaults): split ARMS over device calls.
+# Logs and tables: ${OUT:-/tmp/pdserve-pd1}/ARM/; each arm's table (benchmarks/serving/cluster_table.py)
+# is printed as it finishes: one row per rate, TTFT of the long prompts, TPOT and ITL of the chat.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+MODEL="${1:-}"
+OUTDIR="${OUT:-/tmp/pdserve-pd1}"
+WL=""
+for rate in ${LONG_RATES:-0.5 1 2}; do WL="$WL interference@$rate"; done
+for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
+  case $arm in
+    agg*) setup=mixed extra="--max-num-batched-tokens ${arm#agg}" ;;
+    mux) setup=ipc extra="${MUX_EXTRA:-}" ;;
+    *) echo "unknown arm $arm (aggN or mux)" >&2; exit 2 ;;
+  esac
+  echo "== $arm"
+  env OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \
+      GOODPUT="--goodput-ttft-ms 1000 --goodput-itl-ms ${ITL_SLO_MS:-50}" LAUNCH_EXTRA="$extra" \
+      bash benchmarks/serving/gpu_cluster.sh $MODEL
+done
