@@ -47,10 +47,6 @@ class SideLaunch:
         self.handle: StepHandle | None = None
         self._parts: Iterator[StepHandle | None] | None = None
 
-    @property
-    def launched(self) -> bool:
-        return self.handle is not None
-
     def advance(self) -> bool:
         """Launch the next part; True once the whole chunk (sampling included) is launched."""
         if self.handle is not None:
