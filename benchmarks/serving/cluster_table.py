@@ -130,7 +130,7 @@ def run_rows(log: Path) -> list[dict]:
                 "ttft": (ttft_of["ttft_ms"]["p50"], ttft_of["ttft_ms"]["p99"]),
                 "tpot": (tpot_of["tpot_ms"]["p50"], tpot_of["tpot_ms"]["p99"]),
                 "itl": _itl(tpot_of),
-                "goodput": s.get("goodput_per_s") if s.get("goodput_per_s") is not None else float("nan"),
+                "goodput": _or_nan(s.get("goodput_per_s")),
                 "failed": s["failed"],
                 "kv": (gb, gbps),
                 "stages": stage_means_ms(delta),
@@ -138,6 +138,10 @@ def run_rows(log: Path) -> list[dict]:
             }
         )
     return out
+
+
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
 
 
 def _itl(summary: dict) -> tuple[float, float]:

@@ -205,8 +205,10 @@ class MultiplexedSteps:
 
     def _decode(self, result: StepResult) -> bool:
         """Launch one decode step and resolve the one before it; False when no sequence decodes."""
-        running = self.scheduler.running
-        if self._decode_in_flight is not None and any(map(run_ahead.needs_host_tokens, running)):
+        # One pass per step: the decode batch is drawn from `running`, so this also says whether it
+        # may run ahead.
+        host_tokens = any(map(run_ahead.needs_host_tokens, self.scheduler.running))
+        if host_tokens and self._decode_in_flight is not None:
             result.updates += self._resolve_decode(frozenset())  # penalties, logprobs: host tokens first
         busy = self._chunk.seq_ids if self._chunk is not None else frozenset()
         batch = self.scheduler.schedule_decode(busy)
@@ -218,7 +220,7 @@ class MultiplexedSteps:
         rows = run_ahead.src_rows(previous, batch.seqs) if previous is not None else None
         handle = self.runner.launch(batch.seqs, True, rows)
         result.updates += self._resolve_decode(frozenset(s.seq_id for s in batch.seqs))
-        if self.ahead and not any(map(run_ahead.needs_host_tokens, batch.seqs)):
+        if self.ahead and not host_tokens:
             self._decode_in_flight = run_ahead.start(batch.seqs, handle)
         else:
             result.updates += self.scheduler.update_from_output(batch.seqs, handle.result())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -11,7 +12,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,14 @@ class LaunchedCluster:
 
     def debug_index(self) -> dict:
         return httpx.get(f"{self.url}/debug/index", timeout=10).json()
+
+    def complete(self, prompt, max_tokens: int, **extra) -> dict:
+        """A greedy /v1/completions answer (asserting 200): what the cluster tests compare with the
+        offline engine."""
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+        r = httpx.post(f"{self.url}/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
 
     def worker_pids(self) -> list[int]:
         return [w["pid"] for w in self.health()["workers"]]
@@ -105,6 +114,17 @@ def launch(
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     raise RuntimeError(f"cluster did not become ready:\n{cluster.logs()}")
+
+
+@contextlib.contextmanager
+def running(model: str, log_dir: Path, *extra: str) -> Iterator[LaunchedCluster]:
+    """`launch`, and at the end a clean stop: the launcher must exit 0 (else the logs are shown)."""
+    launched = launch(model, log_dir, *extra)
+    try:
+        yield launched
+    finally:
+        status = launched.stop()
+        assert status == 0, launched.logs()
 
 
 def _pump(proc: subprocess.Popen, lines: queue.Queue, output: list[str]) -> None:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from common import LLM
 from common.wire.sampling_params import SamplingParams
-from tests.integration.launcher import LaunchedCluster, launch
+from tests.integration.launcher import LaunchedCluster, running
 from tests.integration.process_cluster import metric
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,26 +29,15 @@ MAX_TOKENS = 10
 def cluster(model_dir, tmp_path_factory) -> LaunchedCluster:
     extra = ["--prefill", "1", "--decode", "1", "--kv-transport", "tcp", "--disagg", "always"]
     extra += ["--kv-cache-dtype", "fp8", "--num-kvcache-blocks", "256"]
-    launched = launch(model_dir, tmp_path_factory.mktemp("fp8-logs"), *extra)
-    try:
+    with running(model_dir, tmp_path_factory.mktemp("fp8-logs"), *extra) as launched:
         yield launched
-    finally:
-        status = launched.stop()
-        assert status == 0, launched.logs()
-
-
-def complete(cluster: LaunchedCluster, prompt: list[int]) -> str:
-    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-    r = httpx.post(f"{cluster.url}/v1/completions", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["text"]
 
 
 def test_fp8_hand_offs_answer_as_the_offline_fp8_engine(cluster, model_dir, tokenizer) -> None:
     prompts = [tokenizer.encode(t) for t in TEXTS]
     before = metric(cluster.metrics(), "pdserve_disagg_decisions_total", decision="remote") or 0.0
     with ThreadPoolExecutor(len(prompts)) as pool:
-        got = list(pool.map(lambda p: complete(cluster, p), prompts))
+        got = list(pool.map(lambda p: cluster.complete(p, MAX_TOKENS)["choices"][0]["text"], prompts))
     offline = LLM(model_dir, kv_cache_dtype="fp8", num_kvcache_blocks=256, enforce_eager=True)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     want = offline.generate(prompts, params, use_tqdm=False)

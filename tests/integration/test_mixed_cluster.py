@@ -14,11 +14,10 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from common.wire.sampling_params import SamplingParams
-from tests.integration.launcher import LaunchedCluster, launch
+from tests.integration.launcher import LaunchedCluster, running
 from tests.integration.process_cluster import metric
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,27 +42,16 @@ MAX_TOKENS = 10
 def cluster(request, model_dir, tmp_path_factory) -> LaunchedCluster:
     log_dir = tmp_path_factory.mktemp(f"{request.param}-logs")
     extra = [*SETUPS[request.param], "--kv-transport", "tcp", "--num-kvcache-blocks", "256"]
-    launched = launch(model_dir, log_dir, *extra)
-    launched.setup = request.param  # type: ignore[attr-defined]
-    try:
+    with running(model_dir, log_dir, *extra) as launched:
+        launched.setup = request.param  # type: ignore[attr-defined]
         yield launched
-    finally:
-        status = launched.stop()
-        assert status == 0, launched.logs()
-
-
-def complete(cluster: LaunchedCluster, prompt: list[int]) -> dict:
-    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-    r = httpx.post(f"{cluster.url}/v1/completions", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def test_answers_equal_the_offline_engine_and_decisions_are_counted(cluster, offline, tokenizer) -> None:
     prompts = [tokenizer.encode(t) for t in TEXTS]
     before = cluster.metrics()
     with ThreadPoolExecutor(len(prompts)) as pool:  # concurrent: the workers batch them
-        got = list(pool.map(lambda p: complete(cluster, p), prompts))
+        got = list(pool.map(lambda p: cluster.complete(p, MAX_TOKENS), prompts))
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     want = offline.generate(prompts, params, use_tqdm=False)
     for text, w, resp in zip(TEXTS, want, got, strict=True):

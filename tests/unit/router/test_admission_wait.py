@@ -16,6 +16,14 @@ def rejected(bound: InflightBound) -> float:
     return bound._metrics.requests.value(status="rejected")  # noqa: SLF001
 
 
+async def full(limit: int) -> InflightBound:
+    """A bound whose every place is taken (no one waiting yet)."""
+    bound = InflightBound(limit, RouterMetrics())
+    for _ in range(limit):
+        assert await bound.enter(0.0)
+    return bound
+
+
 def test_room_admits_at_once_and_no_wait_rejects_at_once() -> None:
     async def run() -> None:
         bound = InflightBound(1, RouterMetrics())
@@ -27,8 +35,7 @@ def test_room_admits_at_once_and_no_wait_rejects_at_once() -> None:
 
 def test_a_waiter_is_admitted_when_a_place_frees_first_come_first_served() -> None:
     async def run() -> None:
-        bound = InflightBound(2, RouterMetrics())
-        assert await bound.enter(0.0) and await bound.enter(0.0)
+        bound = await full(2)
         order: list[str] = []
 
         async def wait(name: str) -> None:
@@ -50,9 +57,7 @@ def test_a_waiter_is_admitted_when_a_place_frees_first_come_first_served() -> No
 
 def test_a_newcomer_does_not_jump_the_queue() -> None:
     async def run() -> None:
-        bound = InflightBound(2, RouterMetrics())
-        await bound.enter(0.0)
-        await bound.enter(0.0)
+        bound = await full(2)
         waiter = asyncio.create_task(bound.enter(5.0))
         await asyncio.sleep(0.02)
         bound.leave()  # the waiter is woken; a request arriving before it runs must not take its place
@@ -64,8 +69,7 @@ def test_a_newcomer_does_not_jump_the_queue() -> None:
 
 def test_a_wait_that_sees_no_place_ends_in_a_rejection() -> None:
     async def run() -> None:
-        bound = InflightBound(1, RouterMetrics())
-        await bound.enter(0.0)
+        bound = await full(1)
         loop = asyncio.get_running_loop()
         began = loop.time()
         assert not await bound.enter(0.1)
@@ -77,9 +81,7 @@ def test_a_wait_that_sees_no_place_ends_in_a_rejection() -> None:
 
 def test_at_most_limit_requests_wait() -> None:
     async def run() -> None:
-        bound = InflightBound(2, RouterMetrics())
-        await bound.enter(0.0)
-        await bound.enter(0.0)
+        bound = await full(2)
         waiters = [asyncio.create_task(bound.enter(5.0)) for _ in range(2)]
         await asyncio.sleep(0.02)
         assert not await bound.enter(5.0)  # the queue is full: rejected at once
@@ -92,9 +94,7 @@ def test_at_most_limit_requests_wait() -> None:
 
 def test_a_cancelled_waiter_leaves_the_queue() -> None:
     async def run() -> None:
-        bound = InflightBound(2, RouterMetrics())
-        await bound.enter(0.0)
-        await bound.enter(0.0)
+        bound = await full(2)
         gone = asyncio.create_task(bound.enter(5.0))
         nxt = asyncio.create_task(bound.enter(5.0))
         await asyncio.sleep(0.02)

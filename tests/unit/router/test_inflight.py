@@ -4,8 +4,10 @@ sent before the request's body is read; once a request ends, the bound has room 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,29 +25,41 @@ def test_past_the_bound_a_request_gets_429_before_its_body_is_read(
         asyncio.run(_overload(info, reply))
 
 
-async def _overload(info: dict, reply: list[int]) -> None:
-    specs = [("p0", "prefill", Script(reply=reply)), ("d0", "decode", Script(reply=reply, token_delay=0.2))]
-    workers = await start_workers(info["inbox"], specs)
+@contextlib.asynccontextmanager
+async def _serving(
+    info: dict, reply: list[int], token_delay: float, timeout: float
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A scripted prefill and decode worker (the decode one slow per token) on the router at `info`,
+    and a client once the router is healthy; the workers stop afterwards."""
+    decode = Script(reply=reply, token_delay=token_delay)
+    workers = await start_workers(
+        info["inbox"], [("p0", "prefill", Script(reply=reply)), ("d0", "decode", decode)]
+    )
     try:
-        async with httpx.AsyncClient(base_url=info["http"], timeout=10) as http:
+        async with httpx.AsyncClient(base_url=info["http"], timeout=timeout) as http:
             await _until_healthy(http)
-            body = {"prompt": "x", "max_tokens": len(reply), "stream": True}
-            async with http.stream("POST", "/v1/completions", json=body) as first:
-                assert first.status_code == 200
-                status, headers, error = await _headers_only(info["http"], "/v1/chat/completions")
-                assert (status, headers["retry-after"]) == (429, "1")
-                assert error["error"]["code"] == "too_many_requests"
-                assert error["error"]["type"] == "rate_limit_error"
-                assert "x-request-id" in headers
-                text = "".join([line async for line in first.aiter_lines()])
-                assert text.endswith("data: [DONE]")
-            done = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
-            assert done.status_code == 200
-            metrics = (await http.get("/metrics")).text
-            assert 'pdserve_requests_total{status="rejected"} 1\n' in metrics
+            yield http
     finally:
         for w in workers:
             await w.stop()
+
+
+async def _overload(info: dict, reply: list[int]) -> None:
+    async with _serving(info, reply, token_delay=0.2, timeout=10) as http:
+        body = {"prompt": "x", "max_tokens": len(reply), "stream": True}
+        async with http.stream("POST", "/v1/completions", json=body) as first:
+            assert first.status_code == 200
+            status, headers, error = await _headers_only(info["http"], "/v1/chat/completions")
+            assert (status, headers["retry-after"]) == (429, "1")
+            assert error["error"]["code"] == "too_many_requests"
+            assert error["error"]["type"] == "rate_limit_error"
+            assert "x-request-id" in headers
+            text = "".join([line async for line in first.aiter_lines()])
+            assert text.endswith("data: [DONE]")
+        done = await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert done.status_code == 200
+        metrics = (await http.get("/metrics")).text
+        assert 'pdserve_requests_total{status="rejected"} 1\n' in metrics
 
 
 async def _headers_only(url: str, path: str) -> tuple[int, dict[str, str], dict]:
@@ -83,20 +97,13 @@ def test_with_an_admission_wait_a_request_past_the_bound_is_served_once_a_place_
 
 
 async def _waited(info: dict, reply: list[int]) -> None:
-    specs = [("p0", "prefill", Script(reply=reply)), ("d0", "decode", Script(reply=reply, token_delay=0.3))]
-    workers = await start_workers(info["inbox"], specs)
-    try:
-        async with httpx.AsyncClient(base_url=info["http"], timeout=20) as http:
-            await _until_healthy(http)
-            body = {"prompt": "x", "max_tokens": len(reply)}
-            first = asyncio.create_task(http.post("/v1/completions", json=body))
-            await asyncio.sleep(0.2)  # the first holds the only place
-            began = time.monotonic()
-            second = await http.post("/v1/completions", json=body)
-            assert second.status_code == 200, second.text  # held, not shed
-            assert time.monotonic() - began > 0.2  # it waited for the first to end
-            assert (await first).status_code == 200
-            assert 'pdserve_requests_total{status="rejected"}' not in (await http.get("/metrics")).text
-    finally:
-        for w in workers:
-            await w.stop()
+    async with _serving(info, reply, token_delay=0.3, timeout=20) as http:
+        body = {"prompt": "x", "max_tokens": len(reply)}
+        first = asyncio.create_task(http.post("/v1/completions", json=body))
+        await asyncio.sleep(0.2)  # the first holds the only place
+        began = time.monotonic()
+        second = await http.post("/v1/completions", json=body)
+        assert second.status_code == 200, second.text  # held, not shed
+        assert time.monotonic() - began > 0.2  # it waited for the first to end
+        assert (await first).status_code == 200
+        assert 'pdserve_requests_total{status="rejected"}' not in (await http.get("/metrics")).text
