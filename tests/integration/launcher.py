@@ -15,8 +15,12 @@ import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from tests.integration.process_cluster import ProcessCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"pdserve ready: (http://\S+)/v1")
@@ -37,14 +41,6 @@ class LaunchedCluster:
 
     def debug_index(self) -> dict:
         return httpx.get(f"{self.url}/debug/index", timeout=10).json()
-
-    def complete(self, prompt, max_tokens: int, **extra) -> dict:
-        """A greedy /v1/completions answer (asserting 200): what the cluster tests compare with the
-        offline engine."""
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
-        r = httpx.post(f"{self.url}/v1/completions", json=body, timeout=120)
-        assert r.status_code == 200, r.text
-        return r.json()
 
     def worker_pids(self) -> list[int]:
         return [w["pid"] for w in self.health()["workers"]]
@@ -114,6 +110,15 @@ def launch(
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     raise RuntimeError(f"cluster did not become ready:\n{cluster.logs()}")
+
+
+def complete(cluster: LaunchedCluster | ProcessCluster, prompt, max_tokens: int, **extra) -> dict:
+    """A greedy /v1/completions answer from either kind of test cluster (asserting 200): what the
+    cluster tests compare with the offline engine."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra}
+    r = httpx.post(f"{cluster.url}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from common.wire.sampling_params import SamplingParams
-from tests.integration.launcher import LaunchedCluster, running
+from tests.integration.launcher import LaunchedCluster, complete, running
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,7 +62,7 @@ def expected(offline, tokenizer, prompts: list[list[int]], max_tokens: int = MAX
 def test_greedy_outputs_equal_offline_engine(cluster, offline, tokenizer) -> None:
     prompts = [tokenizer.encode(t) for t in TEXTS]
     with ThreadPoolExecutor(len(prompts)) as pool:  # concurrent, so the workers batch them
-        got = list(pool.map(lambda p: cluster.complete(p, MAX_TOKENS), prompts))
+        got = list(pool.map(lambda p: complete(cluster, p, MAX_TOKENS), prompts))
     for want, resp in zip(expected(offline, tokenizer, prompts), got, strict=True):
         choice = resp["choices"][0]
         assert choice["text"] == want["text"]
@@ -105,7 +105,7 @@ def test_streaming_gives_the_same_text(client, model_name) -> None:
 def test_32_concurrent_requests_all_complete(cluster) -> None:
     prompts = [f"Request number {i}: tell me a fact about the number {i}." for i in range(32)]
     with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(lambda p: cluster.complete(p, 6), prompts))
+        results = list(pool.map(lambda p: complete(cluster, p, 6), prompts))
     for resp in results:
         assert resp["choices"][0]["finish_reason"] in ("stop", "length")
         assert 1 <= resp["usage"]["completion_tokens"] <= 6
@@ -115,14 +115,14 @@ def test_shared_prefix_goes_to_the_worker_holding_it(cluster, tokenizer) -> None
     prefix = tokenizer.encode(LONG_PREFIX)
     assert len(prefix) >= 48  # at least three full blocks to reuse
     counts0, blocks0 = _prefill_counts(cluster), _cached_blocks(cluster)
-    cluster.complete(prefix + tokenizer.encode(" Question: when do you open?", False), 2)
+    complete(cluster, prefix + tokenizer.encode(" Question: when do you open?", False), 2)
     counts1 = _prefill_counts(cluster)
     holder = next(w for w in counts1 if counts1[w] > counts0.get(w, 0))  # the worker that prefilled it
     _wait_for_blocks(cluster, holder, blocks0.get(holder, 0) + len(prefix) // 16)
     before = _prefill_counts(cluster)
     hits_before = _metric(cluster.metrics(), "pdserve_prefix_cache_hit_tokens_total")
     for q in ("Do you sell rye?", "Can I order thirty loaves today?", "Croissants on Monday?"):
-        resp = cluster.complete(prefix + tokenizer.encode(f" Question: {q}", False), 2)
+        resp = complete(cluster, prefix + tokenizer.encode(f" Question: {q}", False), 2)
         assert resp["usage"]["prompt_tokens_details"]["cached_tokens"] >= 48
     after = _prefill_counts(cluster)
     assert after[holder] - before.get(holder, 0) == 3
@@ -131,7 +131,7 @@ def test_shared_prefix_goes_to_the_worker_holding_it(cluster, tokenizer) -> None
     # Unrelated prompts arriving together spread over both prefill workers.
     unrelated = [f"Topic {i}: " + " ".join(f"word{i}x{j}" for j in range(20)) for i in range(8)]
     with ThreadPoolExecutor(len(unrelated)) as pool:
-        list(pool.map(lambda p: cluster.complete(p, 2), unrelated))
+        list(pool.map(lambda p: complete(cluster, p, 2), unrelated))
     spread = _prefill_counts(cluster)
     assert all(spread[w] > after.get(w, 0) for w in ("prefill-0", "prefill-1")), spread
 
@@ -166,7 +166,7 @@ def test_disconnects_and_stop_strings_free_every_block(cluster) -> None:
         data = (line for line in r.iter_lines() if line.startswith("data:"))
         for _ in range(5):  # decoding is under way on a decode worker when the client leaves
             next(data)
-    resp = cluster.complete(TEXTS[0], 50, stop=[" "], ignore_eos=True)
+    resp = complete(cluster, TEXTS[0], 50, stop=[" "], ignore_eos=True)
     assert resp["choices"][0]["finish_reason"] == "stop"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:

@@ -11,7 +11,7 @@ import pytest
 
 from common import LLM
 from common.wire.sampling_params import SamplingParams
-from tests.integration.launcher import LaunchedCluster, running
+from tests.integration.launcher import LaunchedCluster, complete, running
 from tests.integration.process_cluster import metric
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,7 +37,7 @@ def test_fp8_hand_offs_answer_as_the_offline_fp8_engine(cluster, model_dir, toke
     prompts = [tokenizer.encode(t) for t in TEXTS]
     before = metric(cluster.metrics(), "pdserve_disagg_decisions_total", decision="remote") or 0.0
     with ThreadPoolExecutor(len(prompts)) as pool:
-        got = list(pool.map(lambda p: cluster.complete(p, MAX_TOKENS)["choices"][0]["text"], prompts))
+        got = list(pool.map(lambda p: complete(cluster, p, MAX_TOKENS)["choices"][0]["text"], prompts))
     offline = LLM(model_dir, kv_cache_dtype="fp8", num_kvcache_blocks=256, enforce_eager=True)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     want = offline.generate(prompts, params, use_tqdm=False)

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from common.wire.sampling_params import SamplingParams
-from tests.integration.launcher import LaunchedCluster, running
+from tests.integration.launcher import LaunchedCluster, complete, running
 from tests.integration.process_cluster import metric
 
 pytestmark = pytest.mark.timeout(300)
@@ -51,7 +51,7 @@ def test_answers_equal_the_offline_engine_and_decisions_are_counted(cluster, off
     prompts = [tokenizer.encode(t) for t in TEXTS]
     before = cluster.metrics()
     with ThreadPoolExecutor(len(prompts)) as pool:  # concurrent: the workers batch them
-        got = list(pool.map(lambda p: cluster.complete(p, MAX_TOKENS), prompts))
+        got = list(pool.map(lambda p: complete(cluster, p, MAX_TOKENS), prompts))
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     want = offline.generate(prompts, params, use_tqdm=False)
     for text, w, resp in zip(TEXTS, want, got, strict=True):

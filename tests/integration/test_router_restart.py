@@ -8,8 +8,9 @@ import time
 import httpx
 import pytest
 
+from tests.integration.launcher import complete
 from tests.integration.process_cluster import ProcessCluster
-from tests.integration.test_cluster import LONG_PREFIX, complete
+from tests.integration.test_cluster import LONG_PREFIX
 
 pytestmark = pytest.mark.timeout(240)
 
