@@ -158,16 +158,25 @@ def _checked_lane(sms: int, device: torch.device) -> tuple[CudaLane | None, floa
     return lane, error
 
 
+# (device index, SMs) -> (green context, its stream), kept for the life of the process. Memory used on
+# a stream records an event there when it is freed (pinned host buffers, cached device blocks), in
+# whatever order the garbage collector frees an engine; a destroyed context makes that record abort the
+# process ("context is destroyed"). So contexts are never destroyed, and a later engine reuses them.
+_GREEN_STREAMS: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
 def green_stream(sms: int, device: torch.device) -> tuple[Any, Any]:
-    """(green context, one of its streams) on `sms` SMs of `device`."""
+    """(green context, one of its streams) on `sms` SMs of `device`; the same pair for the process."""
     from torch.cuda.green_contexts import GreenContext
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    try:
-        context = GreenContext.create(num_sms=sms, device_id=index)
-    except TypeError:  # releases whose binding takes the arguments by position only
-        context = GreenContext.create(sms, index)
-    return context, context.Stream()
+    if (index, sms) not in _GREEN_STREAMS:
+        try:
+            context = GreenContext.create(num_sms=sms, device_id=index)
+        except TypeError:  # releases whose binding takes the arguments by position only
+            context = GreenContext.create(sms, index)
+        _GREEN_STREAMS[index, sms] = (context, context.Stream())
+    return _GREEN_STREAMS[index, sms]
 
 
 def gemm_error(lane: CudaLane, timeout_s: float = GEMM_TIMEOUT_S) -> float:

@@ -31,6 +31,7 @@ from common.runner.inputs import (
 )
 from common.runner.kv_cache import allocate_kv_cache, blocks_for_memory, kv_bytes_per_block
 from common.runner.output import RunnerOutput
+from common.runner.prefill_graphs import PrefillGraphs, prefill_graphs_enabled
 from common.runner.sampler import Sampler
 from common.runner.side_launch import SideLaunch
 from common.runner.step_costs import StepCosts
@@ -76,6 +77,7 @@ class ModelRunner:
         self.model: torch.nn.Module | None = None
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         self._prev_tokens: torch.Tensor | None = None
         staging_size = max(config.max_num_seqs, config.max_num_batched_tokens)
         self._staging = HostStaging(staging_size)
@@ -143,6 +145,8 @@ class ModelRunner:
             self.device,
         )
         self.graphs.capture()
+        if prefill_graphs_enabled():
+            self.prefill_graphs = PrefillGraphs.capture_for(self)
 
     def step_costs(self) -> StepCosts | None:
         """Measured seconds of a decode-shaped step by row count (None without CUDA graphs); the
@@ -223,11 +227,7 @@ class ModelRunner:
         return sampled[0].token_ids
 
     def _forward_and_sample(self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None):
-        q_lens = self.graphs.query_lens(seqs) if self.graphs is not None else None
-        if q_lens is not None:  # decode, speculative verification, a draft's catch-up: graph rows
-            logits, counts = self.graphs.run(seqs, q_lens, src_rows)
-        else:
-            logits, counts = self._run_eager(seqs, is_decode, src_rows)
+        logits, counts = self.forward_logits(seqs, is_decode, src_rows)
         if logits is None:
             return None
         out = self.sample(seqs, logits, counts)
@@ -238,6 +238,22 @@ class ModelRunner:
             if self.graphs is not None:
                 self.graphs.set_prev_tokens(out.token_ids)
         return out, counts
+
+    def forward_logits(
+        self, seqs: list[Sequence], is_decode: bool, src_rows: list[int] | None = None
+    ) -> tuple[torch.Tensor | None, list[int]]:
+        """The step's forward pass on the cheapest path that computes it: a decode graph for
+        decode-shaped steps, a prefill graph for prefill and mixed steps that fit one, else eager.
+        Returns the sampled rows' logits (None when no sequence samples) and each sequence's count."""
+        q_lens = self.graphs.query_lens(seqs) if self.graphs is not None else None
+        if q_lens is not None:  # decode, speculative verification, a draft's catch-up: graph rows
+            return self.graphs.run(seqs, q_lens, src_rows)
+        bucket = (
+            self.prefill_graphs.bucket(seqs) if self.prefill_graphs is not None and not is_decode else None
+        )
+        if bucket is not None:
+            return self.prefill_graphs.run(seqs, bucket, src_rows)
+        return self._run_eager(seqs, is_decode, src_rows)
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor, counts: list[int]):
         """The sampled rows' tokens (and logprobs) from their logits: sampling parameters, grammar

@@ -4,8 +4,10 @@ Launching an eager forward pass is host work: on the H200 host a 16 x 512-token 
 model took 12-13 ms of Python and kernel launches before the device had all of it
 (docs/data/h200-muxahead-62e8e6a/p-probe-launch.txt). In multiplexed mode the same thread launches
 the decode steps, so one launch in one piece is an inter-token gap of that length for every decoding
-stream. `SideLaunch` cuts it into parts of `layers_per_part` layers: the stepper launches one part,
-then a decode step, then the next part, and the device runs the chunk's kernels on its lane meanwhile.
+stream. A chunk that fits a prefill CUDA graph (`prefill_graphs.py`) launches in one cheap part.
+Otherwise (`enforce_eager`, `PDSERVE_PREFILL_GRAPHS=0`) `SideLaunch` cuts it into parts of
+`layers_per_part` layers: the stepper launches one part, then a decode step, then the next part, and
+the device runs the chunk's kernels on its lane meanwhile.
 
 Invariants: the first part makes the lane wait for everything already on the engine's stream
 (`PrefillLane.activate`: the chunk reads KV that earlier steps wrote); later parts only resume the
@@ -59,8 +61,14 @@ class SideLaunch:
         return self.handle is not None
 
     def _launch(self) -> Iterator[StepHandle | None]:
-        """Yields None after each part but the last, then the handle (the generator behind `advance`)."""
+        """Yields None after each part but the last, then the handle (the generator behind `advance`).
+        A chunk that fits a prefill graph is one part: its launch is one copy and one graph launch."""
         runner, seqs = self.runner, self.seqs
+        graphs = runner.prefill_graphs
+        bucket = graphs.bucket(seqs) if graphs is not None else None
+        if bucket is not None:
+            yield self._sampled(*graphs.run(seqs, bucket))
+            return
         inputs = prepare_step(seqs, runner.block_size, runner.device, False, runner.max_model_len)
         context = ForwardContext(runner.backend, inputs.meta)
         per_part = self.layers_per_part or runner.model_config.num_hidden_layers
@@ -75,8 +83,11 @@ class SideLaunch:
                 break
             yield None
         counts = inputs.sample_counts
-        if not any(counts):
-            yield StepHandle([0] * len(seqs), None, None)
-            return
-        out = runner.sample(seqs, runner.model.compute_logits(hidden[inputs.sample_rows]), counts)
-        yield StepHandle(counts, runner.side_staging.stage(out.token_ids), out.logprobs)
+        logits = runner.model.compute_logits(hidden[inputs.sample_rows]) if any(counts) else None
+        yield self._sampled(logits, counts)
+
+    def _sampled(self, logits: torch.Tensor | None, counts: list[int]) -> StepHandle:
+        if logits is None:
+            return StepHandle([0] * len(self.seqs), None, None)
+        out = self.runner.sample(self.seqs, logits, counts)
+        return StepHandle(counts, self.runner.side_staging.stage(out.token_ids), out.logprobs)

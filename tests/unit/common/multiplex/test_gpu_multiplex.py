@@ -63,8 +63,10 @@ def aggregated_outputs(qwen3_fp32):
 
 
 @pytest.mark.parametrize("layers_per_part", [None, 4])  # chunks launched whole, or 4 layers a step
-def test_fp32_greedy_equals_aggregated(qwen3_fp32, aggregated_outputs, layers_per_part):
+def test_fp32_greedy_equals_aggregated(qwen3_fp32, aggregated_outputs, layers_per_part, monkeypatch):
     want = aggregated_outputs
+    if layers_per_part is not None:  # chunks that fit a prefill graph launch whole
+        monkeypatch.setenv("PDSERVE_PREFILL_GRAPHS", "0")
     mux = _llm(qwen3_fp32, pd_multiplex=True)
     stepper = mux.engine.multiplexer
     assert stepper is not None, "multiplexed mode was refused (see the log: GEMM check)"
@@ -72,6 +74,9 @@ def test_fp32_greedy_equals_aggregated(qwen3_fp32, aggregated_outputs, layers_pe
     assert stepper.ahead  # decode steps run ahead on CUDA by default
     hits = mux.engine.block_manager.stats.hit_tokens
     got = _outputs(mux)
+    differ = [i for i, (a, b) in enumerate(zip(got[0], want[0], strict=True)) if a != b]
+    differ_staggered = [k for k in want[1] if got[1].get(k) != want[1][k]]
+    print("requests that differ:", differ, differ_staggered)
     assert got == want
     assert mux.engine.block_manager.stats.hit_tokens - hits >= 4 * 300
     shares = [lane.sms for lane in stepper.partitions.lanes]
