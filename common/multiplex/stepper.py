@@ -40,7 +40,7 @@ from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
-from common.env_flags import env_int
+from common.env_flags import env_int, env_switch
 from common.multiplex.controller import ControllerConfig, ShareController
 from common.multiplex.partitions import Completion, SMPartitions
 from common.runner.side_launch import SideLaunch
@@ -54,6 +54,12 @@ def layers_per_part() -> int | None:
     0, the default: the whole chunk at once, the form measured on the H200 so far)."""
     n = env_int("PDSERVE_MUX_LAYERS_PER_PART", 0, 0, 10_000)
     return n or None
+
+
+def share_graphs_enabled() -> bool:
+    """`PDSERVE_MUX_SHARE_GRAPHS=1`: each SM share gets prefill graphs captured on it, so chunks there
+    launch as one graph too (common/runner/prefill_graphs.py); 0: chunks on shares launch eager."""
+    return env_switch("PDSERVE_MUX_SHARE_GRAPHS", default=True)
 
 
 @dataclass
@@ -130,6 +136,10 @@ class MultiplexedSteps:
         lanes = len(partitions.lanes)
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
         chunk = config.max_num_batched_tokens
+        if runner.prefill_graphs is not None and share_graphs_enabled():
+            for lane in partitions.lanes:
+                if lane.sms is not None:
+                    runner.prefill_graphs.capture(lane)
         return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, layers_per_part())
 
     @property

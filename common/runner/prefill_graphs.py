@@ -16,12 +16,17 @@ Invariants:
   decode graphs' `prev_tokens` buffer, on the device, as the eager path does.
 * The graphs share one memory pool, separate from the decode graphs', so a decode step and a prefill
   step may run on two streams at once (multiplexed mode). Two prefill steps never overlap: a replay
-  waits for the event recorded after the previous step last read the static buffers, whichever
-  stream that was on.
+  waits for the event recorded after the previous step last read the static buffers (the input
+  buffer and `out`), whichever stream that was on.
+* A graph replays the kernels chosen when it was captured. Multiplexed mode's SM shares get sets of
+  their own, captured on their streams (`capture(lane)`): replayed on a share, the whole-device set
+  diverged from the aggregated engine in a float32 GPU test, while eager launches on the shares
+  (and the start-up GEMM check) compute right.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -31,6 +36,7 @@ from common.attention.base import AttentionBackend, AttentionMetadata
 from common.attention.context import ForwardContext, set_forward_context
 from common.core.sequence import Sequence
 from common.env_flags import env_switch
+from common.multiplex.partitions import PrefillLane
 from common.runner.prefill_graph_inputs import StepLayout, fill_step, prefill_capture_sizes
 from common.wire.blocks import blocks_for
 
@@ -71,8 +77,11 @@ class PrefillGraphs:
         self.packed = torch.zeros(layout.size, dtype=torch.int32, device=device)
         self.dev = layout.views(self.packed)
         self.released = torch.cuda.Event()  # recorded once a step's reads of the buffers are queued
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.hidden: dict[int, torch.Tensor] = {}
+        # (lane key, bucket) -> graph; key None: captured on the engine's side of the device (any
+        # stream of the whole device replays it), an int: on that many SMs' green context.
+        self.graphs: dict[tuple[int | None, int], torch.cuda.CUDAGraph] = {}
+        self.out: torch.Tensor | None = None  # every graph writes its hidden states here
+        self._pool = None  # one memory pool for every graph: no two of them ever run at once
 
     @classmethod
     def capture_for(cls, runner: ModelRunner) -> PrefillGraphs:
@@ -122,23 +131,35 @@ class PrefillGraphs:
         finally:
             set_forward_context(None)
 
+    def has_lane(self, key: int | None) -> bool:
+        return (key, self.sizes[-1]) in self.graphs
+
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture every bucket, largest first, sharing one memory pool. Each bucket runs once first
-        (Triton compiles outside capture) on dummy sequences whose KV is never written."""
-        pool = None
-        for bucket in reversed(self.sizes):
-            self._fill_dummy(bucket)
-            self._forward(bucket)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.hidden[bucket] = self._forward(bucket)
-            pool = graph.pool()
-            self.graphs[bucket] = graph
+    def capture(self, lane: PrefillLane | None = None) -> None:
+        """Capture every bucket, largest first, sharing one memory pool; with `lane` (an SM share of
+        multiplexed mode), on its stream, so the libraries choose their kernels for that share as
+        they do for its eager launches. Each bucket runs once first (Triton compiles outside capture)
+        on dummy sequences whose KV is never written."""
+        key = None if lane is None else lane.sms
+        with contextlib.nullcontext() if lane is None else lane.activate():
+            stream = None if lane is None else torch.cuda.current_stream()
+            for bucket in reversed(self.sizes):
+                self._fill_dummy(bucket)
+                hidden = self._forward(bucket)
+                if self.out is None:
+                    self.out = torch.empty_like(hidden)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                    self.out[:bucket].copy_(self._forward(bucket))
+                self._pool = graph.pool()
+                self.graphs[key, bucket] = graph
         torch.cuda.synchronize()
         logger.info(
-            "captured prefill CUDA graphs for %d token buckets up to %d", len(self.sizes), self.sizes[-1]
+            "captured prefill CUDA graphs (SMs %s) for %d token buckets up to %d",
+            "all" if key is None else key,
+            len(self.sizes),
+            self.sizes[-1],
         )
 
     def _fill_dummy(self, bucket: int) -> None:
@@ -162,10 +183,11 @@ class PrefillGraphs:
         self.packed.copy_(self.hosts[0])
 
     def run(
-        self, seqs: list[Sequence], bucket: int, src_rows: list[int] | None = None
+        self, seqs: list[Sequence], bucket: int, src_rows: list[int] | None = None, lane: int | None = None
     ) -> tuple[torch.Tensor | None, list[int]]:
         """Logits of the step's sampled rows (None when none samples) and each sequence's count of
-        them, as `ModelRunner._forward` returns them; `bucket` from `bucket(seqs)`."""
+        them, as `ModelRunner._forward` returns them; `bucket` from `bucket(seqs)`, `lane` the key of
+        a captured set (`has_lane`) matching the current stream's SMs."""
         host = self.hosts[self.turn]
         self.copied[self.turn].synchronize()  # the copy that last read this host buffer is done
         step = fill_step(self.host_views[self.turn], seqs, bucket, src_rows, self.block_size)
@@ -174,10 +196,10 @@ class PrefillGraphs:
         self.packed[:used].copy_(host[:used], non_blocking=True)
         self.copied[self.turn].record()
         self.turn ^= 1
-        self.graphs[bucket].replay()
+        self.graphs[lane, bucket].replay()
         if not step.num_picked:
             self.released.record()
             return None, step.sample_counts
-        rows = self.hidden[bucket].index_select(0, self.dev.picked[: step.num_picked])
+        rows = self.out.index_select(0, self.dev.picked[: step.num_picked])
         self.released.record()
         return self.model.compute_logits(rows), step.sample_counts

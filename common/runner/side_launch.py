@@ -4,12 +4,9 @@ Launching an eager forward pass is host work: on the H200 host a 16 x 512-token 
 model took 12-13 ms of Python and kernel launches before the device had all of it
 (docs/data/h200-muxahead-62e8e6a/p-probe-launch.txt). In multiplexed mode the same thread launches
 the decode steps, so one launch in one piece is an inter-token gap of that length for every decoding
-stream. A chunk that fits a prefill CUDA graph (`prefill_graphs.py`) launches in one cheap part on
-the whole-device lane; on an SM share only with `PDSERVE_MUX_SHARE_GRAPHS=1`: the graphs hold the
-kernels chosen for the whole device at capture, and replayed on a share one of them may assume SMs the
-share lacks (a float32 multiplexed run on the H200 diverged from the aggregated engine so; eager
-launches choose their kernels on the share, which the start-up GEMM check vets). Otherwise
-(`enforce_eager`, `PDSERVE_PREFILL_GRAPHS=0`, a share) `SideLaunch` cuts the launch into parts of
+stream. A chunk that fits a prefill CUDA graph (`prefill_graphs.py`) captured for its lane launches
+in one cheap part (SM shares have sets of their own: `PDSERVE_MUX_SHARE_GRAPHS`). Otherwise
+(`enforce_eager`, `PDSERVE_PREFILL_GRAPHS=0`) `SideLaunch` cuts the launch into parts of
 `layers_per_part` layers: the stepper launches one part, then a decode step, then the next part, and
 the device runs the chunk's kernels on its lane meanwhile.
 
@@ -30,18 +27,12 @@ import torch
 
 from common.attention.context import ForwardContext, set_forward_context
 from common.core.sequence import Sequence
-from common.env_flags import env_switch
 from common.multiplex.partitions import PrefillLane
 from common.runner.inputs import prepare_step
 from common.runner.step_handle import StepHandle
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
-
-
-def share_graphs_enabled() -> bool:
-    """`PDSERVE_MUX_SHARE_GRAPHS=1`: chunks on SM shares replay prefill graphs too (see the docstring)."""
-    return env_switch("PDSERVE_MUX_SHARE_GRAPHS", default=False)
 
 
 class SideLaunch:
@@ -74,10 +65,11 @@ class SideLaunch:
         """Yields None after each part but the last, then the handle (the generator behind `advance`).
         A chunk that fits a prefill graph is one part: its launch is one copy and one graph launch."""
         runner, seqs = self.runner, self.seqs
-        graphs = runner.prefill_graphs if self.lane.sms is None or share_graphs_enabled() else None
-        bucket = graphs.bucket(seqs) if graphs is not None else None
+        graphs = runner.prefill_graphs
+        key = self.lane.sms
+        bucket = graphs.bucket(seqs) if graphs is not None and graphs.has_lane(key) else None
         if bucket is not None:
-            yield self._sampled(*graphs.run(seqs, bucket))
+            yield self._sampled(*graphs.run(seqs, bucket, lane=key))
             return
         inputs = prepare_step(seqs, runner.block_size, runner.device, False, runner.max_model_len)
         context = ForwardContext(runner.backend, inputs.meta)
