@@ -37,7 +37,7 @@ from common.attention.context import ForwardContext, set_forward_context
 from common.core.sequence import Sequence
 from common.env_flags import env_switch
 from common.multiplex.partitions import PrefillLane
-from common.runner.prefill_graph_inputs import StepLayout, fill_step, prefill_capture_sizes
+from common.runner.prefill_graph_inputs import StepLayout, StepViews, fill_step, prefill_capture_sizes
 from common.wire.blocks import blocks_for
 
 if TYPE_CHECKING:
@@ -49,6 +49,34 @@ logger = logging.getLogger(__name__)
 def prefill_graphs_enabled() -> bool:
     """`PDSERVE_PREFILL_GRAPHS=0` keeps prefill and mixed steps eager (A/B runs)."""
     return env_switch("PDSERVE_PREFILL_GRAPHS", default=True)
+
+
+def packed_forward(
+    model: torch.nn.Module,
+    backend: AttentionBackend,
+    views: StepViews,
+    bucket: int,
+    prev_tokens: torch.Tensor,
+    max_seq_len: int,
+) -> torch.Tensor:
+    """The hidden states of a packed step padded to `bucket` tokens (what a prefill graph captures);
+    `views` over a tensor on the model's device. Run-ahead sources read `prev_tokens`."""
+    meta = AttentionMetadata(
+        is_decode=False,
+        slot_mapping=views.slots[:bucket],
+        query_start_loc=views.query_start_loc,
+        seq_lens=views.seq_lens,
+        block_tables=views.block_tables,
+        max_query_len=bucket,
+        max_seq_len=max_seq_len,
+    )
+    set_forward_context(ForwardContext(backend, meta))
+    try:
+        src = views.src_rows[:bucket]
+        ids = torch.where(src >= 0, prev_tokens[src.clamp(min=0)], views.input_ids[:bucket])
+        return model(ids, views.positions[:bucket])
+    finally:
+        set_forward_context(None)
 
 
 class PrefillGraphs:
@@ -113,23 +141,7 @@ class PrefillGraphs:
         return next((b for b in self.sizes if b >= tokens), None)
 
     def _forward(self, bucket: int) -> torch.Tensor:
-        d = self.dev
-        meta = AttentionMetadata(
-            is_decode=False,
-            slot_mapping=d.slots[:bucket],
-            query_start_loc=d.query_start_loc,
-            seq_lens=d.seq_lens,
-            block_tables=d.block_tables,
-            max_query_len=bucket,
-            max_seq_len=self.max_seq_len,
-        )
-        set_forward_context(ForwardContext(self.backend, meta))
-        try:
-            src = d.src_rows[:bucket]
-            ids = torch.where(src >= 0, self.prev_tokens[src.clamp(min=0)], d.input_ids[:bucket])
-            return self.model(ids, d.positions[:bucket])
-        finally:
-            set_forward_context(None)
+        return packed_forward(self.model, self.backend, self.dev, bucket, self.prev_tokens, self.max_seq_len)
 
     def has_lane(self, key: int | None) -> bool:
         return (key, self.sizes[-1]) in self.graphs
