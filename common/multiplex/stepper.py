@@ -28,11 +28,14 @@ no new owner writes a block before the in-flight step is done with it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
+
+import torch
 
 from common.config import EngineConfig
 from common.core import run_ahead
@@ -48,6 +51,8 @@ from common.runner.side_launch import SideLaunch
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
 
+log = logging.getLogger(__name__)
+
 
 def layers_per_part() -> int | None:
     """Layers launched per part of a chunk while sequences decode (`PDSERVE_MUX_LAYERS_PER_PART`;
@@ -60,6 +65,22 @@ def share_graphs_enabled() -> bool:
     """`PDSERVE_MUX_SHARE_GRAPHS=1`: each SM share gets prefill graphs captured on it, so chunks there
     launch as one graph too (common/runner/prefill_graphs.py); 0: chunks on shares launch eager."""
     return env_switch("PDSERVE_MUX_SHARE_GRAPHS", default=True)
+
+
+def _capture_share_graphs(runner: ModelRunner, partitions: SMPartitions) -> None:
+    """A set of prefill graphs per SM share. Each set holds its own activation memory (the caching
+    allocator reuses a block only on the stream that freed it), which the KV budget did not count:
+    out of memory, the remaining shares launch their chunks eager."""
+    for lane in partitions.lanes:
+        if lane.sms is None:
+            continue
+        try:
+            runner.prefill_graphs.capture(lane)
+        except torch.OutOfMemoryError:
+            log.warning(
+                "no memory for prefill graphs on the %d-SM share: it and the rest launch eager", lane.sms
+            )
+            return
 
 
 @dataclass
@@ -137,9 +158,7 @@ class MultiplexedSteps:
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
         chunk = config.max_num_batched_tokens
         if runner.prefill_graphs is not None and share_graphs_enabled():
-            for lane in partitions.lanes:
-                if lane.sms is not None:
-                    runner.prefill_graphs.capture(lane)
+            _capture_share_graphs(runner, partitions)
         return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, layers_per_part())
 
     @property

@@ -110,6 +110,7 @@ class PrefillGraphs:
         self.graphs: dict[tuple[int | None, int], torch.cuda.CUDAGraph] = {}
         self.out: torch.Tensor | None = None  # every graph writes its hidden states here
         self._pool = None  # one memory pool for every graph: no two of them ever run at once
+        self._ready: set[int | None] = set()  # lane keys whose every bucket is captured
 
     @classmethod
     def capture_for(cls, runner: ModelRunner) -> PrefillGraphs:
@@ -144,7 +145,8 @@ class PrefillGraphs:
         return packed_forward(self.model, self.backend, self.dev, bucket, self.prev_tokens, self.max_seq_len)
 
     def has_lane(self, key: int | None) -> bool:
-        return (key, self.sizes[-1]) in self.graphs
+        """Whether a whole set was captured for `key` (None: the whole device)."""
+        return key in self._ready
 
     @torch.inference_mode()
     def capture(self, lane: PrefillLane | None = None) -> None:
@@ -153,19 +155,14 @@ class PrefillGraphs:
         they do for its eager launches. Each bucket runs once first (Triton compiles outside capture)
         on dummy sequences whose KV is never written."""
         key = None if lane is None else lane.sms
-        with contextlib.nullcontext() if lane is None else lane.activate():
-            stream = None if lane is None else torch.cuda.current_stream()
-            for bucket in reversed(self.sizes):
-                self._fill_dummy(bucket)
-                hidden = self._forward(bucket)
-                if self.out is None:
-                    self.out = torch.empty_like(hidden)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-                    self.out[:bucket].copy_(self._forward(bucket))
-                self._pool = graph.pool()
-                self.graphs[key, bucket] = graph
+        try:
+            with contextlib.nullcontext() if lane is None else lane.activate():
+                self._capture_set(key)
+        except BaseException:
+            for bucket in self.sizes:  # no half set: a step must find its bucket's graph
+                self.graphs.pop((key, bucket), None)
+            raise
+        self._ready.add(key)
         torch.cuda.synchronize()
         logger.info(
             "captured prefill CUDA graphs (SMs %s) for %d token buckets up to %d",
@@ -173,6 +170,20 @@ class PrefillGraphs:
             len(self.sizes),
             self.sizes[-1],
         )
+
+    def _capture_set(self, key: int | None) -> None:
+        stream = None if key is None else torch.cuda.current_stream()
+        for bucket in reversed(self.sizes):
+            self._fill_dummy(bucket)
+            hidden = self._forward(bucket)
+            if self.out is None:
+                self.out = torch.empty_like(hidden)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                self.out[:bucket].copy_(self._forward(bucket))
+            self._pool = graph.pool()
+            self.graphs[key, bucket] = graph
 
     def _fill_dummy(self, bucket: int) -> None:
         """`bucket` tokens of fresh prompts, each as long as a table row allows; they read block 0
