@@ -8,30 +8,16 @@ Uses Qwen3-0.6B-architecture float32 weights with a fixed seed (common.tools.ran
 from __future__ import annotations
 
 import gc
-import random
 
 import pytest
 import torch
 
 from common import LLM, SamplingParams
-from common.tools.random_model import write_random_model
+from tests.helpers.gpu_llm import shared_prefix_prompts
 from tests.helpers.staggered import run_staggered
 
 pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def qwen3_fp32(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3fp32") / "m"
-    return str(write_random_model(out, "qwen3-0.6b", seed=0, dtype="float32"))
-
-
-def _prompts(seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    shared = [rng.randrange(151000) for _ in range(300)]
-    fresh = [[rng.randrange(151000) for _ in range(rng.randint(10, 1500))] for _ in range(10)]
-    return fresh + [shared + [rng.randrange(151000) for _ in range(n)] for n in (7, 40, 200)] + [shared]
 
 
 def _llm(model: str, **kw) -> LLM:
@@ -49,9 +35,11 @@ def _llm(model: str, **kw) -> LLM:
 
 
 def _outputs(llm: LLM) -> tuple[list[list[int]], dict[str, list[int]]]:
-    prompts = _prompts(0)
+    prompts = shared_prefix_prompts(0, shortest=10)
     rounds = [o["token_ids"] for _ in range(2) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-    return rounds, run_staggered(llm.engine, _prompts(1) + prompts, GREEDY)  # the second: prefix hits again
+    return rounds, run_staggered(
+        llm.engine, shared_prefix_prompts(1, shortest=10) + prompts, GREEDY
+    )  # the second: prefix hits again
 
 
 @pytest.fixture(scope="module")

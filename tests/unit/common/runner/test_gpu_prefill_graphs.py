@@ -9,15 +9,13 @@ Uses Qwen3-0.6B-architecture weights with a fixed seed (common.tools.random_mode
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from common import SamplingParams
 from common.runner.prefill_graphs import PrefillGraphs
 from common.tools.random_model import write_random_model
-from tests.helpers.gpu_llm import random_prompts, small_gpu_llm
+from tests.helpers.gpu_llm import random_prompts, shared_prefix_prompts, small_gpu_llm
 from tests.helpers.recording import record_logits
 from tests.helpers.staggered import run_staggered
 
@@ -25,27 +23,15 @@ pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def qwen3_fp32(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3fp32") / "m"
-    return str(write_random_model(out, "qwen3-0.6b", seed=0, dtype="float32"))
-
-
-def _prompts(seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    shared = [rng.randrange(151000) for _ in range(300)]
-    fresh = [[rng.randrange(151000) for _ in range(rng.randint(5, 1500))] for _ in range(10)]
-    return fresh + [shared + [rng.randrange(151000) for _ in range(n)] for n in (7, 40, 200)] + [shared]
-
-
-def _replays(llm) -> list[tuple[int, int]]:
-    """Wrap the runner's prefill graphs: each replay's (tokens, bucket) lands in the returned list."""
+def _replays(llm) -> list[tuple[int, int, bool]]:
+    """Wrap the runner's prefill graphs: each replay's (tokens, bucket, behind a run-ahead step) lands in
+    the returned list."""
     graphs: PrefillGraphs = llm.engine.runner.prefill_graphs
     seen, run = [], graphs.run
 
-    def counted(seqs, bucket, src_rows=None):
+    def counted(seqs, bucket, src_rows=None, lane=None):
         seen.append((sum(s.num_scheduled_tokens for s in seqs), bucket, src_rows is not None))
-        return run(seqs, bucket, src_rows)
+        return run(seqs, bucket, src_rows, lane)
 
     graphs.run = counted
     return seen
@@ -55,9 +41,9 @@ def _outputs(llm):
     """Greedy tokens of two rounds (the second all prefix hits) and of a staggered run, and every
     step's logits in order."""
     seen = record_logits(llm)
-    prompts = _prompts(0)
+    prompts = shared_prefix_prompts(0, shortest=5)
     rounds = [o["token_ids"] for _ in range(2) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-    return (rounds, run_staggered(llm.engine, _prompts(1) + prompts, GREEDY)), seen
+    return (rounds, run_staggered(llm.engine, shared_prefix_prompts(1, shortest=5) + prompts, GREEDY)), seen
 
 
 def test_float32_steps_match_eager(qwen3_fp32, monkeypatch):
