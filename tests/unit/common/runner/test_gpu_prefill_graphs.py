@@ -2,8 +2,9 @@
 
 float32 logits with and without the graphs agree step by step on a workload that exercises every
 input a graph reads: prompts chunked at 512 tokens beside decode rows (mixed steps), steps padded up to
-their bucket, prefix hits, and prompts arriving while others decode so run-ahead sources land in
-mixed steps. In bf16 a prefill step's logits agree with eager within rounding. Skipped without CUDA.
+their bucket, prefix hits, and short prompts arriving while others decode so run-ahead sources land
+in mixed steps (the first GPU runs, at d8a7b58 and 63be18c, lacked that last part). In bf16 a
+prefill step's logits agree with eager within rounding. Skipped without CUDA.
 Uses Qwen3-0.6B-architecture weights with a fixed seed (common.tools.random_model).
 """
 
@@ -38,12 +39,15 @@ def _replays(llm) -> list[tuple[int, int, bool]]:
 
 
 def _outputs(llm):
-    """Greedy tokens of two rounds (the second all prefix hits) and of a staggered run, and every
-    step's logits in order."""
+    """Greedy tokens of two rounds (the second all prefix hits), of a staggered run, and of short
+    prompts arriving one per step (each admitted into a mixed step launched behind a run-ahead decode
+    step, as nothing is mid-prompt then); and every step's logits in order."""
     seen = record_logits(llm)
     prompts = shared_prefix_prompts(0, shortest=5)
     rounds = [o["token_ids"] for _ in range(2) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-    return (rounds, run_staggered(llm.engine, shared_prefix_prompts(1, shortest=5) + prompts, GREEDY)), seen
+    staggered = run_staggered(llm.engine, shared_prefix_prompts(1, shortest=5) + prompts, GREEDY)
+    short = run_staggered(llm.engine, random_prompts(24, 5, 40, seed=7), GREEDY)
+    return (rounds, staggered, short), seen
 
 
 def test_float32_steps_match_eager(qwen3_fp32, monkeypatch):
@@ -73,6 +77,7 @@ def test_float32_steps_match_eager(qwen3_fp32, monkeypatch):
     assert worst < 1e-3
     assert steps >= 20  # the first steps (prompt chunks, then mixed steps) at least
     assert padded and any(t == 512 for t, _, _ in replays) and hits >= 3 * 288
+    assert ahead  # some mixed step read its decode rows' tokens from the device (run-ahead sources)
 
 
 def _same_tokens(x: torch.Tensor, y: torch.Tensor) -> bool:
