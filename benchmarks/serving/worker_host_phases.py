@@ -21,6 +21,7 @@ from common.llm_engine import LLMEngine
 from common.worker import channels as worker_channels
 from common.worker.aborts import AbortBook
 from common.worker.events import EventPublisher
+from common.worker.io_process import ProcessChannels
 from common.worker.service import WorkerService
 
 _MISSING = object()
@@ -44,6 +45,8 @@ WORKER_PHASES = (
     ("events.flush", 1, EventPublisher, "flush"),
     ("post_load", 0, WorkerService, "_post_load"),
     ("load_report", 1, LLMEngine, "load_report"),
+    ("release_wakes (thread)", 0, worker_channels.WorkerChannels, "release_wakes"),
+    ("release_wakes (process)", 0, ProcessChannels, "release_wakes"),
 )
 # Timed on the I/O thread's CPU clock (the codec calls the channels module makes).
 IO_PHASES = (("io decode", worker_channels, "decode"), ("io encode", worker_channels, "encode"))
