@@ -45,7 +45,7 @@ class InFlightStep:
 
 
 def needs_host_tokens(seq: Sequence) -> bool:
-    return seq.sampling_params.reads_token_history
+    return seq.reads_token_history
 
 
 def start(seqs: list[Sequence], handle: StepHandle) -> InFlightStep:

@@ -64,6 +64,8 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids) if num_prompt_tokens is None else num_prompt_tokens
         self.sampling_params = sampling_params
         self.sampling_key = sampling_params.batch_key()  # rows with one key sample alike (runner/inputs)
+        # Read for every row at every step (run-ahead's drain check and launch): worked out once.
+        self.reads_token_history = sampling_params.reads_token_history
         self.block_size = block_size
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
