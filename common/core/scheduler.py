@@ -186,15 +186,15 @@ class Scheduler:
             if plain_rows and logprobs is None and len(tokens) == 1 and seq.num_pending_tokens == 1:
                 # A run-ahead decode row (most rows of most steps): `_place` and `_check_stops`'s verbs
                 # and rules without their dispatch (a placeholder with drafts behind it resolves in place).
-                length = seq.resolve_placeholder(tokens[0]) + 1
+                position = seq.resolve_placeholder(tokens[0])
                 commit(seq)
-                if first_stop(seq, tokens, length - 1, cfg.eos_token_ids, cfg.max_model_len) is None:
+                if first_stop(seq, tokens, position, cfg.eos_token_ids, cfg.max_model_len) is None:
                     updates.append(SeqUpdate(seq, tokens[0], False))
                     continue
                 updates += self._check_stops(seq, tokens, defer_free=seq.seq_id in in_flight)
                 continue
             new_tokens = self._place(seq, tokens)
-            self.block_manager.commit(seq)
+            commit(seq)
             if new_tokens and logprobs is not None:
                 seq.logprobs.append(logprobs)
             updates += self._check_stops(seq, new_tokens, defer_free=seq.seq_id in in_flight)
