@@ -177,11 +177,7 @@ class LLMEngine:
         handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
         updates += self._resolve({s.seq_id for s in batch.seqs})
         t2 = time.perf_counter()
-        if (
-            self.async_scheduling
-            and batch.is_decode
-            and not any(map(run_ahead.needs_host_tokens, batch.seqs))
-        ):
+        if self.async_scheduling and run_ahead.launches_ahead(batch, self.scheduler):
             self._in_flight = run_ahead.start(batch.seqs, handle)
         else:
             updates += self.scheduler.update_from_output(batch.seqs, handle.result())

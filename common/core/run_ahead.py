@@ -8,16 +8,19 @@ post-processes step k while the device computes step k+1.
 Invariants:
 * At most one step is in flight; `resolve` waits for it and hands its tokens to
   `Scheduler.update_from_output`, which replaces each placeholder like any other sampled token.
-* Only pure decode steps run ahead (stay in flight while the host goes on). The next step may be
-  launched behind one when its running sequences are the in-flight ones plus sequences whose next
-  input token is already on the host (`joins_as_decode`: a decode worker's requests whose KV just
-  arrived; their rows read the host token, `src_rows` -1), and nothing needs token values on the
-  host first (logprobs, penalties, a batch a proposer that needs every token on the host wants to
-  propose for: `Speculator.holds_run_ahead`). That next step may admit waiting requests or verify
-  drafts proposed one step behind (`Proposer.proposes_behind`, the n-gram lookup): such a step is
-  launched behind the in-flight step (its placeholder rows read the device tokens, the runner maps
-  each sequence's source to its placeholder, the last scheduled token but its drafts), then runs
-  synchronously.
+* A step runs ahead (stays in flight while the host goes on) when each of its sequences samples at
+  most one token and none needs token values on the host (`launches_ahead`): pure decode steps and
+  mixed steps (prompt chunks beside decode rows) alike, not a verification of drafts (synchronous) nor
+  a prefill worker's steps (it hands a sequence off with its first token). In such a step a sequence
+  that samples gets a placeholder; a prompt chunk that samples nothing commits its tokens at launch
+  (its resolve applies no token; the commit there covers only chunks already launched).
+* The next step may be launched behind the in-flight one unless a running sequence needs token values
+  on the host first (logprobs, penalties, a batch a proposer that needs every token on the host wants
+  to propose for: `Speculator.holds_run_ahead`). Its rows read the device tokens where the host holds
+  a placeholder (the runner maps each sequence's source to its placeholder, the last scheduled token
+  but its drafts) and host tokens everywhere else: prompt chunks, admitted requests, a decode worker's
+  requests whose KV just arrived. A step that verifies drafts proposed one step behind
+  (`Proposer.proposes_behind`, the n-gram lookup) is launched behind it too, then runs synchronously.
 * A sequence whose in-flight token is its last by length (`max_tokens`, the model's context) is not
   scheduled again (`Scheduler` skips it: `stopping.finishes_in_flight`): the next step runs ahead
   without it instead of draining the pipeline, and `resolve` finishes it.
@@ -31,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from common.core.batch import SeqUpdate
+from common.core.batch import ScheduledBatch, SeqUpdate
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence, SequenceStatus
 from common.runner.step_handle import StepHandle
@@ -48,16 +51,26 @@ def needs_host_tokens(seq: Sequence) -> bool:
     return seq.reads_token_history
 
 
+def launches_ahead(batch: ScheduledBatch, scheduler: Scheduler) -> bool:
+    """Whether `batch`, just launched, may stay in flight while the host goes on (see the invariants)."""
+    if batch.num_draft_tokens or scheduler.config.role == "prefill":
+        return False
+    return not any(map(needs_host_tokens, batch.seqs))
+
+
 def start(seqs: list[Sequence], handle: StepHandle) -> InFlightStep:
-    """Advance the launched sequences as if their tokens were known, appending placeholders.
+    """Advance the launched sequences as if their tokens were known: each commits its scheduled tokens,
+    and each that samples (row by row in `handle.counts` order) gets a placeholder.
 
     A sequence that finished after this step was launched gets none: its sampled token is dropped."""
-    rows = {}
-    for i, seq in enumerate(seqs):
+    rows, row = {}, 0
+    for seq, count in zip(seqs, handle.counts, strict=True):
         if seq.status == SequenceStatus.RUNNING:
             seq.commit_scheduled()
-            seq.append_placeholder()
-            rows[seq.seq_id] = i
+            if count:
+                seq.append_placeholder()
+                rows[seq.seq_id] = row
+        row += count
     return InFlightStep(list(seqs), rows, handle)
 
 
@@ -66,7 +79,6 @@ class Drain(StrEnum):
     while the host then schedules and prepares that step; counted in `StepTimings.drains`)."""
 
     SPECULATE = "speculate"  # the speculator proposes from host-side tokens
-    NEW_SEQUENCE = "new_sequence"  # a running sequence outside the in-flight step is not a plain decode
     HOST_TOKENS = "host_tokens"  # logprobs or penalties need the token values
 
 
@@ -74,22 +86,18 @@ def drain_reason(step: InFlightStep, scheduler: Scheduler) -> Drain | None:
     """None when the next step can be launched behind `step`; else why `step` must resolve first."""
     if scheduler.speculator.holds_run_ahead(scheduler.running):
         return Drain.SPECULATE  # proposals read the host-side tokens: resolve, then speculate
-    for seq in scheduler.running:  # a sequence in `step.rows` holds that step's placeholder
-        if seq.seq_id not in step.rows and not joins_as_decode(seq):
-            return Drain.NEW_SEQUENCE
-        if needs_host_tokens(seq):
-            return Drain.HOST_TOKENS
+    # A running sequence outside `step.rows` holds no placeholder (only `start` makes them): its rows
+    # read host tokens, so it never forces a drain.
+    if any(map(needs_host_tokens, scheduler.running)):
+        return Drain.HOST_TOKENS
     return None
 
 
-def joins_as_decode(seq: Sequence) -> bool:
-    """A running sequence outside the in-flight step can join the next one as a plain decode row: its
-    input token is on the host (no placeholder) and only that token is uncomputed (a decode worker's
-    request whose KV just arrived, a sequence whose first token a synchronous step sampled)."""
-    return seq.num_pending_tokens == 0 and seq.num_uncomputed_tokens == 1 and seq.num_completion_tokens > 0
-
-
-def src_rows(step: InFlightStep, seqs: list[Sequence]) -> list[int]:
+def src_rows(step: InFlightStep, seqs: list[Sequence]) -> list[int] | None:
+    """Each sequence's row of `step`'s sampled tokens that is its input, or -1 (a host token); None
+    when `step` sampled nothing (prompt chunks only): every input is on the host."""
+    if not step.rows:
+        return None
     return [step.rows.get(s.seq_id, -1) if s.num_pending_tokens else -1 for s in seqs]
 
 

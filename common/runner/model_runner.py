@@ -231,9 +231,10 @@ class ModelRunner:
         if logits is None:
             return None
         out = self.sample(seqs, logits, counts)
-        if 0 not in counts and len(out.token_ids) == len(seqs):
-            # One token per sequence: a decode step the next may run ahead of (a verification is
-            # synchronous, so its tokens never feed the device-side input of a step).
+        if max(counts) <= 1:
+            # At most one token per sequence, one row each in batch order: a step the next may be
+            # launched behind (a verification is synchronous, so its tokens never feed the
+            # device-side input of a step).
             self._prev_tokens = out.token_ids
             if self.graphs is not None:
                 self.graphs.set_prev_tokens(out.token_ids)
