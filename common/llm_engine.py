@@ -76,6 +76,7 @@ class LLMEngine:
             )
             self.scheduler = scheduler
         self.async_scheduling = async_scheduling
+        self.mixed_run_ahead = run_ahead.mixed_steps_enabled()
         self._in_flight: run_ahead.InFlightStep | None = None
 
     def replace_speculator(self, speculator: Speculator | None) -> None:
@@ -177,7 +178,7 @@ class LLMEngine:
         handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
         updates += self._resolve({s.seq_id for s in batch.seqs})
         t2 = time.perf_counter()
-        if self.async_scheduling and run_ahead.launches_ahead(batch, self.scheduler):
+        if self.async_scheduling and run_ahead.launches_ahead(batch, self.scheduler, self.mixed_run_ahead):
             self._in_flight = run_ahead.start(batch.seqs, handle)
         else:
             updates += self.scheduler.update_from_output(batch.seqs, handle.result())

@@ -9,9 +9,11 @@ Invariants:
 * At most one step is in flight; `resolve` waits for it and hands its tokens to
   `Scheduler.update_from_output`, which replaces each placeholder like any other sampled token.
 * A step runs ahead (stays in flight while the host goes on) when each of its sequences samples at
-  most one token and none needs token values on the host (`launches_ahead`): pure decode steps and
-  mixed steps (prompt chunks beside decode rows) alike, not a verification of drafts (synchronous) nor
-  a prefill worker's steps (it hands a sequence off with its first token). In such a step a sequence
+  most one token and none needs token values on the host (`launches_ahead`): pure decode steps, and
+  with `PDSERVE_MIXED_RUN_AHEAD=1` mixed steps (prompt chunks beside decode rows) too; never a
+  verification of drafts (synchronous) nor a prefill worker's steps (it hands a sequence off with its
+  first token). Mixed steps stay synchronous by default: on the H200 the switch removed the served
+  worker's device wait but no throughput (docs/benchmarks.md). In such a step a sequence
   that samples gets a placeholder; a prompt chunk that samples nothing commits its tokens at launch
   (its resolve applies no token; the commit there covers only chunks already launched).
 * The next step may be launched behind the in-flight one unless a running sequence needs token values
@@ -37,6 +39,7 @@ from enum import StrEnum
 from common.core.batch import ScheduledBatch, SeqUpdate
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence, SequenceStatus
+from common.env_flags import env_switch
 from common.runner.step_handle import StepHandle
 
 
@@ -51,9 +54,15 @@ def needs_host_tokens(seq: Sequence) -> bool:
     return seq.reads_token_history
 
 
-def launches_ahead(batch: ScheduledBatch, scheduler: Scheduler) -> bool:
-    """Whether `batch`, just launched, may stay in flight while the host goes on (see the invariants)."""
-    if batch.num_draft_tokens or scheduler.config.role == "prefill":
+def mixed_steps_enabled() -> bool:
+    """`PDSERVE_MIXED_RUN_AHEAD=1`: steps with prompt chunks run ahead too (off by default)."""
+    return env_switch("PDSERVE_MIXED_RUN_AHEAD", default=False)
+
+
+def launches_ahead(batch: ScheduledBatch, scheduler: Scheduler, mixed: bool) -> bool:
+    """Whether `batch`, just launched, may stay in flight while the host goes on (see the invariants);
+    `mixed`: steps with prompt chunks may (`mixed_steps_enabled`)."""
+    if not (batch.is_decode or mixed) or batch.num_draft_tokens or scheduler.config.role == "prefill":
         return False
     return not any(map(needs_host_tokens, batch.seqs))
 

@@ -173,10 +173,12 @@ def test_admissions_launch_behind_a_run_ahead_step(tiny_model_dirs, kv_blocks):
 
 
 @pytest.mark.parametrize("kv_blocks", [256, 12])
-def test_mixed_steps_run_ahead(tiny_model_dirs, kv_blocks):
+@pytest.mark.parametrize("switch", ["0", "1"])  # PDSERVE_MIXED_RUN_AHEAD: off by default
+def test_mixed_steps_run_ahead(tiny_model_dirs, kv_blocks, switch, monkeypatch):
     """Steps with prompt chunks stay in flight too: chunks that sample nothing (whose next chunk is
     launched behind them), last chunks whose first token is a placeholder, decode rows beside them.
     Answers, finish reasons and returned blocks equal the synchronous loop's, with preemption too."""
+    monkeypatch.setenv("PDSERVE_MIXED_RUN_AHEAD", switch)
     rng = random.Random(9)
     prompts = [[rng.randrange(512) for _ in range(rng.randint(3, 90))] for _ in range(10)]
     params = _params(10, 10)
@@ -203,7 +205,7 @@ def test_mixed_steps_run_ahead(tiny_model_dirs, kv_blocks):
         runs.append([(s.completion_token_ids, s.finish_reason) for s in seqs])
         bm = engine.block_manager
         assert bm.num_free_blocks == bm.num_blocks
-        if async_on:
+        if async_on and switch == "1":
             assert mixed_ahead >= 5 and chunks_ahead >= 3, (mixed_ahead, chunks_ahead)
         else:
             assert mixed_ahead == chunks_ahead == 0
