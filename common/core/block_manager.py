@@ -53,6 +53,10 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         self.stats = CacheStats()
         self._events: list[KVEvent] = []
+        # Evictions since the last other event, published as one BlockRemoved: a full cache evicts a
+        # block for nearly every block allocated (tens per admitted prompt), and each event costs the
+        # worker, its I/O process and every router front a message object to encode and apply.
+        self._removed: list[int] = []
 
     # ---- queries -------------------------------------------------------------------------------
     @property
@@ -140,7 +144,7 @@ class BlockManager:
                 stored.append(hashes[i])
         seq.num_registered_blocks = num_full
         if stored:
-            self._events.append(BlockStored(tuple(stored), hashes[first - 1] if first > 0 else None))
+            self._event(BlockStored(tuple(stored), hashes[first - 1] if first > 0 else None))
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; the tail blocks become the first eviction candidates."""
@@ -159,11 +163,22 @@ class BlockManager:
             if block.block_hash is not None:
                 del self.hash_to_block[block.block_hash]
                 block.block_hash = None
-        self._events.append(AllBlocksCleared())
+        self._event(AllBlocksCleared())
 
     def drain_events(self) -> list[KVEvent]:
+        """The events since the last drain, in order (consecutive evictions as one BlockRemoved)."""
+        self._flush_removed()
         events, self._events = self._events, []
         return events
+
+    def _event(self, event: KVEvent) -> None:
+        self._flush_removed()  # order matters: a hash evicted and then stored again must end stored
+        self._events.append(event)
+
+    def _flush_removed(self) -> None:
+        if self._removed:
+            self._events.append(BlockRemoved(tuple(self._removed)))
+            self._removed = []
 
     def cached_hashes(self) -> list[int]:
         return list(self.hash_to_block)
@@ -173,7 +188,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.block_hash is not None:
             del self.hash_to_block[block.block_hash]
-            self._events.append(BlockRemoved((block.block_hash,)))
+            self._removed.append(block.block_hash)
             self.stats.evictions += 1
             block.block_hash = None
         block.ref_count = 1

@@ -74,12 +74,40 @@ def test_freed_cached_blocks_revive_and_lru_eviction_order():
     _run_prompt(bm, c)
     ha = block_hashes(list(range(8)), BS)
     events = bm.drain_events()
-    removed = [e.hashes[0] for e in events if isinstance(e, BlockRemoved)]
-    assert removed == [ha[1], ha[0]]
+    assert [e.hashes for e in events if isinstance(e, BlockRemoved)] == [(ha[1], ha[0])]  # one event
     assert bm.stats.evictions == 2
     # b's blocks survived and are revived for a repeat of b.
     repeat = _seq(list(range(50, 58)) + [1])
     assert bm.match_prefix(repeat).num_tokens == 8
+
+
+def test_evictions_coalesce_in_order_with_stores():
+    """Evictions between two other events travel as one BlockRemoved, and events keep their order: a
+    hash evicted and then stored again within one drain ends up stored when the events are replayed
+    (what a router's index does)."""
+    bm = BlockManager(2, BS)
+    a, b = list(range(BS)), list(range(50, 50 + 2 * BS))
+    first = _seq(a)
+    _run_prompt(bm, first)  # stores a0
+    bm.free(first)
+    second = _seq(b)
+    _run_prompt(bm, second)  # evicts a0, stores b0 b1
+    bm.free(second)
+    again = _seq(a)
+    _run_prompt(bm, again)  # evicts b1 (the tail, freed first), stores a0 again
+    ha, hb = block_hashes(a, BS), block_hashes(b, BS)
+    events = bm.drain_events()
+    assert events == [
+        BlockStored((ha[0],), None),
+        BlockRemoved((ha[0],)),
+        BlockStored((hb[0], hb[1]), None),
+        BlockRemoved((hb[1],)),
+        BlockStored((ha[0],), None),
+    ]
+    index: set[int] = set()
+    for event in events:
+        index = index - set(event.hashes) if isinstance(event, BlockRemoved) else index | set(event.hashes)
+    assert index == set(bm.cached_hashes()) == {ha[0], hb[0]}
 
 
 def test_stored_events_carry_parent_and_cleared():
