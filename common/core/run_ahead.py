@@ -12,10 +12,10 @@ Invariants:
   most one token and none needs token values on the host (`launches_ahead`): pure decode steps, and
   with `PDSERVE_MIXED_RUN_AHEAD=1` mixed steps (prompt chunks beside decode rows) too; never a
   verification of drafts (synchronous) nor a prefill worker's steps (it hands a sequence off with its
-  first token). Mixed steps stay synchronous by default: on the H200 the switch removed the served
-  worker's device wait but no throughput (docs/benchmarks.md). In such a step a sequence
-  that samples gets a placeholder; a prompt chunk that samples nothing commits its tokens at launch
-  (its resolve applies no token; the commit there covers only chunks already launched).
+  first token). In such a step a sequence that samples gets a placeholder; a prompt chunk that
+  samples nothing commits its tokens at launch (its resolve applies no token; the commit there
+  covers only chunks already launched). Mixed steps stay synchronous by default: on the H200 the
+  switch removed the served worker's device wait but raised no throughput (docs/benchmarks.md).
 * The next step may be launched behind the in-flight one unless a running sequence needs token values
   on the host first (logprobs, penalties, a batch a proposer that needs every token on the host wants
   to propose for: `Speculator.holds_run_ahead`). Its rows read the device tokens where the host holds
