@@ -17,7 +17,10 @@
 # run >= 30 s on one H200 (RANDOM_PROMPTS, default 12288 requests of 512 in / 128 out, also the offline
 # reference's count; INTERF_S, default 30; MT_CONVERSATIONS, default 768): runs of 2-4 s differed by up to
 # 1.8x. REPEAT=N (default 3) runs each N times on the same cluster; the table gives median and min-max.
-# Logs and JSON go to ${OUT:-/tmp/pdserve-cluster}/$TAG; the table comes last.
+# PROFILE=1 samples every cluster process with py-spy for PROFILE_S seconds (default 4) of each run,
+# starting PROFILE_DELAY_S (default 0) into it: the clients take seconds to start sending, so a window
+# at 0 can see idle workers (call C, 2026-12-03). Logs and JSON go to ${OUT:-/tmp/pdserve-cluster}/$TAG;
+# the table comes last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 TAG="${TAG:-real}"
@@ -65,8 +68,8 @@ profile() {  # sample every process of the cluster for a few seconds (py-spy, co
   PROFILERS=()
   for m in router prefill_worker decode_worker; do
     for pid in $(pgrep -f -- "-m $m( |$)"); do
-      py-spy record --nonblocking -r 100 -d "${PROFILE_S:-4}" --format raw -o "$1.$m.$pid.txt" \
-          --pid "$pid" >/dev/null 2>&1 &
+      (sleep "${PROFILE_DELAY_S:-0}" && py-spy record --nonblocking -r 100 -d "${PROFILE_S:-4}" --format raw \
+          -o "$1.$m.$pid.txt" --pid "$pid" >/dev/null 2>&1) &
       PROFILERS+=($!)
     done
   done
