@@ -70,3 +70,16 @@ def test_stop_string_completed_by_the_last_allowed_token(llm, haiku):
     out = llm.generate([prompt], params, use_tqdm=False)[0]
     assert (out["text"], out["finish_reason"]) == (full["text"][:cut], "stop")
     assert out["token_ids"] == full["token_ids"][:k]
+
+
+def test_offline_runs_keep_no_cache_events(tiny_model_dirs):
+    """The block manager records prefix-cache events for a worker to publish; offline nobody reads them,
+    so `generate` drops them each step instead of letting them pile up for the process's life (they
+    did: one event per stored block chain and per eviction). The prefix cache itself keeps working."""
+    llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64, max_model_len=128)
+    prompts = [[i % 500 for i in range(start, start + 40)] for start in (0, 100, 200)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for _ in range(2):
+        llm.generate(prompts, params, use_tqdm=False)
+    assert llm.engine.drain_kv_events() == []
+    assert llm.engine.block_manager.stats.hit_tokens >= 3 * 32  # the second round hit its prefixes
