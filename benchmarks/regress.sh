@@ -16,9 +16,10 @@
 #   serve  the real default model behind the router with one mixed worker (benchmarks/serving/serving.py:
 #          SERVE_PROMPTS, default 8,192, requests of 512 in / 128 out, greedy, 256 in flight), each arm
 #          its own cluster; not in the default FIGURES (about a minute a round): FIGURES="std mixed lat serve"
-# Env: ROUNDS (2); FIGURES ("std mixed lat"); ARMS ("base new"): more arms of this tree are written
-# NAME=VAR=VALUE (e.g. torch=PDSERVE_FUSED_SAMPLING=0) and run EXTRA_FIGURES ("mixed std"); LAT_MODEL
-# (the lat figure's model, default the Qwen3-0.6B shape). The table compares each arm with the first.
+# Env: ROUNDS (2); FIGURES ("std mixed lat"); MIXED_SEQS (the mixed figure's prompts, default 256: a
+# ~1-s run whose rounds ranged 48k-84k tok/s on the H200; 4096 makes it ~15 s); ARMS ("base new"): more
+# arms of this tree are written NAME=VAR=VALUE (e.g. torch=PDSERVE_FUSED_SAMPLING=0) and run
+# EXTRA_FIGURES ("mixed std"); LAT_MODEL (the lat figure's model, default the Qwen3-0.6B shape). The table compares each arm with the first.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NEW=$PWD
@@ -44,7 +45,7 @@ figure() {  # figure NAME JSON: run one figure in the current directory's tree
   case $1 in
     std) python3 benchmarks/engine/offline.py --model $Q --quiet --engine-kwargs '{"max_num_seqs": 256}' --json-out "$2" ;;
     mixed) python3 benchmarks/engine/offline.py --model "$REAL" --quiet --input-len 128 512 --output-len 128 512 \
-      --json-out "$2" ;;
+      --num-seqs "${MIXED_SEQS:-256}" --json-out "$2" ;;
     lat) python3 benchmarks/engine/latency.py --model "${LAT_MODEL:-$Q}" --decode-batches 1 64 --json-out "$2" ;;
     serve) serve_figure "$2" ;;
   esac 2>&1 | grep -v "Loading\|it/s\]" | tail -3
