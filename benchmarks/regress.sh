@@ -19,7 +19,8 @@
 # Env: ROUNDS (2); FIGURES ("std mixed lat"); MIXED_SEQS (the mixed figure's prompts, default 256: a
 # ~1-s run whose rounds ranged 48k-84k tok/s on the H200; 4096 makes it ~15 s); ARMS ("base new"): more
 # arms of this tree are written NAME=VAR=VALUE (e.g. torch=PDSERVE_FUSED_SAMPLING=0) and run
-# EXTRA_FIGURES ("mixed std"); LAT_MODEL (the lat figure's model, default the Qwen3-0.6B shape). The table compares each arm with the first.
+# EXTRA_FIGURES ("mixed std"); LAT_MODEL (the lat figure's model, default the Qwen3-0.6B shape).
+# The table compares each arm with the first.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NEW=$PWD
