@@ -32,9 +32,9 @@ class TorchAttentionBackend(AttentionBackend):
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         keep = slot_mapping >= 0
-        slots = (slot_mapping if bool(keep.all()) else slot_mapping[keep]).long()  # packed steps: int32
-        if not bool(keep.all()):
-            k, v = k[keep], v[keep]
+        slots = slot_mapping.long()  # packed steps carry int32 slots
+        if not bool(keep.all()):  # padding rows (slot -1) write nothing
+            slots, k, v = slots[keep], k[keep], v[keep]
         if kv_fp8.is_fp8(k_cache):
             kv_fp8.store(k, v, k_cache, v_cache, slots)
             return
