@@ -15,12 +15,10 @@ import tomllib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 
-if TYPE_CHECKING:
-    from tests.integration.process_cluster import ProcessCluster
+from tests.integration.process_cluster import ProcessCluster, metric
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"pdserve ready: (http://\S+)/v1")
@@ -38,6 +36,19 @@ class LaunchedCluster:
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+    def settled_metrics(self, finished: int, timeout: float = 10.0) -> str:
+        """/metrics once it counts `finished` finished requests. With several fronts a scrape adds the
+        other fronts' snapshots, published about once a second (router/front_metrics.py), so a scrape
+        right after the last answer can miss a front's last requests (seen on the GPU, where ten
+        answers take under a second)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.metrics()
+            done = metric(text, "pdserve_e2e_request_latency_seconds_count") or 0
+            if done >= finished or time.monotonic() > deadline:
+                return text
+            time.sleep(0.2)
 
     def debug_index(self) -> dict:
         return httpx.get(f"{self.url}/debug/index", timeout=10).json()

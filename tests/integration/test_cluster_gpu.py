@@ -105,12 +105,15 @@ class Setup:
 
 
 ONE_EACH = ("--prefill", "1", "--decode", "1")
-IPC = Setup("ipc", (*ONE_EACH, "--kv-transport", "ipc", "--disagg", "always"), "remote")
+# On one GPU the launcher runs 1 prefill + 1 decode as one multiplexed worker, which the router sees
+# as a mixed worker: every request is served where it was prefilled, no KV moves.
+MULTIPLEXED = "local" if torch.cuda.device_count() == 1 else "remote"
+IPC = Setup("ipc", (*ONE_EACH, "--kv-transport", "ipc", "--disagg", "always"), MULTIPLEXED)
 IPC_TWO = Setup("ipc-two", (*IPC.flags, "--no-pd-multiplex"), "remote")
 NCCL = Setup("nccl", (*ONE_EACH, "--kv-transport", "nccl", "--disagg", "always"), "remote")
 MIXED = Setup("mixed", ("--prefill", "0", "--decode", "0", "--mixed", "2"), "local")
 AUTO = Setup("auto", (*ONE_EACH, "--disagg", "auto"), "either")
-IPC_BF16 = Setup("ipc-bf16", IPC.flags, "remote", dtype="bfloat16")
+IPC_BF16 = Setup("ipc-bf16", IPC.flags, MULTIPLEXED, dtype="bfloat16")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nccl between workers needs two GPUs")
 FLOAT32 = [pytest.param(IPC, id="ipc"), pytest.param(IPC_TWO, id="ipc-two")]
 FLOAT32 += [pytest.param(NCCL, id="nccl", marks=two_gpus)]
@@ -151,7 +154,8 @@ def ask_all(url: str) -> list[ClusterAnswer]:
 def run_setup(setup: Setup, model: str, log_dir) -> Served:
     cluster = launch(model, log_dir, *setup.launch_flags(), timeout=STARTUP_S)
     try:
-        answers, metrics = ask_all(cluster.url), cluster.metrics()
+        answers = ask_all(cluster.url)
+        metrics = cluster.settled_metrics(len(PROMPTS))
     except (RuntimeError, httpx.HTTPError) as e:
         raise RuntimeError(f"{e}\n{cluster.logs()}") from e
     finally:
