@@ -131,5 +131,6 @@ def start_profiler(out: str | None, pid: int, duration: float) -> subprocess.Pop
         return None
     fmt = {".json": "speedscope", ".txt": "raw"}.get(Path(out).suffix, "flamegraph")
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    argv = [exe, "record", *os.environ.get("PYSPY_ARGS", "").split(), "--pid", str(pid), "--duration", str(int(duration)), "-o", out, "-f", fmt]
+    extra = os.environ.get("PYSPY_ARGS", "").split()  # e.g. "--native -r 200"
+    argv = [exe, "record", *extra, "--pid", str(pid), "--duration", str(int(duration)), "-o", out, "-f", fmt]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
