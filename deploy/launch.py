@@ -2,7 +2,7 @@
 
     python -m deploy.launch [--model PATH] --prefill N --decode M [--mixed K] [--host H] [--port P]
         [--backend ray|local] [--kv-transport auto|ipc|nccl|tcp] [--routing prefix|round_robin]
-        [--gpus-per-worker F] [--log-dir DIR] [--api-key KEY] [--protect-status] [engine flags]
+        [--gpus-per-worker F] [--mps] [--log-dir DIR] [--api-key KEY] [--protect-status] [engine flags]
 
 Order: resolve the model (the default model when --model is absent) -> router subprocess (waits for
 its ready file, which names the inbox) -> workers through the backend -> wait until /health is 200
@@ -34,6 +34,7 @@ from common.net.curve import CurveKeys
 from common.net.flags import add_log_level
 from deploy.base import WorkerBackend, WorkerHandle
 from deploy.fronts import Front, Fronts, default_api_servers
+from deploy.mps import MPSDaemon
 from deploy.passthrough import (
     ROUTER_PASSTHROUGH,
     WORKER_PASSTHROUGH,
@@ -86,6 +87,7 @@ class Cluster:
         self._tmp = tempfile.TemporaryDirectory(prefix="pdserve-launch-")
         self.fronts: Fronts | None = None  # made by start(), with the cluster's CURVE keys
         self._healthy_fronts: set[int | None] = set()
+        self.mps: MPSDaemon | None = None  # --mps: started before the workers, stopped after them
 
     @property
     def router(self):
@@ -102,10 +104,22 @@ class Cluster:
         num_gpus = count_gpus(self.plan, self.backend)
         if multiplexes(self.plan, num_gpus):
             log.info("one GPU: prefill and decode run multiplexed in one worker (--no-pd-multiplex: two)")
+        mps_env = self._start_mps(num_gpus)
         for spec in worker_specs(self.plan, self.inbox, num_gpus):
-            self.workers.append(self.backend.start(replace(spec, secret_env=secret_env)))
+            spec = replace(spec, env={**spec.env, **mps_env}, secret_env=secret_env)
+            self.workers.append(self.backend.start(spec))
         self._wait_healthy(deadline)
         return self.url
+
+    def _start_mps(self, num_gpus: int) -> dict[str, str]:
+        """--mps: the daemon runs before any worker makes its CUDA context; its environment for them."""
+        if not self.plan.mps:
+            return {}
+        if num_gpus == 0:
+            raise RuntimeError("--mps shares a GPU between workers, and this host has none")
+        self.mps = MPSDaemon(f"{self._tmp.name}/mps")
+        self.mps.start()
+        return self.mps.worker_env()
 
     def restart_router(self, timeout_s: float = 120.0, index: int = 0) -> None:
         """Kill front `index` (SIGKILL, as a crash would) and start a new one on the same HTTP port and
@@ -187,6 +201,8 @@ class Cluster:
         finally:
             if self.fronts is not None:
                 self.fronts.stop(grace_s)
+            if self.mps is not None:  # after the workers: its clients are gone
+                self.mps.stop()
             self._tmp.cleanup()
 
 
@@ -231,6 +247,11 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
         action="store_true",
         help="one GPU, --prefill 1 --decode 1: two workers instead of one multiplexed worker",
     )
+    p.add_argument(
+        "--mps",
+        action="store_true",
+        help="run the workers under a private CUDA MPS daemon (two workers on one GPU share its SMs)",
+    )
     add_log_level(p)
     add_launcher_read_args(p)
     add_passthrough_args(p)
@@ -261,6 +282,7 @@ def parse_args(argv: Sequence[str] | None = None, prog: str = PROG) -> LaunchPla
             startup_timeout_s=args.startup_timeout,
             api_servers=_front_count(args.api_servers, router_argv),
             pd_multiplex=not args.no_pd_multiplex,
+            mps=args.mps,
             router_argv=router_argv,
             worker_argv=passthrough_argv(args, WORKER_PASSTHROUGH),
             **launcher_read_values(args),

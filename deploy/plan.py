@@ -14,6 +14,8 @@ multiplexed mode instead (`--pd-multiplex`, common/multiplex): prefill and decod
 shares of the GPU, weights loaded once, no KV copy between them. `pd_multiplex=False`
 (`--no-pd-multiplex`) keeps the two workers. Not with `--speculative`, tensor parallelism or
 `--gpus-per-worker` (the mode refuses the first two; the last asks for the two-worker layout).
+`--mps` also keeps the workers apart and runs them under a private MPS daemon (deploy/mps.py), so
+their kernels share the GPU's SMs instead of taking turns; local workers on GPUs only.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class LaunchPlan:
     worker_argv: tuple[str, ...] = ()  # extra flags for every worker
     api_servers: int = 1  # HTTP front processes sharing `port` (deploy/fronts.py)
     pd_multiplex: bool = True  # one GPU, --prefill 1 --decode 1: one multiplexed worker (see above)
+    mps: bool = False  # workers under a private MPS daemon (deploy/mps.py); never multiplexed
 
     def __post_init__(self) -> None:
         for name in ("num_prefill", "num_decode", "num_mixed"):
@@ -85,6 +88,10 @@ class LaunchPlan:
                 "--pd-multiplex is for mixed workers (--prefill 0 --decode 0 --mixed N); "
                 "--prefill 1 --decode 1 on one GPU uses it on its own"
             )
+        if self.mps and self.backend != "local":
+            raise ValueError("--mps runs the workers under this host's MPS daemon: only with --backend local")
+        if self.mps and self.engine.get("device") == "cpu":
+            raise ValueError("--mps shares a GPU between workers: not with --device cpu")
         if self.protect_status and not self.api_key:
             raise ValueError(
                 "protect_status needs api_key: there is no key to protect the status routes with"
@@ -114,6 +121,7 @@ def multiplexes(plan: LaunchPlan, num_gpus: int) -> bool:
     """Whether the plan's one prefill and one decode worker run as one multiplexed mixed worker."""
     return (
         plan.pd_multiplex
+        and not plan.mps
         and num_gpus == 1
         and (plan.num_prefill, plan.num_decode, plan.num_mixed) == (1, 1, 0)
         and plan.gpus_per_worker is None

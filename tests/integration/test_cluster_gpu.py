@@ -8,6 +8,7 @@ time and each starts once:
   ipc       1 prefill + 1 decode, KV over CUDA IPC (one GPU: one multiplexed worker, the one-GPU P||D
             mode; two: one each)
   ipc-two   as ipc, always two worker processes (--no-pd-multiplex: half a GPU each on one GPU)
+  ipc-mps   as ipc-two, the workers under the launcher's private MPS daemon (--mps)
   nccl      1 prefill + 1 decode on two GPUs, KV over NCCL (skipped with fewer than two GPUs)
   mixed     --prefill 0 --decode 0 --mixed 2: each request served whole by a mixed worker
   auto      1 prefill + 1 decode, --disagg auto: the router decides per request
@@ -110,12 +111,15 @@ ONE_EACH = ("--prefill", "1", "--decode", "1")
 MULTIPLEXED = "local" if torch.cuda.device_count() == 1 else "remote"
 IPC = Setup("ipc", (*ONE_EACH, "--kv-transport", "ipc", "--disagg", "always"), MULTIPLEXED)
 IPC_TWO = Setup("ipc-two", (*IPC.flags, "--no-pd-multiplex"), "remote")
+IPC_MPS = Setup("ipc-mps", (*IPC.flags, "--mps"), "remote")
 NCCL = Setup("nccl", (*ONE_EACH, "--kv-transport", "nccl", "--disagg", "always"), "remote")
 MIXED = Setup("mixed", ("--prefill", "0", "--decode", "0", "--mixed", "2"), "local")
 AUTO = Setup("auto", (*ONE_EACH, "--disagg", "auto"), "either")
 IPC_BF16 = Setup("ipc-bf16", IPC.flags, MULTIPLEXED, dtype="bfloat16")
+local_only = pytest.mark.skipif(BACKEND != "local", reason="--mps is for --backend local")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nccl between workers needs two GPUs")
 FLOAT32 = [pytest.param(IPC, id="ipc"), pytest.param(IPC_TWO, id="ipc-two")]
+FLOAT32 += [pytest.param(IPC_MPS, id="ipc-mps", marks=local_only)]
 FLOAT32 += [pytest.param(NCCL, id="nccl", marks=two_gpus)]
 FLOAT32 += [pytest.param(MIXED, id="mixed"), pytest.param(AUTO, id="auto")]
 EVERY = [*FLOAT32, pytest.param(IPC_BF16, id="ipc-bf16")]

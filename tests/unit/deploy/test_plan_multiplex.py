@@ -31,6 +31,7 @@ def test_one_gpu_prefill_and_decode_become_one_multiplexed_worker() -> None:
         (LaunchPlan("/m", backend="local", num_decode=2), 1),
         (LaunchPlan("/m", backend="local", gpus_per_worker=0.5), 1),
         (LaunchPlan("/m", backend="local", engine={"speculative": "ngram"}), 1),
+        (LaunchPlan("/m", backend="local", mps=True), 1),  # --mps: two processes sharing the SMs
     ],
 )
 def test_other_layouts_keep_their_workers(plan: LaunchPlan, num_gpus: int) -> None:
