@@ -62,6 +62,7 @@ class RouterConfig:
     ready_file: str | None = None
     api_key: str | None = field(default=None, repr=False)  # repr=False: a logged config never shows it
     protect_status: bool = False
+    disable_uvicorn_access_log: bool = False  # as vLLM's flag: no access line per request
     disagg: str = DEFAULT_DISAGG
     disagg_stall_weight: float = DEFAULT_STALL_WEIGHT
     generation_config: str = GENERATION_CONFIG_AUTO

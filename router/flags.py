@@ -106,5 +106,10 @@ ROUTER_FLAGS = FlagTable(
             None,
             "also require the key on /health, /metrics, /debug/* and every other route",
         ),
+        Flag(
+            "disable_uvicorn_access_log",
+            None,
+            "write no access line per HTTP request (as vLLM's flag; errors are still logged)",
+        ),
     ),
 )

@@ -155,7 +155,14 @@ async def serve(config: RouterConfig, log_level: str = "info") -> None:
     sock = _bind_http(config.host, config.port, config.reuse_port)
     quiet_launcher_probes()
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_keep_alive=30, log_config=None)
+        uvicorn.Config(
+            app,
+            log_level=log_level,
+            lifespan="on",
+            timeout_keep_alive=30,
+            log_config=None,
+            access_log=not config.disable_uvicorn_access_log,
+        )
     )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:

@@ -50,6 +50,7 @@ def test_every_flag_reaches_its_field(monkeypatch) -> None:
         "ready_file": "/tmp/ready.json",
         "api_key": "k3y",
         "protect_status": True,
+        "disable_uvicorn_access_log": True,
         "front": 1,
         "reuse_port": True,
         "fronts_dir": "/tmp/fronts",
