@@ -1,10 +1,11 @@
-# Source this on a lent GPU machine (second of two calls) to get the packages and the default model:
+# Source this on a lent GPU machine (second of two calls) to get the packages and the default model
+# (benchmarks/device_carry.sh makes .whl and .dev/m1, .dev/m2 on the machine you work on):
 #   call 1: carry .dev/m1, run `mkdir -p /tmp/gg && cp .dev/m1/* /tmp/gg/`
 #   call 2: carry .dev/m2 and .whl, run `source benchmarks/device_prep.sh && ...`
 # The GGUF of the default model (98 MB) is over one call's size limit, hence the two parts; the joined
 # file's sha256 is checked against .dev/m2/SHA256. Wheels (.whl) install into /tmp/site once; a later
-# call on the same warm machine may leave .whl behind (the marker says they are there), e.g. to carry
-# Ray's wheel in parts in the calls between (see benchmarks/README.md).
+# call on the same warm machine may leave .whl behind (the marker says they are there), e.g. after
+# benchmarks/device_ray.sh installed them with Ray's wheel.
 set -u
 if [ -d .whl ] && [ ! -f /tmp/site/.pdserve-wheels ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
