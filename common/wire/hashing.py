@@ -20,24 +20,19 @@ import xxhash
 PROBE_TOKEN_IDS: tuple[int, ...] = tuple((i * 7919 + 13) % 32000 for i in range(512))
 
 
+_PARENT = struct.Struct("<Q")
+
+
 def hash_block(parent: int | None, token_ids: Sequence[int]) -> int:
     """Hash one full block given its parent's hash (None for the first block)."""
-    h = xxhash.xxh64()
-    if parent is not None:
-        h.update(struct.pack("<Q", parent))
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    return h.intdigest()
+    return _chain(parent, struct.pack(f"<{len(token_ids)}q", *token_ids))
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
     """Chained hashes of every full block of `token_ids` (a trailing partial block is ignored)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    out: list[int] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size])
-        out.append(parent)
-    return out
+    return _hash_blocks(token_ids, 0, len(token_ids) // block_size, block_size, parent)
 
 
 def extend_block_hashes(
@@ -46,10 +41,29 @@ def extend_block_hashes(
     """Append hashes for full blocks of the first `num_tokens` (default: all) of `token_ids` not yet
     covered by `hashes` (in place)."""
     limit = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
-    for start in range(len(hashes) * block_size, limit - block_size + 1, block_size):
-        parent = hashes[-1] if hashes else None
-        hashes.append(hash_block(parent, token_ids[start : start + block_size]))
+    parent = hashes[-1] if hashes else None
+    hashes += _hash_blocks(token_ids, len(hashes), limit // block_size, block_size, parent)
     return hashes
+
+
+def _hash_blocks(
+    token_ids: Sequence[int], first: int, end: int, block_size: int, parent: int | None
+) -> list[int]:
+    """Hashes of blocks first..end-1, chained from `parent`. The tokens are packed in one call and each
+    block hashed in one call: the router hashes every prompt, a worker every prompt it caches."""
+    if end <= first:
+        return []
+    data = struct.pack(f"<{(end - first) * block_size}q", *token_ids[first * block_size : end * block_size])
+    width = block_size * 8
+    out: list[int] = []
+    for offset in range(0, len(data), width):
+        parent = _chain(parent, data[offset : offset + width])
+        out.append(parent)
+    return out
+
+
+def _chain(parent: int | None, block: bytes) -> int:
+    return xxhash.xxh64_intdigest(block if parent is None else _PARENT.pack(parent) + block)
 
 
 def probe_hash(block_size: int) -> int:
