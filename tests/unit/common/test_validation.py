@@ -94,8 +94,9 @@ def test_bad_prompts_raise_clear_errors(llm):
     greedy = SamplingParams(temperature=0, max_tokens=4)
     with pytest.raises(ValueError, match=r"prompts\[1\].*at least one token"):
         llm.generate([[1, 2], []], greedy, use_tqdm=False)
-    with pytest.raises(ValueError, match=r"prompts\[0\].*outside the vocabulary"):
-        llm.generate([[1, 512]], greedy, use_tqdm=False)
+    for bad in ([1, 512], [1, -1], [1, True], [1, 2.0]):  # past either end, a bool, a float
+        with pytest.raises(ValueError, match=rf"prompts\[0\].*token id {bad[1]!r} is outside the vocabulary"):
+            llm.generate([bad], greedy, use_tqdm=False)
     with pytest.raises(ValueError, match="max_model_len"):
         llm.generate([[1] * 129], greedy, use_tqdm=False)
     with pytest.raises(ValueError, match="no tokenizer"):
