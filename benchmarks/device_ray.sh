@@ -10,7 +10,6 @@ wheel=$(cat .ray/p2/WHEEL)
 cat "$W/ray.part.00" .ray/p2/ray.part.01 > "$W/$wheel"
 (cd "$W" && sha256sum -c "$OLDPWD/.ray/p2/SHA256")
 cp .ray/p2/*.whl "$W/"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$W"/*.whl .whl/*.whl
-touch /tmp/site/.pdserve-wheels
+rm -f /tmp/site/.pdserve-wheels  # Ray's wheels join the project's, even on a machine that has those
+source benchmarks/device_wheels.sh "$W"/*.whl .whl/*.whl
 PYTHONPATH=/tmp/site python3 -c "import ray, zmq, fastapi; print('ray', ray.__version__, 'zmq', zmq.__version__)"

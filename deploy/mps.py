@@ -38,7 +38,7 @@ class MPSDaemon:
     def __init__(self, root: str | Path, control: str = CONTROL) -> None:
         self.root = Path(root)
         self.control = control
-        self.started = False
+        self._exe: str | None = None  # the control program's path while the daemon runs
 
     @property
     def pipe_dir(self) -> Path:
@@ -62,15 +62,14 @@ class MPSDaemon:
         done = self._control(exe, ["-d"], None)
         if done.returncode != 0:
             raise RuntimeError(f"the MPS daemon did not start (exit {done.returncode}): {self._said(done)}")
-        self.started = True
+        self._exe = exe
         log.info("MPS daemon started (pipe directory %s)", self.pipe_dir)
 
     def stop(self) -> None:
         """Ask the daemon to quit (it ends its server once no client is left); idempotent."""
-        if not self.started:
+        exe, self._exe = self._exe, None
+        if exe is None:
             return
-        self.started = False
-        exe = shutil.which(self.control) or self.control
         try:
             done = self._control(exe, [], "quit\n")
         except (OSError, subprocess.TimeoutExpired) as e:
