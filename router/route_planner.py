@@ -10,7 +10,6 @@ among those whose pair with the chosen prefill worker is not degraded, when ther
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import NamedTuple
 
 from common.wire.blocks import blocks_for
@@ -72,17 +71,7 @@ class RoutePlanner:
             raise APIError(503, "no live workers", code="no_workers", headers=RETRY_AFTER)
         matches = self.index.match(block_hashes(prompt, block_size))
         num_tokens = len(prompt) + max_tokens
-        prefills = [
-            replace(w, cached_blocks=self.index.num_blocks(w.worker_id))
-            for w in self.registry.prefill_loads()
-            if w.worker_id not in excluded
-        ]
-        targets = [w for w in self.registry.decode_loads() if w.worker_id not in excluded]
-        locals_ = [
-            replace(w, cached_blocks=self.index.num_blocks(w.worker_id))
-            for w in self.registry.local_loads()
-            if w.worker_id not in excluded
-        ]
+        prefills, targets, locals_ = self.registry.routing_loads(excluded, self.index.num_blocks)
         remote = self._remote(prefills, targets, matches, len(prompt), num_tokens, block_size)
         local = self._local(locals_, matches, len(prompt), num_tokens, block_size)
         decision = decide(

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -49,6 +50,15 @@ class HeartbeatOutcome(enum.Enum):
     OK = "ok"
     REVIVED = "revived"  # the worker was DOWN and is back: its cache view must be refreshed
     UNKNOWN = "unknown"  # never registered (e.g. the router restarted): ignored until it registers
+
+
+class RoutingLoads(NamedTuple):
+    """The live workers a route may use, each load built once: `locals_` are the decode targets the
+    `--disagg` mode lets prefill a request themselves (the same objects as in `targets`)."""
+
+    prefills: list[PrefillLoad]
+    targets: list[DecodeLoad]
+    locals_: list[DecodeLoad]
 
 
 @dataclass
@@ -86,6 +96,7 @@ class WorkerRegistry:
         self.kv_dtype: str | None = None  # the KV cache dtype of the first accepted worker naming one
         self.loads = LoadTracker()
         self._workers: dict[str, WorkerInfo] = {}
+        self._by_id: list[WorkerInfo] | None = None  # `_workers` sorted by id; None after a change
         self.rejected: dict[str, str] = {}  # worker id -> why
 
     def register(self, reg: WorkerRegister, now: float) -> Registration:
@@ -103,6 +114,7 @@ class WorkerRegistry:
             old.last_seen, old.state = now, WorkerState.LIVE
             return Registration(RegistrationOutcome.REFRESHED)
         self._workers[reg.worker_id] = WorkerInfo(reg, last_seen=now, registered_at=now)
+        self._by_id = None
         return Registration(RegistrationOutcome.NEW if old is None else RegistrationOutcome.REPLACED)
 
     def _parity_problem(self, reg: WorkerRegister) -> str:
@@ -141,16 +153,23 @@ class WorkerRegistry:
         return gone
 
     def remove(self, worker_id: str) -> WorkerInfo | None:
+        self._by_id = None
         return self._workers.pop(worker_id, None)
 
     def get(self, worker_id: str) -> WorkerInfo | None:
         return self._workers.get(worker_id)
 
     def workers(self) -> list[WorkerInfo]:
-        return sorted(self._workers.values(), key=lambda w: w.worker_id)
+        return list(self._sorted())
 
     def live(self, *roles: str) -> list[WorkerInfo]:
-        return [w for w in self.workers() if w.role in roles and w.state is WorkerState.LIVE]
+        return [w for w in self._sorted() if w.role in roles and w.state is WorkerState.LIVE]
+
+    def _sorted(self) -> list[WorkerInfo]:
+        # Sorted once per change of membership, not per request: every route plan walks it.
+        if self._by_id is None:
+            self._by_id = sorted(self._workers.values(), key=lambda w: w.worker_id)
+        return self._by_id
 
     def can_serve(self) -> bool:
         """Some path is open (see the module docstring)."""
@@ -162,25 +181,47 @@ class WorkerRegistry:
             return False
         return self.can_serve()
 
+    def routing_loads(
+        self, excluded: Collection[str] = (), cached_blocks: Callable[[str], int] | None = None
+    ) -> RoutingLoads:
+        """The live workers not in `excluded`, with their loads; `cached_blocks(worker_id)` fills in
+        what the prefix index says each one caches (0 without it)."""
+        local = local_roles(self.disagg)
+        prefills: list[PrefillLoad] = []
+        targets: list[DecodeLoad] = []
+        locals_: list[DecodeLoad] = []
+        for w in self._sorted():
+            if w.state is not WorkerState.LIVE or w.worker_id in excluded:
+                continue
+            cached = 0 if cached_blocks is None else cached_blocks(w.worker_id)
+            if w.role == "prefill":
+                prefills.append(self._prefill_load(w, cached))
+            elif w.role in DECODE_TARGET_ROLES:
+                load = self._decode_load(w, cached)
+                targets.append(load)
+                if w.role in local:
+                    locals_.append(load)
+        return RoutingLoads(prefills, targets, locals_)
+
     def prefill_loads(self) -> list[PrefillLoad]:
-        out = []
-        for w in self.live("prefill"):
-            reported = w.heartbeat.queued_prefill_tokens if w.heartbeat else 0
-            # The heartbeat and the router's own tally count the same queued work from two sides;
-            # the larger is the fresher view (the heartbeat lags dispatches, the tally lags progress).
-            queued = max(reported, self.loads.outstanding_prefill_tokens(w.worker_id))
-            out.append(PrefillLoad(w.worker_id, queued, self.loads.in_flight(w.worker_id)))
-        return out
+        return [self._prefill_load(w, 0) for w in self.live("prefill")]
 
     def decode_loads(self, roles: tuple[str, ...] = DECODE_TARGET_ROLES) -> list[DecodeLoad]:
         """Live workers of `roles` (default: every decode target) with their decode and prefill load."""
-        return [self._decode_load(w) for w in self.live(*roles)]
+        return [self._decode_load(w, 0) for w in self.live(*roles)]
 
     def local_loads(self) -> list[DecodeLoad]:
         """The workers the `--disagg` mode lets prefill a request themselves."""
         return self.decode_loads(local_roles(self.disagg))
 
-    def _decode_load(self, w: WorkerInfo) -> DecodeLoad:
+    def _prefill_load(self, w: WorkerInfo, cached_blocks: int) -> PrefillLoad:
+        reported = w.heartbeat.queued_prefill_tokens if w.heartbeat else 0
+        # The heartbeat and the router's own tally count the same queued work from two sides;
+        # the larger is the fresher view (the heartbeat lags dispatches, the tally lags progress).
+        queued = max(reported, self.loads.outstanding_prefill_tokens(w.worker_id))
+        return PrefillLoad(w.worker_id, queued, self.loads.in_flight(w.worker_id), cached_blocks)
+
+    def _decode_load(self, w: WorkerInfo, cached_blocks: int) -> DecodeLoad:
         hb, tally = w.heartbeat, self.loads
         total = hb.num_total_blocks if hb else w.reg.num_kv_blocks
         free = (hb.num_free_blocks if hb else total) - tally.blocks_since_heartbeat(w.worker_id)
@@ -196,6 +237,7 @@ class WorkerRegistry:
             w.reg.max_model_len,
             queued_prefill_tokens=queued,
             in_flight=in_flight,
+            cached_blocks=cached_blocks,
         )
 
     def max_model_len(self) -> int | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from common.wire.hashing import probe_hash
@@ -185,3 +187,44 @@ def test_health_names_the_node_each_worker_runs_on() -> None:
     view = {w["worker_id"]: w for w in health_report(reg, healthy=True)["workers"]}
     assert (view["p0"]["node_id"], view["d0"]["node_id"]) == ("node-a", None)
     assert (view["p0"]["host"], view["p0"]["pid"]) == ("h", 1)
+
+
+@pytest.mark.parametrize(
+    "disagg, local_ids", [("auto", ["d0", "m0"]), ("always", ["m0"]), ("never", ["d0", "m0"])]
+)
+def test_routing_loads_build_each_live_worker_once(disagg: str, local_ids: list[str]) -> None:
+    """One pass gives the prefill loads, the decode targets and the local candidates (the same objects
+    as the targets), without the excluded or down workers, each with what the index says it caches;
+    they equal what the per-kind views report."""
+    reg = WorkerRegistry(heartbeat_timeout=5, disagg=disagg)
+    for r in (
+        _reg("p1"),
+        _reg("p0"),
+        _reg("m0", role="mixed", events_addr="tcp://h:3"),
+        _reg("d0", role="decode"),
+    ):
+        reg.register(r, 0)
+    reg.register(_reg("d1", role="decode"), 0)
+    reg.heartbeat(_hb("d0", free=60, running=3, queued=12), 0)
+    reg.get("d1").state = WorkerState.DOWN
+    cached = {"p0": 4, "p1": 0, "d0": 2, "m0": 5}
+    loads = reg.routing_loads({"p1"}, cached.__getitem__)
+    assert [p.worker_id for p in loads.prefills] == ["p0"] and loads.prefills[0].cached_blocks == 4
+    assert [d.worker_id for d in loads.targets] == ["d0", "m0"]
+    assert [d.worker_id for d in loads.locals_] == local_ids
+    assert all(any(d is t for t in loads.targets) for d in loads.locals_)
+    d0 = loads.targets[0]
+    assert d0.cached_blocks == 2 and d0 == replace(reg.decode_loads()[0], cached_blocks=2)
+    assert [replace(w, cached_blocks=0) for w in reg.routing_loads().targets] == reg.decode_loads()
+
+
+def test_the_sorted_view_follows_registrations_and_removals() -> None:
+    reg = WorkerRegistry(heartbeat_timeout=5)
+    reg.register(_reg("p1"), 0)
+    assert [w.worker_id for w in reg.workers()] == ["p1"]
+    reg.register(_reg("p0"), 0)
+    assert [w.worker_id for w in reg.workers()] == ["p0", "p1"]
+    reg.register(_reg("p0", pid=2), 0)  # a restart replaces the record the view holds
+    assert reg.workers()[0].reg.pid == 2 and reg.routing_loads().prefills[0].worker_id == "p0"
+    reg.remove("p0")
+    assert [w.worker_id for w in reg.workers()] == ["p1"] and reg.live("prefill")[0].worker_id == "p1"
