@@ -99,7 +99,7 @@ def parse_args(argv: list[str] | None):
     launch_argv = ["--backend", "local", "--port", "0", "--log-dir", args.log_dir, "--log-level", "warning"]
     for flag in ("prefill", "decode", "kv_transport", "request_timeout", "heartbeat_timeout", "kv_lease_s"):
         launch_argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    from deploy.launch import parse_args as launch_args
+    from deploy.launch_args import parse_args as launch_args
 
     plan = launch_args(launch_argv + launch_rest)
     if plan.backend != "local":

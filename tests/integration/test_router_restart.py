@@ -52,7 +52,8 @@ def test_launcher_restarts_its_router_while_a_worker_is_down(model_dir, tmp_path
     """`Cluster.restart_router` (the chaos soak's router fault) used to raise when any worker happened to
     be down at that moment ("worker(s) exited during start-up"), which ended the soak's fault loop. Now
     the new router serves on the same URL, and the worker started again joins it."""
-    from deploy.launch import Cluster, parse_args
+    from deploy.launch import Cluster
+    from deploy.launch_args import parse_args
     from deploy.local_backend import LocalBackend
 
     argv = ["--model", model_dir, "--backend", "local", "--port", "0", "--log-dir", str(tmp_path)]

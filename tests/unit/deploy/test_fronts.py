@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from common.tools.default_model import prepare_default_model
-from deploy import launch
+from deploy import launch_args
 from deploy.fronts import Fronts, default_api_servers
-from deploy.launch import parse_args
+from deploy.launch_args import parse_args
 from deploy.plan import LaunchPlan
 
 
@@ -17,10 +17,10 @@ def test_one_front_per_four_cores_up_to_four_unless_asked(capsys, monkeypatch) -
     with pytest.raises(ValueError, match="cores"):
         default_api_servers(0)
     model = str(prepare_default_model(progress=False))
-    monkeypatch.setattr(launch, "host_cores", lambda: 16)
+    monkeypatch.setattr(launch_args, "host_cores", lambda: 16)
     assert parse_args(["--model", model]).api_servers == 4
     assert parse_args(["--model", model, "--inbox-port", "0"]).api_servers == 1  # one fixed inbox
-    monkeypatch.setattr(launch, "host_cores", lambda: 2)
+    monkeypatch.setattr(launch_args, "host_cores", lambda: 2)
     assert parse_args(["--model", model]).api_servers == 1
     assert parse_args(["--model", model, "--api-servers", "3"]).api_servers == 3
     with pytest.raises(SystemExit):

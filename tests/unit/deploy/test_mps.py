@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from common.tools.default_model import prepare_default_model
-from deploy.launch import parse_args
+from deploy.launch_args import parse_args
 from deploy.mps import CONTROL, LOG_ENV, PIPE_ENV, MPSDaemon
 from deploy.plan import LaunchPlan
 

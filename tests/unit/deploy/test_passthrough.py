@@ -7,7 +7,7 @@ import pytest
 
 from common.tools.default_model import prepare_default_model
 from common.worker.config import WORKER_FLAGS
-from deploy.launch import parse_args
+from deploy.launch_args import parse_args
 from deploy.passthrough import (
     ROUTER_PASSTHROUGH,
     ROUTER_READ,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.tools.default_model import prepare_default_model
-from deploy.launch import parse_args
+from deploy.launch_args import parse_args
 from deploy.placement import EVERY_ROLE, parse_ray_resources, resources_for
 from deploy.plan import LaunchPlan, worker_specs
 
