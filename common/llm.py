@@ -143,7 +143,6 @@ class LLM:
         while self.engine.has_unfinished:
             t0 = time.perf_counter()
             result = self.engine.step()
-            self.engine.drain_kv_events()  # nobody listens offline: unread events would pile up
             dt = max(time.perf_counter() - t0, 1e-9)
             if result.num_prefill_tokens:
                 prefill_tps = result.num_prefill_tokens / dt

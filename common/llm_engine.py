@@ -53,7 +53,7 @@ class LLMEngine:
         self.runner = runner
         self.max_model_len = resolve_max_model_len(config, model_config)
         self.block_manager = BlockManager(
-            runner.num_kv_blocks, config.kvcache_block_size, config.enable_prefix_caching
+            runner.num_kv_blocks, config.kvcache_block_size, config.enable_prefix_caching, record_events=False
         )
         self.scheduler_config = SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
@@ -206,6 +206,14 @@ class LLMEngine:
     def close(self) -> None:
         """Stop the tensor-parallel worker processes, if any (idempotent; also runs at exit/GC)."""
         self.runner.close()
+
+    def record_kv_events(self, on: bool) -> None:
+        """Whether the prefix cache keeps its events for `drain_kv_events`. Off from construction: only
+        a worker that publishes them turns it on, so an engine nobody drains (offline, benchmarks that
+        call `step()`) does not pile them up. Turning it off drops what was kept."""
+        if not on:
+            self.block_manager.drain_events()
+        self.block_manager.record_events = on
 
     def drain_kv_events(self) -> list[KVEvent]:
         return self.block_manager.drain_events()

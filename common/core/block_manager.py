@@ -43,7 +43,9 @@ class CacheStats:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, record_events: bool = True
+    ) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.block_size = block_size
@@ -52,6 +54,8 @@ class BlockManager:
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.stats = CacheStats()
+        # Whether events are kept for `drain_events`: off where nobody drains them (they would pile up).
+        self.record_events = record_events
         self._events: list[KVEvent] = []
         # Evictions since the last other event, published as one BlockRemoved: a full cache evicts a
         # block for nearly every block allocated (tens per admitted prompt), and each event costs the
@@ -143,7 +147,7 @@ class BlockManager:
                 first = i if first < 0 else first
                 stored.append(hashes[i])
         seq.num_registered_blocks = num_full
-        if stored:
+        if stored and self.record_events:
             self._event(BlockStored(tuple(stored), hashes[first - 1] if first > 0 else None))
 
     def free(self, seq: Sequence) -> None:
@@ -172,6 +176,8 @@ class BlockManager:
         return events
 
     def _event(self, event: KVEvent) -> None:
+        if not self.record_events:
+            return
         self._flush_removed()  # order matters: a hash evicted and then stored again must end stored
         self._events.append(event)
 
@@ -188,7 +194,8 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.block_hash is not None:
             del self.hash_to_block[block.block_hash]
-            self._removed.append(block.block_hash)
+            if self.record_events:
+                self._removed.append(block.block_hash)
             self.stats.evictions += 1
             block.block_hash = None
         block.ref_count = 1

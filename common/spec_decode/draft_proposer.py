@@ -28,7 +28,9 @@ class DraftModelProposer(Proposer):
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.max_len = runner.max_model_len  # the draft model's context bounds what it can draft for
-        self.blocks = BlockManager(runner.num_kv_blocks, runner.block_size, enable_prefix_caching=False)
+        self.blocks = BlockManager(
+            runner.num_kv_blocks, runner.block_size, enable_prefix_caching=False, record_events=False
+        )
         self.mirrors: dict[int, Sequence] = {}
 
     def draft_batch(self, seqs: list[Sequence], rooms: list[int]) -> list[list[int]]:

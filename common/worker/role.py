@@ -92,6 +92,7 @@ class WorkerRole(ABC):
         self.engine: LLMEngine = ctx.engine
         if self.publishes_events:
             self.events = EventPublisher(ctx.worker_id, ctx.channels)
+        self.engine.record_kv_events(self.events is not None)
         self.kv = self.open_kv(ctx)
         self.kv.start()
         return self.kv.summary()
@@ -143,10 +144,9 @@ class WorkerRole(ABC):
         """Abort requests whose deadline (Unix time) is before `now`."""
 
     def after_iteration(self) -> None:
-        """End of one loop turn: publish the step's cache events (or drop them: nobody listens)."""
-        events = self.engine.drain_kv_events()
+        """End of one loop turn: publish the step's cache events (kept only by a publishing role)."""
         if self.events is not None:
-            self.events.flush(events)
+            self.events.flush(self.engine.drain_kv_events())
 
     @abstractmethod
     def poll_interval(self) -> float | None:

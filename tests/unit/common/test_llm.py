@@ -72,14 +72,25 @@ def test_stop_string_completed_by_the_last_allowed_token(llm, haiku):
     assert out["token_ids"] == full["token_ids"][:k]
 
 
-def test_offline_runs_keep_no_cache_events(tiny_model_dirs):
-    """The block manager records prefix-cache events for a worker to publish; offline nobody reads them,
-    so `generate` drops them each step instead of letting them pile up for the process's life (they
-    did: one event per stored block chain and per eviction). The prefix cache itself keeps working."""
-    llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64, max_model_len=128)
+def test_an_engine_keeps_cache_events_only_when_asked(tiny_model_dirs):
+    """The prefix cache's events are for a worker to publish (its role turns recording on); an engine
+    nobody drains (offline, a benchmark calling `step()`) keeps none, instead of piling them up for the
+    process's life (they did: one event per stored block chain and per eviction). The prefix cache
+    itself works either way, and turning recording off drops what was kept."""
+    from common.wire.kv_events import BlockRemoved, BlockStored
+
+    llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=16, max_model_len=128)
     prompts = [[i % 500 for i in range(start, start + 40)] for start in (0, 100, 200)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for _ in range(2):
         llm.generate(prompts, params, use_tqdm=False)
     assert llm.engine.drain_kv_events() == []
-    assert llm.engine.block_manager.stats.hit_tokens >= 3 * 32  # the second round hit its prefixes
+    assert llm.engine.block_manager.stats.hit_tokens >= 32  # later prompts hit cached prefixes
+    llm.engine.record_kv_events(True)
+    fresh = [[(i * 7) % 500 for i in range(start, start + 40)] for start in range(300, 800, 100)]
+    llm.generate(fresh, params, use_tqdm=False)
+    kinds = {type(e) for e in llm.engine.drain_kv_events()}
+    assert BlockStored in kinds and BlockRemoved in kinds  # 16 blocks: the new prompts evicted old ones
+    llm.generate([[i % 500 for i in range(400, 440)]], params, use_tqdm=False)
+    llm.engine.record_kv_events(False)
+    assert llm.engine.drain_kv_events() == []
