@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from common.wire import request_log
+from common.wire.codec import build_checked_parts
 from common.wire.detokenizer import IncrementalDetokenizer
 from common.wire.messages import Abort, GenerateRequest, Message, PrefillRequest, RequestFailed, TokenOutput
 from common.wire.sampling_params import FinishReason, SamplingParams
@@ -173,13 +174,31 @@ class RequestLifecycle:
         prompt = seq.prompt_token_ids
         log_id = request_log.current()  # the request task's X-Request-Id, for the workers' logs
         reply_to = self.cluster.inbox_addr  # this front: the workers stream the request's tokens here
+        # Every part was checked here already (the prompt by the request builder, the sampling by its
+        # own constructor), so the per-field checks of a message build (~25 us for 512 prompt ids) are
+        # skipped; the worker decodes the command with all of them.
         if route.local:
-            return GenerateRequest(wire_id, prompt, sampling, deadline, log_id, reply_to)
+            return build_checked_parts(
+                GenerateRequest,
+                request_id=wire_id,
+                prompt_token_ids=prompt,
+                sampling=sampling,
+                deadline=deadline,
+                log_id=log_id,
+                reply_to=reply_to,
+            )
         decode_info = self.registry.get(route.decode_id)
         assert decode_info is not None  # the planner took it from the live workers just now
-        command_addr = decode_info.reg.command_addr
-        return PrefillRequest(
-            wire_id, prompt, sampling, route.decode_id, command_addr, deadline, log_id, reply_to
+        return build_checked_parts(
+            PrefillRequest,
+            request_id=wire_id,
+            prompt_token_ids=prompt,
+            sampling=sampling,
+            decode_worker_id=route.decode_id,
+            decode_command_addr=decode_info.reg.command_addr,
+            deadline=deadline,
+            log_id=log_id,
+            reply_to=reply_to,
         )
 
     def _limit(self, seq: SequenceRequest) -> float | None:

@@ -11,6 +11,9 @@ per-token path, whose messages (`TokenOutput`, `TokenBatch`) come from the clust
 built them through the validating constructor. The tag and the field names are still checked (a
 `MessageError` otherwise), and fields that are typed values (enums, records, tuples) are still
 converted, checked, from their wire form; anything from outside the cluster is never decoded that way.
+`build_checked_parts(cls, **fields)` is the sending side's counterpart, for a message built from parts
+the sender has checked already (the router's per-request commands): no per-field checks where it is
+built; the receiver still decodes it with all of them.
 
 Two families use it: the router <-> worker messages (`common.wire.messages`) and the KV transfer's
 control messages between a sender and a receiver (`common.wire.kv_messages`); importing
@@ -134,15 +137,30 @@ def _shape(cls: type[Message]) -> _Shape:
     return shape
 
 
+def build_checked_parts(cls: type[Message], **fields: object) -> Message:
+    """A message from parts this process has already checked, without the per-field checks: the
+    router's per-request commands (prompt ids it tokenized or checked against the vocabulary, its own
+    ids and addresses, a `SamplingParams` that validated itself). Names and required fields are still
+    checked, the defaults filled in. The receiver decodes it with every check, as any other message:
+    a part that was wrong after all fails that request there, named, instead of passing silently."""
+    return _assemble(cls, fields, convert=False)
+
+
 def _build_trusted(cls: type[Message], payload: dict) -> Message:
+    return _assemble(cls, payload, convert=True)
+
+
+def _assemble(cls: type[Message], payload: dict, convert: bool) -> Message:
+    """The message without its per-field checks; `convert`: typed fields arrive in their wire form."""
     shape = _shape(cls)
     if not payload.keys() <= shape.names:
         raise MessageError(f"{cls.TYPE}: unknown field {next(iter(payload.keys() - shape.names))!r}")
     if not shape.required <= payload.keys():
         raise MessageError(f"{cls.TYPE}: missing field {min(shape.required - payload.keys())!r}")
-    for name, check in shape.converters:
-        if name in payload:
-            payload[name] = check(payload[name], name)
+    if convert:
+        for name, check in shape.converters:
+            if name in payload:
+                payload[name] = check(payload[name], name)
     for name, factory in shape.factories:
         if name not in payload:
             payload[name] = factory()

@@ -1,14 +1,18 @@
 """decode(data, trusted=...): the router's per-token path builds token messages without per-field checks,
-but still with their meaning, their defaults and their tag and field names checked."""
+but still with their meaning, their defaults and their tag and field names checked; and the sending
+side's counterpart, build_checked_parts."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import msgpack
 import pytest
 
 from common.wire import messages as m
+from common.wire.codec import build_checked_parts
 from common.wire.messages import MessageError, decode, encode
-from common.wire.sampling_params import FinishReason
+from common.wire.sampling_params import FinishReason, SamplingParams
 from tests.unit.common.wire.message_examples import EXAMPLES
 
 TOKENS = frozenset({m.TokenOutput, m.TokenBatch})
@@ -67,3 +71,25 @@ def test_a_trusted_token_batch_still_means_its_rows() -> None:
         m.TokenOutput("r1", "decode-0", 3, [8], None, 3, 0),
         m.TokenOutput("r2", "decode-0", 1, [9, 10], None, 40, 0),
     ]
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda msg: msg.TYPE)
+def test_a_message_built_from_checked_parts_equals_the_checked_build(msg: m.Message) -> None:
+    fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+    built = build_checked_parts(type(msg), **fields)
+    assert type(built) is type(msg) and built == msg and decode(encode(built)) == msg
+
+
+def test_built_from_parts_a_wrong_part_fails_at_the_receiver_naming_it() -> None:
+    params = SamplingParams(temperature=0, max_tokens=4)
+    request = build_checked_parts(
+        m.GenerateRequest, request_id="r", prompt_token_ids=[1, -2], sampling=params, deadline=None
+    )
+    assert request.reply_to is None and request.log_id is None  # defaults filled in
+    with pytest.raises(MessageError, match="prompt_token_ids") as e:
+        decode(encode(request))
+    assert e.value.request_id == "r"  # the worker fails that request rather than dropping it
+    with pytest.raises(MessageError, match="unknown field 'prompt'"):
+        build_checked_parts(m.GenerateRequest, request_id="r", prompt=[1], sampling=params, deadline=None)
+    with pytest.raises(MessageError, match="missing field 'deadline'"):
+        build_checked_parts(m.GenerateRequest, request_id="r", prompt_token_ids=[1], sampling=params)
