@@ -106,8 +106,11 @@ async def _plan(router: Router, body: BaseModel, max_model_len: int | None) -> G
         build = router.builder.chat
     else:
         assert isinstance(body, CompletionRequest)
-        prompt = body.prompt
-        chars = len(prompt) if isinstance(prompt, str) else sum(len(p) for p in prompt if isinstance(p, str))
+        prompt = body.prompt  # its shape is checked: a string, or a list of strings, of ids or of id lists
+        if isinstance(prompt, str):
+            chars = len(prompt)
+        else:
+            chars = sum(map(len, prompt)) if isinstance(prompt[0], str) else 0  # ids: nothing to tokenize
         build = router.builder.completion  # type: ignore[assignment]
     if chars <= INLINE_TOKENIZE_CHARS:
         return build(body, max_model_len)  # type: ignore[arg-type]

@@ -11,7 +11,14 @@ import os
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from common.wire.sampling_params import FinishReason
 
@@ -71,9 +78,12 @@ class CompletionRequest(_GenerationRequest):
     echo: bool = False
     suffix: str | None = None
 
-    @field_validator("prompt", mode="before")
+    @field_validator("prompt", mode="wrap")
     @classmethod
-    def _prompt_shape(cls, value: Any) -> Any:
+    def _prompt_shape(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        """The exact shape check, in place of the union's: pydantic validates a list against each
+        member in turn, erring on every item of a long token-id list for the string members (~50 us
+        per 512 ids); the annotation stays for the schema."""
         if isinstance(value, str):
             return value
         if isinstance(value, list) and value:

@@ -109,11 +109,12 @@ class RequestBuilder:
             raise bad_request(str(e), param="messages") from None
 
     def _completion_prompts(self, prompt: str | list) -> list[list[int]]:
+        # The shape is checked (router/protocol.py): a list's first item tells which kind it is.
         if isinstance(prompt, str):
             prompts = [self.tokenizer.encode(prompt)]
-        elif all(isinstance(p, str) for p in prompt):
+        elif isinstance(prompt[0], str):
             prompts = [self.tokenizer.encode(p) for p in prompt]
-        elif all(isinstance(p, int) for p in prompt):
+        elif isinstance(prompt[0], int):
             prompts = [list(prompt)]
         else:
             prompts = [list(p) for p in prompt]
