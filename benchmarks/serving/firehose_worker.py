@@ -34,6 +34,28 @@ HEARTBEAT_S = 0.5
 REGISTER_S = 2.0
 
 
+def firehose_registration(
+    worker_id: str, command_addr: str, role: str = "mixed", pid: int = 1
+) -> WorkerRegister:
+    """A worker of `role` that can hold any request (a huge cache and max_model_len): what a firehose
+    worker registers as, and the cluster `route_plan.py` plans over."""
+    return WorkerRegister(
+        worker_id=worker_id,
+        role=role,
+        host="127.0.0.1",
+        pid=pid,
+        command_addr=command_addr,
+        events_addr=None,
+        kv_endpoint={},
+        block_size=BLOCK_SIZE,
+        probe_hash=probe_hash(BLOCK_SIZE),
+        num_kv_blocks=1 << 20,
+        max_model_len=1 << 20,
+        max_num_batched_tokens=8192,
+        model_name="firehose",
+    )
+
+
 class FirehoseWorker:
     def __init__(
         self,
@@ -122,21 +144,7 @@ class FirehoseWorker:
             push.send(encode(TokenBatch(self.worker_id, *rows)))
 
     def _registration(self, command_addr: str) -> WorkerRegister:
-        return WorkerRegister(
-            worker_id=self.worker_id,
-            role="mixed",
-            host="127.0.0.1",
-            pid=os.getpid(),
-            command_addr=command_addr,
-            events_addr=None,
-            kv_endpoint={},
-            block_size=BLOCK_SIZE,
-            probe_hash=probe_hash(BLOCK_SIZE),
-            num_kv_blocks=1 << 20,
-            max_model_len=1 << 20,
-            max_num_batched_tokens=8192,
-            model_name="firehose",
-        )
+        return firehose_registration(self.worker_id, command_addr, pid=os.getpid())
 
     def _heartbeat(self) -> WorkerHeartbeat:
         running = len(self.active)

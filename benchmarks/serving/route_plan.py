@@ -16,15 +16,13 @@ import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from common.wire.hashing import probe_hash  # noqa: E402
-from common.wire.messages import WorkerRegister  # noqa: E402
+from benchmarks.serving.firehose_worker import firehose_registration  # noqa: E402
 from router.live_rates import LiveRates  # noqa: E402
 from router.policy import make_policy  # noqa: E402
 from router.prefix_index import PrefixIndex  # noqa: E402
 from router.route_planner import RoutePlanner  # noqa: E402
 from router.worker_registry import WorkerRegistry  # noqa: E402
 
-BLOCK_SIZE = 16
 SHAPES = {  # name -> (disagg mode, [(worker id, role)])
     "1 mixed": ("never", [("m0", "mixed")]),
     "1P+1D": ("always", [("p0", "prefill"), ("d0", "decode")]),
@@ -33,24 +31,6 @@ SHAPES = {  # name -> (disagg mode, [(worker id, role)])
         [(f"p{i}", "prefill") for i in range(2)] + [(f"d{i}", "decode") for i in range(6)],
     ),
 }
-
-
-def registration(worker_id: str, role: str) -> WorkerRegister:
-    return WorkerRegister(
-        worker_id=worker_id,
-        role=role,
-        host="h",
-        pid=1,
-        command_addr=f"tcp://h:{len(worker_id)}",
-        events_addr="tcp://h:2",
-        kv_endpoint={},
-        block_size=BLOCK_SIZE,
-        num_kv_blocks=10_000,
-        max_model_len=8192,
-        max_num_batched_tokens=2048,
-        model_name="m",
-        probe_hash=probe_hash(BLOCK_SIZE),
-    )
 
 
 def main() -> None:
@@ -62,7 +42,7 @@ def main() -> None:
     for name, (disagg, workers) in SHAPES.items():
         registry = WorkerRegistry(heartbeat_timeout=1e9, disagg=disagg)
         for worker_id, role in workers:
-            registry.register(registration(worker_id, role), 0.0)
+            registry.register(firehose_registration(worker_id, f"tcp://h:{worker_id}", role), 0.0)
         planner = RoutePlanner(registry, PrefixIndex(), make_policy("prefix", 8192), LiveRates(), 1.0)
         plan = min(
             timeit.repeat(lambda planner=planner: planner.plan(prompt, 128, set()), number=a.number, repeat=5)
