@@ -245,8 +245,9 @@ def pdserve_parser(command: str) -> EntryParser | None:
 
 def _captured(run, source: Path | None) -> EntryParser | None:
     """The parser `run` builds, taken from its first parse_args / parse_known_args call; None when the
-    source builds no argparse parser (it is then not run at all)."""
-    if source is not None and "ArgumentParser" not in source.read_text():
+    source neither builds an argparse parser nor calls a parse_args built elsewhere (it is then not
+    run at all)."""
+    if source is not None and not re.search(r"ArgumentParser|parse_args", source.read_text()):
         return None
 
     def parse_args(self, *args, **kwargs):
