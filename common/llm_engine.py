@@ -24,6 +24,7 @@ from common.spec_decode.speculator import Speculator
 from common.wire.blocks import blocks_for
 from common.wire.kv_events import KVEvent
 from common.wire.sampling_params import SamplingParams
+from common.wire.wire_fields import only_type
 
 if TYPE_CHECKING:
     import torch
@@ -132,7 +133,7 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         # The common case in C (every new request of a worker comes through here, hundreds of ids each);
         # anything else is looked at id by id, which names the bad one.
-        if set(map(type, token_ids)) == {int} and min(token_ids) >= 0 and max(token_ids) < vocab:
+        if only_type(token_ids, int) and min(token_ids) >= 0 and max(token_ids) < vocab:
             return
         for t in token_ids:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:

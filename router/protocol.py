@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from common.wire.sampling_params import FinishReason
+from common.wire.wire_fields import only_type
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -89,9 +90,9 @@ class CompletionRequest(_GenerationRequest):
         if isinstance(value, list) and value:
             if all(isinstance(v, str) for v in value):
                 return value
-            if _all_tokens(value):
+            if only_type(value, int):
                 return value
-            if all(isinstance(v, list) and v and _all_tokens(v) for v in value):
+            if all(isinstance(v, list) and v and only_type(v, int) for v in value):
                 return value
         raise ValueError(
             "prompt must be a string, a non-empty list of strings, a list of token ids or a list of "
@@ -149,12 +150,6 @@ class ChatCompletionRequest(_GenerationRequest):
 
 def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _all_tokens(values: list) -> bool:
-    """Every item an int and none a bool; at C speed, since prompts run to thousands of token ids
-    (int subclasses other than bool do not come out of JSON)."""
-    return set(map(type, values)) <= {int}
 
 
 # ---- responses --------------------------------------------------------------------------------------

@@ -210,10 +210,6 @@ class WorkerRegistry:
         """Live workers of `roles` (default: every decode target) with their decode and prefill load."""
         return [self._decode_load(w, 0) for w in self.live(*roles)]
 
-    def local_loads(self) -> list[DecodeLoad]:
-        """The workers the `--disagg` mode lets prefill a request themselves."""
-        return self.decode_loads(local_roles(self.disagg))
-
     def _prefill_load(self, w: WorkerInfo, cached_blocks: int) -> PrefillLoad:
         reported = w.heartbeat.queued_prefill_tokens if w.heartbeat else 0
         # The heartbeat and the router's own tally count the same queued work from two sides;

@@ -20,7 +20,7 @@ import itertools
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal, Union
 
 _INT_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
@@ -214,15 +214,21 @@ def _sequence(origin: type, args: tuple) -> Checker:
     return check
 
 
+def only_type(values: Iterable[Any], tp: type) -> bool:
+    """Whether every item is exactly a `tp` (a subclass is not: a bool is no int), in one pass in C:
+    token-id lists run to thousands of items. True for no items."""
+    return set(map(type, values)) <= {tp}
+
+
 def _all_str(value: list) -> bool:
-    return set(map(type, value)) <= {str}
+    return only_type(value, str)
 
 
 def _all_int_lists(value: list) -> bool:
-    if not set(map(type, value)) <= {list}:
+    if not only_type(value, list):
         return False
     flat = list(itertools.chain.from_iterable(value))
-    if not set(map(type, flat)) <= {int}:
+    if not only_type(flat, int):
         return False
     return not flat or (min(flat) >= _INT_MIN and max(flat) <= _UINT64_MAX)
 
@@ -290,7 +296,7 @@ def _scalar(tp: type, value: Any, name: str) -> Any:
 
 def _check_ints(value: Any, name: str) -> None:
     """Token ids and hashes: long sequences, so the element checks run in C (map/set/min/max)."""
-    if not set(map(type, value)) <= {int}:
+    if not only_type(value, int):
         raise MessageError(f"{name} must be a list of ints")
     if value and (min(value) < _INT_MIN or max(value) > _UINT64_MAX):
         raise MessageError(f"{name} holds an int msgpack cannot carry")

@@ -14,8 +14,11 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @contextlib.contextmanager
-def router_process(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[dict]:
-    """Yields the ready file's contents ({"http", "inbox", "model", ...}) once the router listens."""
+def router_process(
+    model_dir: Path, tmp_path: Path, *flags: str, output: list[str] | None = None
+) -> Iterator[dict]:
+    """Yields the ready file's contents ({"http", "inbox", "model", ...}) once the router listens;
+    `output`, if given, gets the lines the router printed, once it has stopped."""
     ready = tmp_path / "ready.json"
     cmd = [sys.executable, "-m", "router", "--model", str(model_dir), "--port", "0", "--inbox-port", "0"]
     cmd += ["--ready-file", str(ready), "--heartbeat-timeout", "2", "--log-level", "warning", *flags]
@@ -32,6 +35,9 @@ def router_process(model_dir: Path, tmp_path: Path, *flags: str) -> Iterator[dic
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            printed = proc.communicate(timeout=10)[0]
         except subprocess.TimeoutExpired:
             proc.kill()
+            printed = proc.communicate()[0]
+        if output is not None:
+            output.extend(printed.splitlines())

@@ -4,11 +4,8 @@ router's `--disable-uvicorn-access-log` leaves out every line (a real router pro
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from router.access_log import ACCESS_LOGGER, LAUNCHER_AGENT, LauncherProbeMiddleware, quiet_launcher_probes
-from tests.unit.router.router_process import REPO_ROOT
+from tests.unit.router.router_process import router_process
 
 
 @pytest.fixture
@@ -55,22 +52,14 @@ def test_launcher_polls_leave_no_access_line(server_url, caplog) -> None:
 @pytest.mark.parametrize("flags, expected", [((), 3), (("--disable-uvicorn-access-log",), 0)])
 def test_router_process_access_lines_follow_the_flag(model_dir, tmp_path, flags, expected) -> None:
     """`python -m router` at --log-level info writes one access line per request unless told not to."""
-    ready = tmp_path / "ready.json"
-    cmd = [sys.executable, "-m", "router", "--model", str(model_dir), "--port", "0", "--inbox-port", "0"]
-    cmd += ["--ready-file", str(ready), "--log-level", "info", *flags]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "router did not become ready"
-            time.sleep(0.05)
-        url = json.loads(ready.read_text())["http"]
-        with httpx.Client(base_url=url) as client:
-            assert client.get("/health").status_code == 503  # no workers yet
-            assert client.get("/v1/models").status_code == 200
-            assert client.post("/v1/completions", json={"prompt": 5}).status_code == 400
-    finally:
-        proc.terminate()
-        output = proc.communicate(timeout=10)[0]
-    access = [line for line in output.splitlines() if ACCESS_LOGGER in line]
-    assert len(access) == expected, output
+    output: list[str] = []
+    flags = ("--log-level", "info", *flags)
+    with (
+        router_process(model_dir, tmp_path, *flags, output=output) as info,
+        httpx.Client(base_url=info["http"]) as client,
+    ):
+        assert client.get("/health").status_code == 503  # no workers yet
+        assert client.get("/v1/models").status_code == 200
+        assert client.post("/v1/completions", json={"prompt": 5}).status_code == 400
+    access = [line for line in output if ACCESS_LOGGER in line]
+    assert len(access) == expected, "\n".join(output)

@@ -128,8 +128,8 @@ def test_open_paths_depend_on_the_disagg_mode() -> None:
         reg.register(_reg("p0", max_model_len=4096), 0)
         reg.register(_reg("d0", role="decode", max_model_len=2048), 0)
     # always: prefill + decode (today's path); never: the decode worker prefills itself
-    assert always.can_serve() and always.max_model_len() == 2048 and always.local_loads() == []
-    assert never.can_serve() and [w.worker_id for w in never.local_loads()] == ["d0"]
+    assert always.can_serve() and always.max_model_len() == 2048 and always.routing_loads().locals_ == []
+    assert never.can_serve() and [w.worker_id for w in never.routing_loads().locals_] == ["d0"]
     alone = WorkerRegistry(5)  # a cluster of mixed workers alone serves under the default mode
     assert not alone.can_serve()
     alone.register(_reg("m0", role="mixed", events_addr="tcp://h:3", max_model_len=8192), 0)
@@ -148,11 +148,11 @@ def test_a_local_request_counts_once_on_its_worker() -> None:
     reg.heartbeat(_hb("m0", free=80, running=2, queued=30), 0)
     reg.loads.assign(Assignment("r1", "m0", "m0", new_prefill_tokens=100, prompt_blocks=7))
     assert reg.loads.get("r1").local
-    (m,) = reg.local_loads()
+    (m,) = reg.routing_loads().locals_
     assert (m.in_flight, m.queued_prefill_tokens, m.num_free_blocks, m.num_running) == (1, 100, 73, 2)
     assert reg.loads.requests_on("m0") == ["r1"]
     reg.loads.prefill_finished("r1")  # first token: the prefill part is done, the decode part is not
-    (m,) = reg.local_loads()
+    (m,) = reg.routing_loads().locals_
     assert (m.in_flight, m.queued_prefill_tokens) == (1, 30) and reg.loads.requests_on("m0") == ["r1"]
     reg.loads.release("r1")
     assert reg.loads.in_flight("m0") == 0 and reg.loads.outstanding_prefill_tokens("m0") == 0
