@@ -39,6 +39,7 @@ from common.core.request_queue import RequestQueue
 from common.core.sequence import Sequence, SequenceStatus
 from common.core.step_records import StepResult
 from common.wire import request_log
+from common.wire.codec import build_checked_parts
 from common.wire.messages import DecodeRequest, GenerateRequest, Message, TokenBatch, TokenOutput
 from common.wire.probe_messages import KVProbe
 from common.worker.outputs import prefill_timings, wire_logprobs
@@ -63,6 +64,7 @@ class DecodeJob:
     abort_when_settled: bool = False  # aborted while its transfer may still write the blocks
     fetch_started_at: float | None = None  # monotonic, for the stage breakdown
     fetch_done_at: float | None = None
+    plain: bool = False  # its next tokens travel as TokenBatch rows (set once its first message is out)
 
     @property
     def log(self) -> logging.LoggerAdapter:
@@ -156,54 +158,60 @@ class DecodeRole(WorkerRole):
         self.kv.flush()
 
     def on_step(self, result: StepResult) -> None:
-        tokens, finished = self._step_tokens(result)
         jobs = self.jobs
         batches: dict[str | None, tuple[list, list, list, list]] = {}  # one TokenBatch per front
-        for rid, ids in tokens.items():
-            job = jobs[rid]
-            done = rid in finished
-            if done or not self._plain(job):
-                self._send_tokens(job, ids, done)
-            else:  # the common case: one row of this step's batch (columns appended in place: hot path)
-                rows = batches.get(job.request.reply_to)
-                if rows is None:
-                    rows = batches[job.request.reply_to] = ([], [], [], [])
-                rows[0].append(rid)
-                rows[1].append(job.next_index)
-                rows[2].append(ids)
-                rows[3].append(job.seq.num_prompt_tokens)
-                job.next_index += len(ids)
-            if done:
-                del jobs[rid]
-                job.log.debug("%s: finished (%s) after %d tokens", rid, job.seq.finish_reason, job.next_index)
-        for reply_to, rows in batches.items():
-            self.ctx.channels.to_front(reply_to, TokenBatch(self.ctx.worker_id, *rows))
-
-    def _step_tokens(self, result: StepResult) -> tuple[dict[str, list[int]], set[str]]:
-        """The step's new tokens per request still held here, and the requests they finish. One message
-        per request per step: positions are counted here rather than read off the sequence, so they stay
-        right even if a step reports several tokens of one request."""
-        tokens: dict[str, list[int]] = {}
+        rest: dict[str, list[int]] = {}  # requests whose tokens go out as a TokenOutput, in step order
         finished: set[str] = set()
-        jobs = self.jobs
-        for update in result.updates:
-            token, rid = update.new_token_id, update.seq.request_id
+        # One pass, the hot path (a few hundred rows per step): a plain request's token becomes a row at
+        # once (a second token of it in this step, another row); a request's first or last message, or
+        # one with logprobs, collects the step's tokens first and goes out as one TokenOutput after
+        # the rows, so its messages keep their order.
+        for seq, token, done, _ in result.updates:
+            rid = seq.request_id
             if token is None or rid not in jobs:
                 continue
-            ids = tokens.get(rid)
-            if ids is None:
-                tokens[rid] = [token]
-            else:
-                ids.append(token)
-            if update.finished:
+            if done:
                 finished.add(rid)
-        return tokens, finished
+            ids = rest.get(rid)
+            if ids is not None:
+                ids.append(token)
+                continue
+            job = jobs[rid]
+            if done or not job.plain:
+                rest[rid] = [token]
+                continue
+            rows = batches.get(job.request.reply_to)
+            if rows is None:
+                rows = batches[job.request.reply_to] = ([], [], [], [])
+            rows[0].append(rid)
+            rows[1].append(job.next_index)
+            rows[2].append([token])
+            rows[3].append(seq.num_prompt_tokens)
+            job.next_index += 1
+        self._send_batches(batches)
+        for rid, ids in rest.items():
+            self._finish_step(jobs[rid], ids, rid in finished)
 
-    @staticmethod
-    def _plain(job: DecodeJob) -> bool:
-        """Whether the job's next tokens carry nothing but tokens (no first-message figures, no
-        logprobs): those travel as rows of a TokenBatch."""
-        return job.kv_reported and job.next_index > 0 and job.seq.sampling_params.logprobs is None
+    def _send_batches(self, batches: dict[str | None, tuple[list, list, list, list]]) -> None:
+        """The step's plain rows, one TokenBatch per front. Built without the per-field checks (every
+        part comes from this worker's own state); the router decodes it with all of them."""
+        for reply_to, (rids, indexes, token_ids, prompts) in batches.items():
+            batch = build_checked_parts(
+                TokenBatch,
+                worker_id=self.ctx.worker_id,
+                request_ids=rids,
+                indexes=indexes,
+                token_ids=token_ids,
+                num_prompt_tokens=prompts,
+            )
+            self.ctx.channels.to_front(reply_to, batch)
+
+    def _finish_step(self, job: DecodeJob, ids: list[int], done: bool) -> None:
+        self._send_tokens(job, ids, done)
+        if done:
+            rid = job.request.request_id
+            del self.jobs[rid]
+            job.log.debug("%s: finished (%s) after %d tokens", rid, job.seq.finish_reason, job.next_index)
 
     def expire(self, now: float) -> None:
         for rid, job in list(self.jobs.items()):
@@ -286,6 +294,9 @@ class DecodeRole(WorkerRole):
             timings=None if first_reported else self._timings(job),
         )
         job.next_index += len(token_ids)
+        # From now on its tokens carry nothing but tokens (no first-message figures), unless it asked
+        # for logprobs: such requests' next tokens travel as rows of a TokenBatch.
+        job.plain = seq.sampling_params.logprobs is None
         self.ctx.channels.to_front(job.request.reply_to, msg)
 
     def _timings(self, job: DecodeJob) -> dict[str, float] | None:

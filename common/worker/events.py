@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from common.wire.cache_messages import KVEventBatch, Snapshot
+from common.wire.codec import build_checked_parts
 from common.wire.kv_events import KVEvent
 
 if TYPE_CHECKING:
@@ -25,7 +26,10 @@ class EventPublisher:
         if not events:
             return
         self.seq += 1
-        self.channels.publish(KVEventBatch(self.worker_id, self.seq, list(events)))
+        # Built without the per-field checks: the events are this engine's own (a check of each event's
+        # hashes cost ~65 us per batch of 25 on the worker's hot path); the router decodes with all of them.
+        batch = build_checked_parts(KVEventBatch, worker_id=self.worker_id, seq=self.seq, events=list(events))
+        self.channels.publish(batch)
 
     def snapshot(self, pending: list[KVEvent], hashes: list[int], reply_to: str | None) -> None:
         """Answer a SnapshotRequest from the front at `reply_to`. Events not yet published are published

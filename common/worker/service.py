@@ -107,25 +107,31 @@ class WorkerService:
         # The turn's messages go to the I/O thread in one wake at its end (see `hold_wakes`).
         self.channels.hold_wakes()
         try:
-            self._turn()
+            commands_s, role_s = self._turn()
         finally:
+            began = time.perf_counter()
             self.channels.release_wakes()
+        self.stats.record_loop(commands_s, role_s, time.perf_counter() - began)
 
-    def _turn(self) -> None:
-        self._take_commands(self._wait_s())
+    def _turn(self) -> tuple[float, float]:
+        """One loop turn; returns the seconds spent taking commands while busy and in `on_step`."""
+        wait_s = self._wait_s()
+        began = time.perf_counter()
+        self._take_commands(wait_s)
+        commands_s = time.perf_counter() - began if wait_s == 0 else 0.0
         self.role.poll()
         now = time.time()
         if now >= self._next_deadline_check:
             self._next_deadline_check = now + DEADLINE_CHECK_S
             self.role.expire(now)
             self.aborts.expire(now)
-        if self.engine.has_unfinished:
-            self._step()
+        role_s = self._step() if self.engine.has_unfinished else 0.0
         self.role.after_iteration()
         if now >= self._next_load_post:
             self._next_load_post = now + LOAD_POST_S
             self._post_load()
         self.stats.maybe_log(self.engine.load_report)
+        return commands_s, role_s
 
     def _wait_s(self) -> float:
         if self.engine.has_unfinished:
@@ -190,7 +196,8 @@ class WorkerService:
             log.debug("taking %s %s", msg.TYPE, msg.request_id)
             self.role.submit(msg)
 
-    def _step(self) -> None:
+    def _step(self) -> float:
+        """One engine step and the role's messages for it; returns the seconds the role took."""
         began = time.perf_counter()
         try:
             result = self.engine.step()
@@ -200,10 +207,13 @@ class WorkerService:
                 self.role.fail_all(f"engine error: {type(e).__name__}: {e}")
             except Exception:  # the engine's state may be what broke; keep serving new requests
                 log.exception("could not clean up after the failed step")
-            return
-        elapsed = time.perf_counter() - began
-        self.stats.record(self.engine.timings, result.num_prefill_tokens, len(result.updates), elapsed)
+            return 0.0
+        stepped = time.perf_counter()
+        self.stats.record(
+            self.engine.timings, result.num_prefill_tokens, len(result.updates), stepped - began
+        )
         self.role.on_step(result)
+        return time.perf_counter() - stepped
 
     def _post_load(self) -> None:
         self.channels.load = self.role.load()

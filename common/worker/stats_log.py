@@ -3,7 +3,8 @@
 Every `interval_s` of a busy loop, one INFO line: prompt and generated tokens per second, the engine
 steps split into pure decode steps (CUDA-graph, run ahead) and steps carrying prompt tokens, the mean
 wall time of each kind, the host time the engine spent outside waiting for the device, the loop's time
-outside `engine.step` (commands, the role's per-step work, the I/O hand-off) and the batch now. Read
+outside `engine.step` with three of its parts (taking commands, the role turning the step into
+messages, handing the turn's messages to the I/O side) and the batch now. Read
 with `benchmarks/engine/offline.py`'s step timings: the same counters, so a served worker's steps
 compare with the offline engine's on the same model. Idle intervals log nothing. In multiplexed mode
 (common/multiplex) the stepper counts each step's wall time as its forward time and does not split
@@ -27,6 +28,9 @@ class _Totals:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     step_s: float = 0.0  # wall time inside engine.step
+    commands_s: float = 0.0  # taking commands while busy (idle waits are not counted)
+    role_s: float = 0.0  # role.on_step: the step's tokens as messages
+    handoff_s: float = 0.0  # the turn's messages to the I/O thread or process
 
 
 class StatsLog:
@@ -48,6 +52,13 @@ class StatsLog:
         now.prompt_tokens += prompt_tokens
         now.generated_tokens += generated_tokens
         now.step_s += step_s
+
+    def record_loop(self, commands_s: float, role_s: float, handoff_s: float) -> None:
+        """The parts of one loop turn outside `engine.step` (each 0 when the turn had none)."""
+        now = self._now
+        now.commands_s += commands_s
+        now.role_s += role_s
+        now.handoff_s += handoff_s
 
     def maybe_log(self, load: Callable[[], EngineLoad]) -> None:
         """Log the interval's line once `interval_s` has passed (`load`: called only then)."""
@@ -77,7 +88,9 @@ class StatsLog:
             f"{prompt} with prompt tokens ({_ms(d['prefill_forward'], prompt)} ms)",
             f"per step: engine host {_ms(host, steps)} ms",
             f"device wait {_ms(d['device_wait'], steps)} ms",
-            f"loop outside the engine {_ms(elapsed - now.step_s, steps)} ms",
+            f"loop outside the engine {_ms(elapsed - now.step_s, steps)} ms"
+            f" (commands {_ms(now.commands_s, steps)}, role {_ms(now.role_s, steps)},"
+            f" hand-off {_ms(now.handoff_s, steps)})",
             f"running {load.num_running}, waiting {load.num_waiting}",
         )
         return ", ".join(parts)

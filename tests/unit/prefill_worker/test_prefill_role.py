@@ -8,6 +8,7 @@ import time
 import pytest
 
 from common.wire.cache_messages import KVEventBatch, Snapshot, SnapshotRequest
+from common.wire.codec import decode, encode
 from common.wire.hashing import block_hashes
 from common.wire.kv_events import BlockStored
 from common.wire.messages import Abort, DecodeRequest, RequestFailed, TokenOutput
@@ -89,7 +90,8 @@ def test_expired_lease_releases_the_blocks(tiny_model_dirs) -> None:
 def test_cache_events_and_snapshot(prefill) -> None:
     prefill.handle(prefill_request("r1", PROMPT))
     run_until([prefill], lambda: prefill.channels.events)
-    (batch,) = prefill.channels.events
+    (published,) = prefill.channels.events
+    batch = decode(encode(published))  # as the router gets it, every field checked
     assert isinstance(batch, KVEventBatch) and batch.seq == 1
     stored = [h for e in batch.events if isinstance(e, BlockStored) for h in e.hashes]
     assert stored == block_hashes(PROMPT, 16)

@@ -28,12 +28,15 @@ def test_the_line_counts_the_interval_only(caplog):
     timings.prefill_forward += 0.010
     timings.device_wait += 0.004
     stats.record(timings, prompt_tokens=512, generated_tokens=7, step_s=0.02)
+    stats.record_loop(commands_s=0.001, role_s=0.002, handoff_s=0.0005)
+    stats.record_loop(commands_s=0.0, role_s=0.0005, handoff_s=0.0)
     time.sleep(0.02)
     with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
         stats.maybe_log(lambda: LOAD)
     (line,) = [r.getMessage() for r in caplog.records]
     assert "steps: 4 decode (2.00 ms), 1 with prompt tokens (10.00 ms)" in line
     assert "engine host 2.80 ms" in line  # (8 + 10 - 4) ms over 5 steps
+    assert "(commands 0.20, role 0.50, hand-off 0.10)" in line  # per step, over the 5 steps
     assert "running 7, waiting 3" in line
     caplog.clear()
     time.sleep(0.02)
