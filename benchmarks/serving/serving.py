@@ -12,7 +12,8 @@ Requests arrive by a Poisson process (`--request-rate R`, or `inf`: all at once)
 Metrics: TTFT = time to the first chunk with text; TPOT = (latency - TTFT) / (output tokens - 1);
 ITL (inter-token latency) = every gap between two consecutive chunks with text, over all requests
 (mean, p50, p99, max; as vLLM's, a chunk that carries several tokens is one gap), which shows the
-stalls an average such as TPOT hides;
+stalls an average such as TPOT hides; the five longest gaps are listed with the Unix time each ended
+(`itl_longest`), to be matched against the cluster's log lines;
 output tokens and cached prompt tokens come from the final usage chunk (`stream_options.include_usage`,
 `usage.prompt_tokens_details.cached_tokens`); throughputs divide by the wall time of the whole run;
 goodput counts the requests meeting every SLO given (`--goodput-ttft-ms`, `--goodput-tpot-ms`, and
@@ -82,7 +83,7 @@ async def send_request(session, url: str, model: str, req: WorkloadRequest, temp
     payload = FIXED_FIELDS | {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens}
     payload["temperature"] = temperature
     t0 = time.perf_counter()
-    result = RequestResult()
+    result = RequestResult(sent_at=time.time())
     try:
         async with session.post(url, json=payload) as resp:
             if resp.status != 200:

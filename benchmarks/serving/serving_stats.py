@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 
@@ -16,6 +17,7 @@ class RequestResult:
     cached_tokens: int = 0
     error: str = ""  # empty: the request succeeded
     itl_s: list[float] = field(default_factory=list)  # every gap between two text chunks, in order
+    sent_at: float = 0.0  # Unix time the request was sent: places its gaps on the cluster logs' clock
 
     @property
     def ok(self) -> bool:
@@ -62,6 +64,25 @@ def _itl_stats_ms(results: list[RequestResult]) -> dict:
     return _stats_ms(gaps) | {"max": max(gaps) * 1e3 if gaps else math.nan}
 
 
+LONGEST_GAPS = 5  # the longest inter-token gaps a summary lists, each placed in time
+
+
+def _longest_gaps(results: list[RequestResult]) -> list[dict]:
+    """The longest gaps of any request, longest first: how long, the Unix time the gap ended (what the
+    router's and workers' log lines can be matched against) and the completion index of the token that
+    ended it. A stall every stream sees shows as many gaps ending at about the same time."""
+    found = []
+    for r in results:
+        if r.ttft_s is None:
+            continue
+        at = r.sent_at + r.ttft_s
+        for index, gap in enumerate(r.itl_s, start=1):
+            at += gap
+            found.append((gap, at, index))
+    found.sort(reverse=True)
+    return [{"ms": gap * 1e3, "ended_at": at, "token": index} for gap, at, index in found[:LONGEST_GAPS]]
+
+
 def summarize(
     results: list[RequestResult], duration_s: float, ttft_ms=None, tpot_ms=None, itl_ms=None
 ) -> dict:
@@ -85,6 +106,7 @@ def summarize(
         "ttft_ms": _stats_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
         "tpot_ms": _stats_ms([t for r in ok if (t := r.tpot_s) is not None]),
         "itl_ms": _itl_stats_ms(ok),
+        "itl_longest": _longest_gaps(ok),
         "goodput_per_s": good / duration_s if slo_given else None,
         "goodput_slo": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "itl_ms": itl_ms},
     }
@@ -111,7 +133,15 @@ def format_table(summary: dict) -> str:
     """One row per figure; the keys carry their units."""
     rows = []
     for key, value in summary.items():
+        if isinstance(value, list):  # the longest gaps: one line each
+            rows += [(f"{key} {i}", _gap_text(gap)) for i, gap in enumerate(value, start=1)]
+            continue
         items = value.items() if isinstance(value, dict) else [("", value)]
         rows += [(f"{key} {sub}".strip(), v) for sub, v in items]
-    text = {int: "{}", float: "{:.2f}", type(None): "-"}
+    text = {int: "{}", float: "{:.2f}", type(None): "-", str: "{}"}
     return "\n".join(f"{k:<32}{text[type(v)].format(v):>16}" for k, v in rows)
+
+
+def _gap_text(gap: dict) -> str:
+    clock = time.strftime("%H:%M:%S", time.localtime(gap["ended_at"])) + f"{gap['ended_at'] % 1:.3f}"[1:]
+    return f"{gap['ms']:.1f} ms to {clock} (token {gap['token']})"

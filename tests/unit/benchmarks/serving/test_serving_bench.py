@@ -122,6 +122,21 @@ def test_summarize_aggregates():
     assert "ttft_ms p99" in table and "goodput_per_s" in table
 
 
+def test_the_longest_gaps_are_placed_in_time():
+    # Sent at Unix 1000.0: first token at +0.1 s, then gaps of 0.1 and 0.3 s; the other at 1000.5.
+    a = RequestResult(latency_s=0.5, ttft_s=0.1, output_tokens=3, sent_at=1000.0, itl_s=[0.1, 0.3])
+    b = RequestResult(latency_s=0.3, ttft_s=0.1, output_tokens=2, sent_at=1000.5, itl_s=[0.2])
+    longest = summarize([a, b, RequestResult(error="HTTP 500", itl_s=[5.0])], 1.0)["itl_longest"]
+    assert [(round(g["ms"]), round(g["ended_at"], 6), g["token"]) for g in longest] == [
+        (300, 1000.5, 2),
+        (200, 1000.8, 1),
+        (100, 1000.2, 1),
+    ]
+    lines = [line for line in serving.format_table({"itl_longest": longest}).splitlines()]
+    assert len(lines) == 3 and lines[0].startswith("itl_longest 1") and "300.0 ms to " in lines[0]
+    assert lines[0].endswith("(token 2)")
+
+
 def test_settings_are_validated_naming_the_field():
     with pytest.raises(ValueError, match="request_rate"):
         RunConfig("http://h/v1", request_rate=0)
