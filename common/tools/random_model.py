@@ -151,8 +151,9 @@ def write_random_model(
     tokenizer_from: str | None = None,
     device: str = "cpu",
 ) -> Path:
-    """Write the preset's config and fixed-seed weights; optionally copy a matching tokenizer in
-    (e.g. the default model's for `smollm2-135m`, so the router can serve the random model).
+    """Write the preset's config and fixed-seed weights; optionally copy a tokenizer in (e.g. the
+    default model's, so the router can serve the random model), its vocabulary covered up to the
+    preset's (`cover_vocabulary`).
     `device="cuda"` draws the weights on the GPU: an 8B shape then takes seconds instead of the
     CPU's minute or more (the values differ from the CPU's for the same seed, still fixed per device)."""
     if preset not in PRESETS:
@@ -176,7 +177,35 @@ def write_random_model(
         for name in TOKENIZER_FILES:
             if (Path(tokenizer_from) / name).is_file():
                 shutil.copy(Path(tokenizer_from) / name, out / name)
+        if (out / "tokenizer.json").is_file():
+            cover_vocabulary(out / "tokenizer.json", cfg["vocab_size"])
     return out
+
+
+def cover_vocabulary(tokenizer_json: str | Path, vocab_size: int) -> int:
+    """Give every id below `vocab_size` that the tokenizer lacks a plain token `<id:N>`; returns how many
+    were added (0 when it covers the vocabulary already).
+
+    Why: a tokenizer borrowed from a smaller vocabulary (the default model's 49,152 ids for a Qwen3 shape's
+    151,936) decodes the ids it lacks to no text at all, and a random-weight model's greedy output often
+    settles on one id: when that id is one it lacks, the request streams no text until it ends, and the
+    client's inter-token gaps and TTFT measure that instead of the server (the 8B-shape serving runs of
+    2026-12-04 showed 1.6-2.2 s gaps: a whole request's decode). Prompts of token ids are unaffected."""
+    from tokenizers import AddedToken, Tokenizer
+
+    path = Path(tokenizer_json)
+    tok = Tokenizer.from_file(str(path))
+    have = tok.get_vocab_size(with_added_tokens=True)
+    if have >= vocab_size:
+        return 0
+    added = tok.add_tokens(
+        [AddedToken(f"<id:{i}>", special=False, normalized=False) for i in range(have, vocab_size)]
+    )
+    for i in (have, vocab_size - 1):  # ids are given in order from the tokenizer's size: check both ends
+        if tok.token_to_id(f"<id:{i}>") != i:
+            raise ValueError(f"tokenizer {path}: cannot give id {i} a token (its ids are not contiguous)")
+    tok.save(str(path), pretty=False)
+    return added
 
 
 def main() -> None:
@@ -187,7 +216,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--tokenizer-from", default=None, help="copy tokenizer files from this model dir")
+    parser.add_argument(
+        "--tokenizer-from",
+        default=None,
+        help="copy tokenizer files from this model dir (ids it lacks get plain tokens <id:N>)",
+    )
     parser.add_argument("--device", default="cpu", help="where to draw weights (cuda: fast)")
     args = parser.parse_args()
     print(write_random_model(args.out, args.preset, args.seed, args.dtype, args.tokenizer_from, args.device))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from common.tools.random_model import PRESETS, tensor_shapes, write_random_model
+from common.tools.random_model import PRESETS, cover_vocabulary, tensor_shapes, write_random_model
 
 
 def _parameters(preset: str) -> int:
@@ -34,3 +34,27 @@ def test_untied_presets_write_an_lm_head():
 def test_unknown_preset_is_refused(tmp_path):
     with pytest.raises(ValueError, match="preset"):
         write_random_model(tmp_path, "qwen3-9000b")
+
+
+def _word_level(path, size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(size)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece()  # joins words with spaces
+    tok.save(str(path))
+
+
+def test_a_borrowed_tokenizer_decodes_every_id_of_the_model_to_text(tmp_path):
+    from tokenizers import Tokenizer
+
+    path = tmp_path / "tokenizer.json"
+    _word_level(path, 10)
+    assert Tokenizer.from_file(str(path)).decode([12]) == ""  # an id it lacks: no text at all
+    assert cover_vocabulary(path, 25) == 15
+    tok = Tokenizer.from_file(str(path))
+    assert tok.get_vocab_size(with_added_tokens=True) == 25
+    assert all(tok.decode([i]) for i in range(25))
+    assert tok.decode([12]) == "<id:12>" and tok.decode([3]) == "w3"  # its own ids unchanged
+    assert tok.encode("w3 w4").ids == [3, 4]
+    assert cover_vocabulary(path, 25) == 0 and cover_vocabulary(path, 5) == 0  # covered: left alone
