@@ -5,6 +5,9 @@
 # 6,000-token prompts arriving at each rate of LONG_RATES per second), REPEAT runs of INTERF_S seconds
 # per rate, goodput at the SLO (TTFT <= 1 s and every inter-token gap <= ITL_SLO_MS).
 #   bash benchmarks/serving/pd_one_gpu.sh [MODEL_DIR]     (default: the default model)
+# A random-weight shape (the 8B one: `python -m common.tools.random_model --preset qwen3-8b --out DIR
+# --tokenizer-from DEFAULT_MODEL_DIR --device cuda`) needs a tokenizer covering its vocabulary, which
+# --tokenizer-from gives it: without one, most sampled ids stream no text and the ITL measures nothing.
 # Env: ARMS ("agg512 agg2048 agg8192 mux": aggN is --mixed 1 --max-num-batched-tokens N), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
 # MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
