@@ -237,7 +237,10 @@ def test_streams_measures_and_counts_cached_tokens(fake_server):
     for r in results:
         assert (r.output_tokens, r.prompt_tokens) == (5, 36)
         assert FIRST_TOKEN_DELAY_S <= r.ttft_s <= r.latency_s and r.tpot_s > 0
-        assert len(r.itl_s) == 4 and min(r.itl_s) >= 0.004  # 5 text chunks, the server sleeps 5 ms between
+        # 5 text chunks, the server sleeps 5 ms between them: one gap each, and the last cannot arrive
+        # before it was sent (a single gap can be shorter, when a loaded host delivers two chunks late)
+        assert len(r.itl_s) == 4 and min(r.itl_s) >= 0
+        assert r.ttft_s + sum(r.itl_s) >= FIRST_TOKEN_DELAY_S + 4 * 0.005
     body = state.bodies[0]
     assert body["model"] == "fake-model"  # taken from /v1/models
     assert body["ignore_eos"] is True and body["max_tokens"] == 5 and body["stream"] is True
@@ -247,7 +250,7 @@ def test_streams_measures_and_counts_cached_tokens(fake_server):
     assert summary["total_cached_tokens"] == CACHE_PROBE * (12 - 3)  # every prefix but its first use
     assert summary["total_output_tokens"] == 60 and summary["ttft_ms"]["p50"] >= 1e3 * FIRST_TOKEN_DELAY_S
     itl = summary["itl_ms"]
-    assert itl["max"] >= itl["p99"] >= itl["p50"] >= 4.0
+    assert itl["max"] >= itl["p99"] >= itl["p50"] > 0
 
 
 def test_failed_requests_are_counted_not_fatal(fake_server):
