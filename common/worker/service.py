@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import time
+from typing import NamedTuple
 
 from common.host import host_cores
 from common.net.addresses import resolve_host, split_addresses
@@ -38,6 +39,13 @@ DEADLINE_CHECK_S = 0.1
 # The load figures only travel in heartbeats (every `heartbeat_interval_s`, 0.5 s by default): posting
 # them every loop turn cost ~50 us per step (a pass over the running batch) for nothing.
 LOAD_POST_S = 0.05
+
+
+class TurnTimes(NamedTuple):
+    """Seconds of one loop turn outside `engine.step`, for the stats line."""
+
+    commands_s: float  # taking commands while the engine was busy (idle waits count 0)
+    role_s: float  # the role turning the step's result into messages
 
 
 class WorkerService:
@@ -107,14 +115,14 @@ class WorkerService:
         # The turn's messages go to the I/O thread in one wake at its end (see `hold_wakes`).
         self.channels.hold_wakes()
         try:
-            commands_s, role_s = self._turn()
+            turn = self._turn()
         finally:
             began = time.perf_counter()
             self.channels.release_wakes()
-        self.stats.record_loop(commands_s, role_s, time.perf_counter() - began)
+        self.stats.record_loop(turn.commands_s, turn.role_s, time.perf_counter() - began)
 
-    def _turn(self) -> tuple[float, float]:
-        """One loop turn; returns the seconds spent taking commands while busy and in `on_step`."""
+    def _turn(self) -> TurnTimes:
+        """One loop turn; returns where its time went besides the engine step."""
         wait_s = self._wait_s()
         began = time.perf_counter()
         self._take_commands(wait_s)
@@ -131,7 +139,7 @@ class WorkerService:
             self._next_load_post = now + LOAD_POST_S
             self._post_load()
         self.stats.maybe_log(self.engine.load_report)
-        return commands_s, role_s
+        return TurnTimes(commands_s, role_s)
 
     def _wait_s(self) -> float:
         if self.engine.has_unfinished:
