@@ -32,15 +32,11 @@ MODEL="${1:-$(python3 -c 'from common.tools.default_model import resolve_model; 
 # tokenizer) streams no text for them, and the client's TTFT and inter-token gaps then measure that:
 # say so before any figure is taken (common/tools/random_model.py's cover_vocabulary fixes it).
 python3 - "$MODEL" <<'PY'
-import json, sys
-from pathlib import Path
-from tokenizers import Tokenizer
-model = Path(sys.argv[1])
-vocab = json.loads((model / "config.json").read_text()).get("vocab_size") or 0
-have = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
-if have < vocab:
-    print(f"WARNING: the tokenizer has {have:,} of the model's {vocab:,} ids: TTFT and ITL void for sampled"
-          " ids it lacks (python -m common.tools.random_model --tokenizer-from covers them)")
+import sys
+from common.tools.random_model import uncovered_ids
+if lacking := uncovered_ids(sys.argv[1]):
+    print(f"WARNING: the tokenizer lacks {lacking:,} of the model's ids: TTFT and ITL void when they are"
+          " sampled (python -m common.tools.random_model --tokenizer-from covers them)")
 PY
 SETUPS="${SETUPS:-offline mixed nccl ipc auto}"
 WORKLOADS="${WORKLOADS:-random interference multiturn}"

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -71,16 +73,21 @@ def _longest_gaps(results: list[RequestResult]) -> list[dict]:
     """The longest gaps of any request, longest first: how long, the Unix time the gap ended (what the
     router's and workers' log lines can be matched against) and the completion index of the token that
     ended it. A stall every stream sees shows as many gaps ending at about the same time."""
-    found = []
+    return [
+        {"ms": gap * 1e3, "ended_at": at, "token": index}
+        for gap, at, index in heapq.nlargest(LONGEST_GAPS, _gaps_in_time(results))
+    ]
+
+
+def _gaps_in_time(results: list[RequestResult]) -> Iterator[tuple[float, float, int]]:
+    """Every gap as (seconds, Unix time it ended, index of the token that ended it)."""
     for r in results:
         if r.ttft_s is None:
             continue
         at = r.sent_at + r.ttft_s
         for index, gap in enumerate(r.itl_s, start=1):
             at += gap
-            found.append((gap, at, index))
-    found.sort(reverse=True)
-    return [{"ms": gap * 1e3, "ended_at": at, "token": index} for gap, at, index in found[:LONGEST_GAPS]]
+            yield gap, at, index
 
 
 def summarize(

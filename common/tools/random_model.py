@@ -182,6 +182,17 @@ def write_random_model(
     return out
 
 
+def uncovered_ids(model_dir: str | Path) -> int:
+    """How many ids of the model's vocabulary (config.json's `vocab_size`) its tokenizer lacks: each
+    streams no text when sampled (see `cover_vocabulary`)."""
+    from tokenizers import Tokenizer
+
+    model = Path(model_dir)
+    vocab = json.loads((model / "config.json").read_text()).get("vocab_size") or 0
+    have = Tokenizer.from_file(str(model / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    return max(vocab - have, 0)
+
+
 def cover_vocabulary(tokenizer_json: str | Path, vocab_size: int) -> int:
     """Give every id below `vocab_size` that the tokenizer lacks a plain token `<id:N>`; returns how many
     were added (0 when it covers the vocabulary already).

@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from common.tools.random_model import PRESETS, cover_vocabulary, tensor_shapes, write_random_model
+from common.tools.random_model import (
+    PRESETS,
+    cover_vocabulary,
+    tensor_shapes,
+    uncovered_ids,
+    write_random_model,
+)
 
 
 def _parameters(preset: str) -> int:
@@ -50,8 +56,11 @@ def test_a_borrowed_tokenizer_decodes_every_id_of_the_model_to_text(tmp_path):
 
     path = tmp_path / "tokenizer.json"
     _word_level(path, 10)
+    (tmp_path / "config.json").write_text('{"vocab_size": 25}')
     assert Tokenizer.from_file(str(path)).decode([12]) == ""  # an id it lacks: no text at all
+    assert uncovered_ids(tmp_path) == 15
     assert cover_vocabulary(path, 25) == 15
+    assert uncovered_ids(tmp_path) == 0
     tok = Tokenizer.from_file(str(path))
     assert tok.get_vocab_size(with_added_tokens=True) == 25
     assert all(tok.decode([i]) for i in range(25))
