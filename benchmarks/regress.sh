@@ -54,10 +54,11 @@ figure() {  # figure NAME JSON: run one figure in the current directory's tree
 
 serve_figure() {  # the real model behind the router, one mixed worker: SERVE_PROMPTS requests of 512 in / 128 out
   local launch_log="${1%.json}.launch.txt"
-  python3 -m deploy.launch --model "$REAL" --port 0 --prefill 0 --decode 0 --mixed 1 --disagg never \
+  python3 -m deploy.launch --model "$REAL" --backend "${BACKEND:-local}" --port 0 --prefill 0 --decode 0 --mixed 1 --disagg never \
     --max-num-seqs 256 > "$launch_log" 2>&1 &
   local launch=$!
-  for _ in $(seq 1 180); do grep -q "pdserve ready" "$launch_log" && break; sleep 1; done
+  # stop waiting when the launcher has exited (a cluster that cannot start must not cost 3 minutes a round)
+  for _ in $(seq 1 180); do grep -q "pdserve ready" "$launch_log" && break; kill -0 $launch 2>/dev/null || break; sleep 1; done
   local url
   url=$(grep -o "http://[^ ]*/v1" "$launch_log" | head -1)
   if [ -n "$url" ]; then
@@ -67,7 +68,7 @@ serve_figure() {  # the real model behind the router, one mixed worker: SERVE_PR
   else
     echo "serve: the cluster did not start (see $launch_log)"
   fi
-  kill -TERM $launch; wait $launch
+  kill -TERM $launch 2>/dev/null; wait $launch
 }
 
 for round in $(seq "${ROUNDS:-2}"); do
