@@ -68,9 +68,7 @@ class RouterFronts:
         argv += ["--ready-file", str(ready), "--log-level", "warning", "--max-running-requests", "100000"]
         if several:
             argv += ["--front", str(index), "--reuse-port"]
-        cpu = None if not self.cpus else self.cpus[index % len(self.cpus)]
-        pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
-        proc = subprocess.Popen([*argv, *self.extra], stdout=subprocess.DEVNULL, preexec_fn=pin)
+        proc = subprocess.Popen([*argv, *self.extra], stdout=subprocess.DEVNULL, preexec_fn=self._pin(index))
         self.procs.append(proc)
         deadline = time.time() + 60
         while not ready.exists():
@@ -78,6 +76,11 @@ class RouterFronts:
                 raise RuntimeError(f"router front {index} did not start")
             time.sleep(0.05)
         self.ready.append(json.loads(ready.read_text()))
+
+    def _pin(self, index: int):
+        """What pins front `index` to its CPU in the child (None: not pinned)."""
+        cpu = None if not self.cpus else self.cpus[index % len(self.cpus)]
+        return None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
 
     def cpu_seconds(self) -> list[float]:
         return cpu_seconds(self.pids)

@@ -23,9 +23,11 @@ chunk (above 1 when a front coalesced tokens for a client that fell behind), req
 fronts' CPU use summed over all of them (1.0 = one core busy) and their CPU time per token and per
 completed request, and the clients' time to first token (p50 / p99 / mean ms): with `--step-ms 0`
 the firehose workers answer at once, so it is what the fronts (and the client's own event loop) add.
-`--request-rate R` sends requests at R per second in all (Poisson arrivals, open loop) instead of
-keeping `--concurrency` in flight. A sweep also prints each row's scaling against linear from its
-first row.
+`--bare-http` puts a bare ASGI app under the same uvicorn in the router's place (benchmarks/serving/
+bare_front.py: JSON in, the same SSE chunks out, no routing or workers): the HTTP stack's floor, to
+read the router's own cost against. `--request-rate R` sends requests at R per second in all
+(Poisson arrivals, open loop) instead of keeping `--concurrency` in flight. A sweep also prints each
+row's scaling against linear from its first row.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.serving.router_fronts import (  # noqa: E402 - after the sys.path line
+from benchmarks.serving.bare_front import BareFront  # noqa: E402 - after the sys.path line
+from benchmarks.serving.router_fronts import (  # noqa: E402
     RouterFronts,
     cpu_list,
     cpu_seconds,
@@ -90,13 +93,14 @@ class Load:
     @classmethod
     def of(cls, a: argparse.Namespace, fronts: int) -> Load:
         k = fronts if a.load_per_front else 1  # the workers serve every front: their number stays
-        return cls(fronts, a.concurrency * k, a.client_procs * k, a.workers)
+        return cls(fronts, a.concurrency * k, a.client_procs * k, 0 if a.bare_http else a.workers)
 
 
 def run(a: argparse.Namespace, load: Load, model: str, reply: list[int]) -> dict:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
-        fronts = RouterFronts(model, Path(tmp), a.router_arg, a.router_cpu)
+        front_kind = BareFront if a.bare_http else RouterFronts
+        fronts = front_kind(model, Path(tmp), a.router_arg, a.router_cpu)
         stop, procs = ctx.Event(), []
         try:
             fronts.start(load.fronts)
@@ -278,6 +282,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--client-cpus", type=cpu_list, default=None, help="pin the client processes to these CPUs"
     )
+    p.add_argument(
+        "--bare-http",
+        action="store_true",
+        help="a bare ASGI app under uvicorn instead of the router (no workers): the HTTP floor",
+    )
     p.add_argument("--json-out", default=None)
     p.add_argument("--profile-out", default=None, help="py-spy front 0 into this SVG (or .json, .txt)")
     a = p.parse_args(argv)
@@ -286,6 +295,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.request_rate is not None and not a.request_rate > 0:
         p.error("--request-rate must be > 0")
+    if a.bare_http and a.api_servers != [1]:
+        p.error("--bare-http runs one front (--api-servers 1)")
     if not a.duration > 0 or not a.step_ms >= 0:
         p.error("--duration must be > 0 and --step-ms >= 0")
     return a

@@ -34,8 +34,22 @@ def test_an_open_loop_run_sends_at_the_rate_and_times_first_tokens(tmp_path) -> 
     assert 0 < doc["ttft_ms_p50"] <= doc["ttft_ms_p99"] < 2000
 
 
+def test_the_bare_http_floor_streams_every_token(tmp_path) -> None:
+    """The bare ASGI app answers the same clients the same SSE shape (usage, one chunk per token)."""
+    out = tmp_path / "bare.json"
+    argv = ["--bare-http", "--duration", "1.5", "--concurrency", "8", "--client-procs", "1"]
+    assert router_throughput.main([*argv, "--max-tokens", "5", "--json-out", str(out)]) == 0
+    bare = json.loads(out.read_text())
+    assert bare["errors"] == 0 and bare["requests_per_s"] > 0
+    assert bare["output_tokens_per_s"] == pytest.approx(5 * bare["requests_per_s"])
+    assert bare["tokens_per_chunk"] == pytest.approx(1.0)  # one write per token, as the router's floor
+    assert bare["worker_cpu_cores"] == 0  # no workers: what the front costs is HTTP and JSON alone
+    assert bare["router_cpu_us_per_request"] > 0
+
+
 def test_bad_arguments_are_refused() -> None:
     for bad in (
+        ["--bare-http", "--api-servers", "2"],
         ["--concurrency", "0"],
         ["--duration", "0"],
         ["--client-procs", "0"],
