@@ -23,6 +23,7 @@
 # The table compares each arm with the first.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source benchmarks/launch_ready.sh
 NEW=$PWD
 LOG="${OUT:-/tmp/pdserve-gpu}/regress"
 mkdir -p "$LOG"
@@ -57,8 +58,7 @@ serve_figure() {  # the real model behind the router, one mixed worker: SERVE_PR
   python3 -m deploy.launch --model "$REAL" --backend "${BACKEND:-local}" --port 0 --prefill 0 --decode 0 --mixed 1 --disagg never \
     --max-num-seqs 256 > "$launch_log" 2>&1 &
   local launch=$!
-  # stop waiting when the launcher has exited (a cluster that cannot start must not cost 3 minutes a round)
-  for _ in $(seq 1 180); do grep -q "pdserve ready" "$launch_log" && break; kill -0 $launch 2>/dev/null || break; sleep 1; done
+  wait_ready "$launch_log" $launch 180
   local url
   url=$(grep -o "http://[^ ]*/v1" "$launch_log" | head -1)
   if [ -n "$url" ]; then

@@ -23,6 +23,7 @@
 # the table comes last.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source benchmarks/launch_ready.sh
 TAG="${TAG:-real}"
 LOG="${OUT:-/tmp/pdserve-cluster}/$TAG"
 mkdir -p "$LOG"
@@ -95,7 +96,7 @@ run_setup() {
       --max-model-len 8192 $(setup_flags "$setup" | sed "${NO_DISAGG:+s/--disagg [a-z]*//}") ${LAUNCH_EXTRA:-} --log-dir "$dir/logs" \
       > "$dir/launch.txt" 2>&1 &
   local launch=$!
-  for _ in $(seq 1 180); do grep -q "pdserve ready" "$dir/launch.txt" && break; sleep 1; done
+  wait_ready "$dir/launch.txt" $launch 180
   URL=$(grep -o "http://[^ ]*/v1" "$dir/launch.txt" | head -1)
   if [ -z "$URL" ]; then echo "$setup: cluster did not start"; tail -5 "$dir/launch.txt"; kill $launch; return; fi
   $BENCH --base-url "$URL" --num-prompts 32 --input-len 512 --output-len 16 >/dev/null 2>&1  # warm-up

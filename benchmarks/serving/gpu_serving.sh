@@ -4,6 +4,7 @@
 # Uses SmolLM2-135M-architecture random weights with the default model's tokenizer (no hub needed).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source benchmarks/launch_ready.sh
 TOK="${1:?tokenizer dir}"
 LOG="${OUT:-/tmp/pdserve-serving}"
 mkdir -p "$LOG"
@@ -14,7 +15,7 @@ N=${NUM_PROMPTS:-512}; IN=${INPUT_LEN:-512}; OUTLEN=${OUTPUT_LEN:-128}
 python3 -m deploy.launch --model "$MODEL" --backend local --prefill 1 --decode 1 --kv-transport "${KV_TRANSPORT:-ipc}" \
     --port 0 --max-model-len 4096 --max-num-seqs 256 --log-dir "$LOG/cluster" > "$LOG/launch.txt" 2>&1 &
 LAUNCH=$!
-for _ in $(seq 1 120); do grep -q "pdserve ready" "$LOG/launch.txt" && break; sleep 1; done
+wait_ready "$LOG/launch.txt" $LAUNCH 120
 URL=$(grep -o "http://[^ ]*/v1" "$LOG/launch.txt" | head -1)
 echo "cluster at $URL"
 python3 benchmarks/serving/serving.py --base-url "$URL" --num-prompts 32 --input-len "$IN" --output-len 16 --seed 1 \

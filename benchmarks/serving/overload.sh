@@ -12,6 +12,7 @@
 # from the prefix cache and inflate the next run's rate. Logs go to ${OUT:-/tmp/pdserve-overload}.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source benchmarks/launch_ready.sh
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 LOG="${OUT:-/tmp/pdserve-overload}"
 mkdir -p "$LOG"
@@ -24,7 +25,7 @@ python3 -m deploy.launch --model "$MODEL" --port 0 ${LAUNCH:---backend local --p
   --log-dir "$LOG/logs" > "$LOG/launch.txt" 2>&1 &
 LAUNCHER=$!
 trap 'kill -TERM $LAUNCHER 2>/dev/null; wait $LAUNCHER' EXIT
-for _ in $(seq 1 300); do grep -q "pdserve ready" "$LOG/launch.txt" && break; sleep 1; done
+wait_ready "$LOG/launch.txt" $LAUNCHER 300
 URL=$(grep -o "http://[^ ]*/v1" "$LOG/launch.txt" | head -1)
 [ -n "$URL" ] || { echo "the cluster did not start"; tail -5 "$LOG/launch.txt"; exit 1; }
 "${BENCH[@]}" --base-url "$URL" --num-prompts 16 > /dev/null 2>&1  # warm-up

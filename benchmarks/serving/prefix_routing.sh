@@ -7,6 +7,7 @@
 # workers see all of them, so their caches duplicate and evict each other's prefixes.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source benchmarks/launch_ready.sh
 LOG="${OUT:-/tmp/pdserve-routing}"
 mkdir -p "$LOG"
 PY=${PY:-.venv/bin/python}
@@ -15,7 +16,7 @@ for ROUTING in ${ROUTINGS:-prefix round_robin}; do
       --api-servers "${API_SERVERS:-1}" \
       --port 0 --num-kvcache-blocks 170 --max-model-len 2048 > "$LOG/launch_$ROUTING.txt" 2>&1 &
   LAUNCH=$!
-  for _ in $(seq 1 180); do grep -q "pdserve ready" "$LOG/launch_$ROUTING.txt" && break; sleep 1; done
+  wait_ready "$LOG/launch_$ROUTING.txt" $LAUNCH 180
   URL=$(grep -o "http://[^ ]*/v1" "$LOG/launch_$ROUTING.txt" | head -1)
   echo "== $ROUTING ($URL)"
   $PY benchmarks/serving/serving.py --base-url "$URL" --workload shared-prefix --num-prefixes 16 --prefix-len 256 \
