@@ -1,14 +1,19 @@
-"""The HTTP floor under the router's cost per request: a bare ASGI app under the same uvicorn as the
-router fronts, answering each streamed completion with SSE chunks and no routing, workers, model
-objects or metrics (`router_throughput.py --bare-http`). What the router costs beyond it is its own.
+"""The HTTP floor under the router's cost per request: a bare front answering each streamed completion
+with SSE chunks and no routing, workers, model objects or metrics (`router_throughput.py --bare-http`).
+What the router costs beyond it is its own.
 
-Each request is read whole and parsed as JSON (as the router must); the answer is one write per token
-chunk (`max_tokens` of them, one text character each), the last with the usage chunk and [DONE], as the
-router sends a stream that takes one token per chunk. `/health` answers as a front with no workers.
+Two floors: `asgi`, a bare ASGI app under the same uvicorn (uvloop, httptools) as the router fronts;
+`raw`, an asyncio protocol on uvloop writing the HTTP/1.1 response itself (it reads only what the
+benchmark's clients send: requests with a Content-Length body, kept alive), i.e. what is left below
+uvicorn. Each request is read whole and parsed as JSON (as the router must); the answer is one write
+per token chunk (`max_tokens` of them, one text character each), the last with the usage chunk and
+[DONE], as the router sends a stream that takes one token per chunk. `/health` answers as a front with
+no workers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -21,6 +26,8 @@ from benchmarks.serving.router_fronts import RouterFronts
 
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 _JSON = [(b"content-type", b"application/json")]
+_HEALTH = b'{"workers":[],"front":null}'
+KINDS = ("asgi", "raw")
 
 
 async def app(scope, receive, send) -> None:
@@ -31,17 +38,22 @@ async def app(scope, receive, send) -> None:
         return
     if scope["path"] == "/health":
         await send({"type": "http.response.start", "status": 200, "headers": _JSON})
-        await send({"type": "http.response.body", "body": b'{"workers":[],"front":null}'})
+        await send({"type": "http.response.body", "body": _HEALTH})
         return
-    body = json.loads(await _read_body(receive))
-    n = int(body.get("max_tokens") or 1)
+    lines = _answer(json.loads(await _read_body(receive)))
     await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-    for i in range(n):
-        line = _chunk(i, "length" if i == n - 1 else None)
-        if i < n - 1:
-            await send({"type": "http.response.body", "body": line, "more_body": True})
+    for i, line in enumerate(lines):
+        await send({"type": "http.response.body", "body": line, "more_body": i < len(lines) - 1})
+
+
+def _answer(body: dict) -> list[bytes]:
+    """The SSE text of a completion of `max_tokens` tokens, one write each; the last write also
+    carries the usage chunk and [DONE]. The token chunk is built once: the floor holds no per-token
+    formatting (the router's is its own cost)."""
+    n = int(body.get("max_tokens") or 1)
     usage = json.dumps({"usage": {"prompt_tokens": 0, "completion_tokens": n}}, separators=(",", ":"))
-    await send({"type": "http.response.body", "body": line + f"data: {usage}\n\ndata: [DONE]\n\n".encode()})
+    last = _chunk("length") + f"data: {usage}\n\ndata: [DONE]\n\n".encode()
+    return [_TOKEN_CHUNK] * (n - 1) + [last]
 
 
 async def _read_body(receive) -> bytes:
@@ -53,15 +65,60 @@ async def _read_body(receive) -> bytes:
             return b"".join(parts)
 
 
-def _chunk(index: int, finish: str | None) -> bytes:
+def _chunk(finish: str | None) -> bytes:
     payload = {"id": "cmpl-bare", "object": "text_completion", "created": 0, "model": "bare"}
     payload["choices"] = [{"index": 0, "text": "x", "logprobs": None, "finish_reason": finish}]
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+_TOKEN_CHUNK = _chunk(None)
+
+
+class RawFront(asyncio.Protocol):
+    """The `raw` floor: HTTP/1.1 on a kept-alive connection, each response written by hand."""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            head = self.buffer[:end].decode("latin-1").split("\r\n")
+            length = next(
+                (int(v) for k, _, v in (h.partition(":") for h in head[1:]) if k.lower() == "content-length"),
+                0,
+            )
+            if len(self.buffer) < end + 4 + length:
+                return  # the rest of the body is still coming
+            body, self.buffer = self.buffer[end + 4 : end + 4 + length], self.buffer[end + 4 + length :]
+            if head[0].startswith("GET /health"):
+                status = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                self.transport.write(status % len(_HEALTH) + _HEALTH)
+                continue
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
+            lines = _answer(json.loads(body))
+            for line in lines:
+                self.transport.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.transport.write(b"0\r\n\r\n")
+
+
+async def serve_raw(port: int) -> None:
+    server = await asyncio.get_running_loop().create_server(RawFront, "127.0.0.1", port)
+    await server.serve_forever()
+
+
 class BareFront(RouterFronts):
-    """One uvicorn process serving `app` (one front: uvicorn's CLI cannot join another's port), with
+    """One bare front process of `kind` (one front: uvicorn's CLI cannot join another's port), with
     RouterFronts' interface (url, pids, CPU use, pinning, stop)."""
+
+    def __init__(self, kind: str, *fronts_args) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"bare front kind must be one of {KINDS}, got {kind!r}")
+        super().__init__(*fronts_args)
+        self.kind = kind
 
     def start(self, n: int) -> None:
         if n != 1:
@@ -70,10 +127,14 @@ class BareFront(RouterFronts):
 
     def _spawn(self, index: int, port: int, several: bool) -> None:
         port = port or _free_port()
-        argv = [sys.executable, "-m", "uvicorn", "benchmarks.serving.bare_front:app", "--port", str(port)]
-        argv += ["--app-dir", str(Path(__file__).resolve().parents[2]), "--loop", "uvloop"]
-        argv += ["--http", "httptools", "--no-access-log", "--log-level", "warning"]
-        self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, preexec_fn=self._pin(index)))
+        if self.kind == "raw":
+            argv = [sys.executable, "-m", "benchmarks.serving.bare_front", str(port)]
+        else:
+            argv = [sys.executable, "-m", "uvicorn", "benchmarks.serving.bare_front:app", "--port", str(port)]
+            argv += ["--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
+        root = Path(__file__).resolve().parents[2]  # where `benchmarks.serving.bare_front` imports from
+        pin = self._pin(index)
+        self.procs.append(subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, preexec_fn=pin))
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
         while not _answers(f"{url}/health"):
@@ -95,3 +156,9 @@ def _answers(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+if __name__ == "__main__":  # the raw floor's process: bare_front.py PORT
+    import uvloop
+
+    uvloop.run(serve_raw(int(sys.argv[1])))

@@ -25,7 +25,8 @@ completed request, and the clients' time to first token (p50 / p99 / mean ms): w
 the firehose workers answer at once, so it is what the fronts (and the client's own event loop) add.
 `--bare-http` puts a bare ASGI app under the same uvicorn in the router's place (benchmarks/serving/
 bare_front.py: JSON in, the same SSE chunks out, no routing or workers): the HTTP stack's floor, to
-read the router's own cost against. `--request-rate R` sends requests at R per second in all
+read the router's own cost against; `--bare-http raw`, an asyncio protocol that writes the HTTP
+itself: what is left below uvicorn. `--request-rate R` sends requests at R per second in all
 (Poisson arrivals, open loop) instead of keeping `--concurrency` in flight. A sweep also prints each
 row's scaling against linear from its first row.
 """
@@ -44,7 +45,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.serving.bare_front import BareFront  # noqa: E402 - after the sys.path line
+from benchmarks.serving.bare_front import KINDS as BARE_KINDS  # noqa: E402 - after the sys.path line
+from benchmarks.serving.bare_front import BareFront  # noqa: E402
 from benchmarks.serving.router_fronts import (  # noqa: E402
     RouterFronts,
     cpu_list,
@@ -99,8 +101,8 @@ class Load:
 def run(a: argparse.Namespace, load: Load, model: str, reply: list[int]) -> dict:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
-        front_kind = BareFront if a.bare_http else RouterFronts
-        fronts = front_kind(model, Path(tmp), a.router_arg, a.router_cpu)
+        fronts_args = (model, Path(tmp), a.router_arg, a.router_cpu)
+        fronts = BareFront(a.bare_http, *fronts_args) if a.bare_http else RouterFronts(*fronts_args)
         stop, procs = ctx.Event(), []
         try:
             fronts.start(load.fronts)
@@ -284,8 +286,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--bare-http",
-        action="store_true",
-        help="a bare ASGI app under uvicorn instead of the router (no workers): the HTTP floor",
+        nargs="?",
+        const="asgi",
+        default=None,
+        choices=BARE_KINDS,
+        help="a bare front instead of the router (no workers): the HTTP floor, an ASGI app under "
+        "uvicorn (asgi, the default) or an asyncio protocol writing HTTP itself (raw)",
     )
     p.add_argument("--json-out", default=None)
     p.add_argument("--profile-out", default=None, help="py-spy front 0 into this SVG (or .json, .txt)")

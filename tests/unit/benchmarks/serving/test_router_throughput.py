@@ -34,10 +34,11 @@ def test_an_open_loop_run_sends_at_the_rate_and_times_first_tokens(tmp_path) -> 
     assert 0 < doc["ttft_ms_p50"] <= doc["ttft_ms_p99"] < 2000
 
 
-def test_the_bare_http_floor_streams_every_token(tmp_path) -> None:
-    """The bare ASGI app answers the same clients the same SSE shape (usage, one chunk per token)."""
+@pytest.mark.parametrize("kind", ["asgi", "raw"])
+def test_the_bare_http_floor_streams_every_token(tmp_path, kind) -> None:
+    """Both bare fronts answer the same clients the same SSE shape (usage, one chunk per token)."""
     out = tmp_path / "bare.json"
-    argv = ["--bare-http", "--duration", "1.5", "--concurrency", "8", "--client-procs", "1"]
+    argv = ["--bare-http", kind, "--duration", "1.5", "--concurrency", "8", "--client-procs", "1"]
     assert router_throughput.main([*argv, "--max-tokens", "5", "--json-out", str(out)]) == 0
     bare = json.loads(out.read_text())
     assert bare["errors"] == 0 and bare["requests_per_s"] > 0
@@ -50,6 +51,7 @@ def test_the_bare_http_floor_streams_every_token(tmp_path) -> None:
 def test_bad_arguments_are_refused() -> None:
     for bad in (
         ["--bare-http", "--api-servers", "2"],
+        ["--bare-http", "h2"],
         ["--concurrency", "0"],
         ["--duration", "0"],
         ["--client-procs", "0"],
