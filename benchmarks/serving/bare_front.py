@@ -7,14 +7,18 @@ Two floors: `asgi`, a bare ASGI app under the same uvicorn (uvloop, httptools) a
 benchmark's clients send: requests with a Content-Length body, kept alive), i.e. what is left below
 uvicorn. Each request is read whole and parsed as JSON (as the router must); the answer is one write
 per token chunk (`max_tokens` of them, one text character each), the last with the usage chunk and
-[DONE], as the router sends a stream that takes one token per chunk. `/health` answers as a front with
-no workers.
+[DONE], as the router sends a stream that takes one token per chunk. With a step (`BARE_STEP_MS` in
+the environment, router_throughput.py's `--step-ms`) the chunks are paced as a decode batch paces
+them: one shared timer per step wakes every stream, each writes its next chunk, so every write is an
+event-loop turn and a socket send of its own (back-to-back writes to one socket cost less: the reader
+is woken once for many). `/health` answers as a front with no workers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -28,6 +32,34 @@ _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")
 _JSON = [(b"content-type", b"application/json")]
 _HEALTH = b'{"workers":[],"front":null}'
 KINDS = ("asgi", "raw")
+STEP_ENV = "BARE_STEP_MS"
+
+
+class _Ticker:
+    """One timer per step for every stream: `next()` is the future of the coming tick."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self._tick: asyncio.Future | None = None
+
+    def next(self) -> asyncio.Future:
+        if self._tick is None or self._tick.done():
+            loop = asyncio.get_running_loop()
+            self._tick = loop.create_future()
+            loop.call_later(self.step_s, self._tick.set_result, None)
+        return self._tick
+
+
+_ticker = _Ticker(float(os.environ.get(STEP_ENV, "0")) / 1e3)
+
+
+async def _paced(lines: list[bytes]):
+    """(line, more follow) for each line: the first at once, each next one at the next tick (all at
+    once without a step)."""
+    for i, line in enumerate(lines):
+        if i and _ticker.step_s:
+            await _ticker.next()
+        yield line, i < len(lines) - 1
 
 
 async def app(scope, receive, send) -> None:
@@ -42,8 +74,8 @@ async def app(scope, receive, send) -> None:
         return
     lines = _answer(json.loads(await _read_body(receive)))
     await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-    for i, line in enumerate(lines):
-        await send({"type": "http.response.body", "body": line, "more_body": i < len(lines) - 1})
+    async for line, more in _paced(lines):
+        await send({"type": "http.response.body", "body": line, "more_body": more})
 
 
 def _answer(body: dict) -> list[bytes]:
@@ -100,9 +132,20 @@ class RawFront(asyncio.Protocol):
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
             )
             lines = _answer(json.loads(body))
+            if _ticker.step_s:
+                asyncio.ensure_future(self._respond(lines))  # a client sends its next request after this
+                continue
             for line in lines:
-                self.transport.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.transport.write(_http_chunk(line))
             self.transport.write(b"0\r\n\r\n")
+
+    async def _respond(self, lines: list[bytes]) -> None:
+        async for line, more in _paced(lines):
+            self.transport.write(_http_chunk(line) + (b"" if more else b"0\r\n\r\n"))
+
+
+def _http_chunk(line: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(line), line)
 
 
 async def serve_raw(port: int) -> None:
@@ -114,11 +157,13 @@ class BareFront(RouterFronts):
     """One bare front process of `kind` (one front: uvicorn's CLI cannot join another's port), with
     RouterFronts' interface (url, pids, CPU use, pinning, stop)."""
 
-    def __init__(self, kind: str, *fronts_args) -> None:
+    def __init__(self, kind: str, step_ms: float, *fronts_args) -> None:
         if kind not in KINDS:
             raise ValueError(f"bare front kind must be one of {KINDS}, got {kind!r}")
+        if not step_ms >= 0:
+            raise ValueError(f"step_ms must be >= 0, got {step_ms!r}")
         super().__init__(*fronts_args)
-        self.kind = kind
+        self.kind, self.step_ms = kind, step_ms
 
     def start(self, n: int) -> None:
         if n != 1:
@@ -134,7 +179,10 @@ class BareFront(RouterFronts):
             argv += ["--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
         root = Path(__file__).resolve().parents[2]  # where `benchmarks.serving.bare_front` imports from
         pin = self._pin(index)
-        self.procs.append(subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, preexec_fn=pin))
+        env = os.environ | {STEP_ENV: str(self.step_ms)}
+        self.procs.append(
+            subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.DEVNULL, preexec_fn=pin)
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
         while not _answers(f"{url}/health"):

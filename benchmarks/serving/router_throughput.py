@@ -26,9 +26,10 @@ the firehose workers answer at once, so it is what the fronts (and the client's 
 `--bare-http` puts a bare ASGI app under the same uvicorn in the router's place (benchmarks/serving/
 bare_front.py: JSON in, the same SSE chunks out, no routing or workers): the HTTP stack's floor, to
 read the router's own cost against; `--bare-http raw`, an asyncio protocol that writes the HTTP
-itself: what is left below uvicorn. `--request-rate R` sends requests at R per second in all
-(Poisson arrivals, open loop) instead of keeping `--concurrency` in flight. A sweep also prints each
-row's scaling against linear from its first row.
+itself: what is left below uvicorn. Their chunks follow `--step-ms` as the firehose workers' do.
+`--request-rate R` sends requests at R per second in all (Poisson arrivals, open loop) instead of
+keeping `--concurrency` in flight. A sweep also prints each row's scaling against linear from its
+first row.
 """
 
 from __future__ import annotations
@@ -102,7 +103,10 @@ def run(a: argparse.Namespace, load: Load, model: str, reply: list[int]) -> dict
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         fronts_args = (model, Path(tmp), a.router_arg, a.router_cpu)
-        fronts = BareFront(a.bare_http, *fronts_args) if a.bare_http else RouterFronts(*fronts_args)
+        if a.bare_http:
+            fronts: RouterFronts = BareFront(a.bare_http, a.step_ms, *fronts_args)
+        else:
+            fronts = RouterFronts(*fronts_args)
         stop, procs = ctx.Event(), []
         try:
             fronts.start(load.fronts)

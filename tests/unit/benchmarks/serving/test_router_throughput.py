@@ -46,6 +46,9 @@ def test_the_bare_http_floor_streams_every_token(tmp_path, kind) -> None:
     assert bare["tokens_per_chunk"] == pytest.approx(1.0)  # one write per token, as the router's floor
     assert bare["worker_cpu_cores"] == 0  # no workers: what the front costs is HTTP and JSON alone
     assert bare["router_cpu_us_per_request"] > 0
+    # Paced at the default --step-ms 10: a request's 5 chunks span at least 3 whole steps (the ticks
+    # are shared, so the first wait may be shorter), so 8 streams finish at most 8 / 0.03 s a second.
+    assert bare["requests_per_s"] <= 8 / 0.030
 
 
 def test_bad_arguments_are_refused() -> None:
