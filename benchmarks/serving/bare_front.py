@@ -112,34 +112,45 @@ class RawFront(asyncio.Protocol):
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.buffer = b""
+        self.streams: set[asyncio.Task] = set()  # paced responses in flight (held: tasks are weak)
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
-            head = self.buffer[:end].decode("latin-1").split("\r\n")
-            length = next(
-                (int(v) for k, _, v in (h.partition(":") for h in head[1:]) if k.lower() == "content-length"),
-                0,
-            )
-            if len(self.buffer) < end + 4 + length:
-                return  # the rest of the body is still coming
-            body, self.buffer = self.buffer[end + 4 : end + 4 + length], self.buffer[end + 4 + length :]
-            if head[0].startswith("GET /health"):
-                status = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-                self.transport.write(status % len(_HEALTH) + _HEALTH)
-                continue
-            self.transport.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-            )
-            lines = _answer(json.loads(body))
-            if _ticker.step_s:
-                asyncio.ensure_future(self._respond(lines))  # a client sends its next request after this
-                continue
+        while (request := self._take_request()) is not None:
+            first_line, body = request
+            if first_line.startswith("GET /health"):
+                head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                self.transport.write(head % len(_HEALTH) + _HEALTH)
+            else:
+                self._stream(_answer(json.loads(body)))
+
+    def _take_request(self) -> tuple[str, bytes] | None:
+        """The next whole request (its first line and body) off the buffer; None until one is there."""
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        head = self.buffer[:end].decode("latin-1").split("\r\n")
+        fields = (line.partition(":") for line in head[1:])
+        length = next((int(v) for k, _, v in fields if k.lower() == "content-length"), 0)
+        if len(self.buffer) < end + 4 + length:
+            return None  # the rest of the body is still coming
+        body, self.buffer = self.buffer[end + 4 : end + 4 + length], self.buffer[end + 4 + length :]
+        return head[0], body
+
+    def _stream(self, lines: list[bytes]) -> None:
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        if not _ticker.step_s:
             for line in lines:
                 self.transport.write(_http_chunk(line))
             self.transport.write(b"0\r\n\r\n")
+            return
+        task = asyncio.ensure_future(self._paced_stream(lines))  # the client's next request comes after
+        self.streams.add(task)
+        task.add_done_callback(self.streams.discard)
 
-    async def _respond(self, lines: list[bytes]) -> None:
+    async def _paced_stream(self, lines: list[bytes]) -> None:
         async for line, more in _paced(lines):
             self.transport.write(_http_chunk(line) + (b"" if more else b"0\r\n\r\n"))
 
