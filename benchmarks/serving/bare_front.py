@@ -22,8 +22,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from benchmarks.serving.router_fronts import RouterFronts
@@ -194,27 +192,14 @@ class BareFront(RouterFronts):
         self.procs.append(
             subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.DEVNULL, preexec_fn=pin)
         )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while not _answers(f"{url}/health"):
-            if self.procs[-1].poll() is not None or time.time() > deadline:
-                raise RuntimeError("the bare HTTP front did not start")
-            time.sleep(0.05)
-        self.ready.append({"http": url, "inbox": None})
+        # Not waited for here: the caller's `wait_healthy` polls /health, which this front answers.
+        self.ready.append({"http": f"http://127.0.0.1:{port}", "inbox": None})
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":  # the raw floor's process: bare_front.py PORT
