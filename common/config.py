@@ -52,6 +52,10 @@ class EngineConfig:
     # One GPU, prefill and decode side by side on SM shares (common/multiplex): mixed role only.
     pd_multiplex: bool = False
     itl_target_ms: float = 30.0  # multiplexed mode: the decode inter-token gap the SM split holds
+    # Multiplexed mode: a waiting prompt of at most this many uncached tokens runs inside the decode
+    # step (mixed rows, as aggregated mode does; at most this many prompt tokens per step) instead of
+    # as a chunk on the prefill share, whose launch costs a host-bound model a decode step. 0: never.
+    mux_inline_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -99,6 +103,9 @@ class EngineConfig:
             raise ValueError(f"itl_target_ms must be a positive number of milliseconds, got {target!r}")
         if self.pd_multiplex not in (True, False):
             raise ValueError(f"pd_multiplex must be a bool, got {self.pd_multiplex!r}")
+        inline = self.mux_inline_prompt_tokens
+        if isinstance(inline, bool) or not isinstance(inline, int) or inline < 0:
+            raise ValueError(f"mux_inline_prompt_tokens must be an int >= 0, got {inline!r}")
         if not self.pd_multiplex:
             return
         if self.role != "mixed":

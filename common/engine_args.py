@@ -53,6 +53,11 @@ ENGINE_FLAGS = FlagTable(
         Flag("speculative_max_batch", int, "CPU: no speculation while more sequences than this run"),
         Flag("pd_multiplex", None, "mixed role: prefill beside decode on SM shares of one GPU"),
         Flag("itl_target_ms", float, "with --pd-multiplex: decode inter-token gap the SM split holds"),
+        Flag(
+            "mux_inline_prompt_tokens",
+            int,
+            "with --pd-multiplex: prompts of at most this many uncached tokens run inside the decode step",
+        ),
     ),
 )
 

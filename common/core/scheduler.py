@@ -122,11 +122,16 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int, whole: bool = False) -> int:
+        """Admit waiting sequences in queue order into `budget` tokens; `whole`: only a prompt whose
+        uncached rest fits entirely (no partial chunk), stopping at the first that does not. Returns
+        the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.peek()
             match = self.block_manager.match_prefix(seq)
             n = min(len(seq) - match.num_tokens, budget)
+            if whole and n < len(seq) - match.num_tokens:
+                break
             if not self.block_manager.can_admit(seq, match, match.num_tokens + n):
                 break
             self.waiting.pop()
@@ -139,6 +144,7 @@ class Scheduler:
             self.running.append(seq)
             self._put(batch, seq, n)
             budget -= n
+        return budget
 
     @staticmethod
     def _put(batch: ScheduledBatch, seq: Sequence, n: int) -> None:

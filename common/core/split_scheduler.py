@@ -8,6 +8,8 @@ so it asks for the two kinds of work separately:
   computed and its last sampled token is its only uncomputed one) and is not `busy`.
 * `schedule_prefill(budget)`: the next chunk of every running sequence still computing its prompt,
   then waiting sequences admitted into the rest of `budget` (as the plain scheduler admits them).
+* `inline_prompts(batch, limit)`: short waiting prompts computed inside a decode step (mixed rows),
+  whole, in queue order; `schedule_prefill(budget, inline_limit)` then leaves such a head alone.
 
 Invariants (what makes the two streams safe to overlap):
 * `busy` holds the ids of the sequences of the prefill chunk in flight. They are never scheduled
@@ -50,13 +52,28 @@ class SplitScheduler(Scheduler):
         self._schedule_matching(batch, self.config.max_num_seqs, wanted, busy)
         return batch
 
-    def schedule_prefill(self, budget: int) -> ScheduledBatch:
-        """The next prefill chunk, at most `budget` tokens (only while no chunk is in flight)."""
+    def schedule_prefill(self, budget: int, inline_limit: int = 0) -> ScheduledBatch:
+        """The next prefill chunk, at most `budget` tokens (only while no chunk is in flight).
+        `inline_limit` > 0: a waiting head whose uncached prompt is at most that many tokens is left
+        for `inline_prompts` (the decode step computes it), and admission stops there."""
         batch = ScheduledBatch()
         budget = self._schedule_matching(batch, budget, lambda s: not is_decoding(s), ())
-        if not batch.preempted:
+        if not batch.preempted and not (inline_limit and self._head_fits(inline_limit)):
             self._admit_waiting(batch, budget)
         return batch
+
+    def inline_prompts(self, batch: ScheduledBatch, limit: int) -> None:
+        """Admit whole waiting prompts, in queue order, into the decode step `batch` while their
+        uncached tokens fit in `limit` (a prompt that does not fit stops it: it and those behind it go
+        to the chunk path)."""
+        if batch.seqs and not batch.preempted:
+            self._admit_waiting(batch, limit, whole=True)
+
+    def _head_fits(self, limit: int) -> bool:
+        if not self.waiting:
+            return False
+        head = self.waiting.peek()
+        return len(head) - self.block_manager.match_prefix(head).num_tokens <= limit
 
     def _schedule_matching(
         self, batch: ScheduledBatch, budget: int, wanted: Callable[[Sequence], bool], busy: Collection[int]

@@ -11,7 +11,9 @@ Each `step()`:
    `layers_per_part`) its first part; while a chunk is still being launched, launches its next part
    (common/runner/side_launch.py: a whole chunk's launch stalls every decoding stream for its host time);
 3. launches one decode step on the engine's stream (the CUDA graphs, all SMs but the chunk's share)
-   over every decoding sequence not in the chunk, then resolves the decode step launched by the
+   over every decoding sequence not in the chunk (with `inline_tokens`, short waiting prompts ride in
+   it as mixed rows, as in aggregated mode: a chunk launch of its own costs a host-bound model about a
+   decode step), then resolves the decode step launched by the
    previous `step()` (run-ahead, as the aggregated engine's `common.core.run_ahead`: the new step's
    placeholder rows read that step's tokens on the device), or waits for the new one when run-ahead
    is off; the gap between two decode outputs goes to the controller while a chunk runs. With
@@ -107,16 +109,19 @@ class _Chunk:
 @dataclass
 class MultiplexStats:
     """Counters for benchmarks: chunks launched per lane index, the parts they were launched in, decode
-    steps run beside a chunk."""
+    steps run beside a chunk, prompts run inside decode steps."""
 
     chunks_per_lane: dict[int, int] = field(default_factory=dict)
     chunk_parts: int = 0
     decode_steps_beside: int = 0
+    inline_prompts: int = 0  # prompts computed inside a decode step (`inline_tokens`)
 
 
 class MultiplexedSteps:
     """See the module docstring. `chunk_tokens`: the most prompt tokens one chunk computes;
-    `ahead`: decode steps run ahead (off on the CPU, where a launch already computes the step)."""
+    `ahead`: decode steps run ahead (off on the CPU, where a launch already computes the step);
+    `inline_tokens`: short prompts computed inside decode steps, at most this many tokens per step
+    (0: every prompt runs as a chunk)."""
 
     def __init__(
         self,
@@ -128,6 +133,7 @@ class MultiplexedSteps:
         timings: StepTimings,
         ahead: bool = False,
         layers_per_part: int | None = None,
+        inline_tokens: int = 0,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -138,6 +144,8 @@ class MultiplexedSteps:
         self.stats = MultiplexStats()
         self.ahead = ahead
         self.layers_per_part = layers_per_part  # None: every chunk launched in one piece
+        self.inline_tokens = inline_tokens
+        self.mixed_ahead = run_ahead.mixed_steps_enabled()
         self._chunk: _Chunk | None = None
         self._decode_in_flight: run_ahead.InFlightStep | None = None
         self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
@@ -153,13 +161,16 @@ class MultiplexedSteps:
         timings: StepTimings,
         ahead: bool,
     ) -> MultiplexedSteps:
-        """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms`."""
+        """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms`, prompts of up to
+        `mux_inline_prompt_tokens` inside decode steps."""
         lanes = len(partitions.lanes)
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
         chunk = config.max_num_batched_tokens
         if runner.prefill_graphs is not None and share_graphs_enabled():
             _capture_share_graphs(runner, partitions)
-        return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, layers_per_part())
+        inline = config.mux_inline_prompt_tokens
+        parts = layers_per_part()
+        return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, parts, inline)
 
     @property
     def in_flight(self) -> bool:
@@ -200,11 +211,12 @@ class MultiplexedSteps:
                 result.updates += self._resolve_chunk(self._chunk)
 
     def _launch_chunk(self, result: StepResult) -> None:
-        batch = self.scheduler.schedule_prefill(self.chunk_tokens)
+        """Launch the next chunk; while sequences decode, short prompts are left to the decode step."""
+        decoding = any(map(is_decoding, self.scheduler.running))
+        batch = self.scheduler.schedule_prefill(self.chunk_tokens, self.inline_tokens if decoding else 0)
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return
-        decoding = any(map(is_decoding, self.scheduler.running))
         lane = self.controller.next_lane(decoding)
         per_part = self.layers_per_part if decoding else None
         launch = self.runner.launch_side(batch.seqs, self.partitions.lanes[lane], per_part)
@@ -233,7 +245,9 @@ class MultiplexedSteps:
             self.timings.prefill_forward += time.perf_counter() - began  # host time to launch it
 
     def _decode(self, result: StepResult) -> bool:
-        """Launch one decode step and resolve the one before it; False when no sequence decodes."""
+        """Launch one decode step (with short prompts inlined) and resolve the one before it; False when
+        no sequence decodes. A step with prompt rows runs ahead only as aggregated mode's mixed steps do
+        (`run_ahead.mixed_steps_enabled`)."""
         # One pass per step: the decode batch is drawn from `running`, so this also says whether it
         # may run ahead.
         host_tokens = any(map(run_ahead.needs_host_tokens, self.scheduler.running))
@@ -244,12 +258,16 @@ class MultiplexedSteps:
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return False
+        if self.inline_tokens:
+            self.scheduler.inline_prompts(batch, self.inline_tokens)
+            self.stats.inline_prompts += len(batch.seqs) - batch.num_decode_tokens
         began = time.perf_counter()
         previous = self._decode_in_flight
         rows = run_ahead.src_rows(previous, batch.seqs) if previous is not None else None
-        handle = self.runner.launch(batch.seqs, True, rows)
+        handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
         result.updates += self._resolve_decode(frozenset(s.seq_id for s in batch.seqs))
-        if self.ahead and not host_tokens:
+        ahead = self.ahead and not host_tokens
+        if ahead and run_ahead.launches_ahead(batch, self.scheduler, self.mixed_ahead):
             self._decode_in_flight = run_ahead.start(batch.seqs, handle)
         else:
             result.updates += self.scheduler.update_from_output(batch.seqs, handle.result())
@@ -257,6 +275,7 @@ class MultiplexedSteps:
         self.timings.decode_forward += time.perf_counter() - began
         self.timings.decode_steps += 1
         result.num_decode_tokens += batch.num_decode_tokens
+        result.num_prefill_tokens += batch.num_prefill_tokens
         return True
 
     def _resolve_decode(self, launched: frozenset[int]) -> list[SeqUpdate]:

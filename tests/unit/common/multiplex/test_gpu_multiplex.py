@@ -50,12 +50,14 @@ def aggregated_outputs(qwen3_fp32):
     return want
 
 
-@pytest.mark.parametrize("layers_per_part", [None, 4])  # chunks launched whole, or 4 layers a step
-def test_fp32_greedy_equals_aggregated(qwen3_fp32, aggregated_outputs, layers_per_part, monkeypatch):
+# Chunks launched whole, or 4 layers a step; or prompts of up to 256 uncached tokens (the prefix hits'
+# tails among them) inlined in decode steps while the longer ones still run as chunks on shares.
+@pytest.mark.parametrize("layers_per_part,inline", [(None, 0), (4, 0), (None, 256)])
+def test_fp32_greedy_equals_aggregated(qwen3_fp32, aggregated_outputs, layers_per_part, inline, monkeypatch):
     want = aggregated_outputs
     if layers_per_part is not None:  # chunks that fit a prefill graph launch whole
         monkeypatch.setenv("PDSERVE_PREFILL_GRAPHS", "0")
-    mux = _llm(qwen3_fp32, pd_multiplex=True)
+    mux = _llm(qwen3_fp32, pd_multiplex=True, mux_inline_prompt_tokens=inline)
     stepper = mux.engine.multiplexer
     assert stepper is not None, "multiplexed mode was refused (see the log: GEMM check)"
     stepper.layers_per_part = layers_per_part
@@ -70,6 +72,7 @@ def test_fp32_greedy_equals_aggregated(qwen3_fp32, aggregated_outputs, layers_pe
     shares = [lane.sms for lane in stepper.partitions.lanes]
     print("lanes:", shares, "chunks per lane:", stepper.stats.chunks_per_lane, stepper.stats)
     assert stepper.stats.decode_steps_beside > 0
+    assert (stepper.stats.inline_prompts > 0) == (inline > 0)
     if layers_per_part is not None:  # some chunks were launched beside decode steps, in parts
         assert stepper.stats.chunk_parts > sum(stepper.stats.chunks_per_lane.values())
     assert any(shares[i] is not None for i in stepper.stats.chunks_per_lane)  # some chunk ran on a share

@@ -171,3 +171,43 @@ def test_a_failed_chunk_launch_leaves_the_engine_serving(tiny_model_dirs, monkey
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     want = _llm(tiny_model_dirs["qwen3"]).generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)
     assert mux.generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)[0]["token_ids"] == want[0]["token_ids"]
+
+
+@pytest.mark.parametrize("ahead,mixed_ahead", [(False, False), (True, False), (True, True)])
+def test_inlined_prompts_equal_aggregated(tiny_model_dirs, monkeypatch, ahead, mixed_ahead):
+    """Short prompts ride in decode steps, long ones still go to chunks; the tokens do not change."""
+    monkeypatch.setenv("PDSERVE_MIXED_RUN_AHEAD", "1" if mixed_ahead else "0")
+    prompts = _prompts(2)  # 3 to 101 tokens: the first (3) and the prefix hits' rest fit 24
+    plain = _llm(tiny_model_dirs["qwen3"])
+    mux = _llm(
+        tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead, mux_inline_prompt_tokens=24
+    )
+    assert mux.engine.multiplexer.mixed_ahead == mixed_ahead
+    for every in (1, 2):
+        want = run_staggered(plain.engine, prompts, GREEDY, every)
+        assert run_staggered(mux.engine, prompts, GREEDY, every) == want
+    stats = mux.engine.multiplexer.stats
+    assert stats.inline_prompts >= 4 and sum(stats.chunks_per_lane.values()) > 0
+    assert mux.engine.block_manager.num_free_blocks == mux.engine.block_manager.num_blocks
+
+
+def test_inlining_leaves_long_prompts_and_idle_engines_to_chunks(tiny_model_dirs):
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8)
+    engine = mux.engine
+    engine.add_request([5, 6, 7], GREEDY, request_id="b")
+    engine.step()  # nothing decodes: b's short prompt is a chunk of its own, waited for
+    assert engine.multiplexer.stats.inline_prompts == 0
+    engine.add_request(list(range(1, 30)), GREEDY, request_id="long")
+    engine.add_request([9, 9, 9, 9], GREEDY, request_id="short")
+    engine.step()  # long (29 > 8 tokens) heads the queue: a chunk; short is admitted into it behind
+    assert engine.multiplexer.stats.inline_prompts == 0
+    engine.add_request([4, 4], GREEDY, request_id="tiny")
+    while engine.has_unfinished:
+        engine.step()  # tiny heads the queue while b decodes: it rides in a decode step
+    assert engine.multiplexer.stats.inline_prompts == 1
+
+
+def test_inline_prompt_tokens_is_checked(tiny_model_dirs):
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="mux_inline_prompt_tokens"):
+            _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=bad)
