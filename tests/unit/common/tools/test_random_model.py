@@ -9,6 +9,8 @@ import pytest
 from common.tools.random_model import (
     PRESETS,
     cover_vocabulary,
+    partial_text_ids,
+    silence_ids,
     tensor_shapes,
     uncovered_ids,
     write_random_model,
@@ -67,3 +69,59 @@ def test_a_borrowed_tokenizer_decodes_every_id_of_the_model_to_text(tmp_path):
     assert tok.decode([12]) == "<id:12>" and tok.decode([3]) == "w3"  # its own ids unchanged
     assert tok.encode("w3 w4").ids == [3, 4]
     assert cover_vocabulary(path, 25) == 0 and cover_vocabulary(path, 5) == 0  # covered: left alone
+
+
+def _byte_level(path) -> None:
+    """A byte-level BPE tokenizer of the 256 byte tokens alone, in byte order."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    by_byte = sorted(alphabet, key=lambda ch: _BYTE_OF[ch])
+    tok = Tokenizer(models.BPE({ch: i for i, ch in enumerate(by_byte)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(path))
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte -> printable character table, inverted (the byte-level alphabet's order)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _bytes_to_unicode()
+
+
+def test_byte_tokens_of_multibyte_characters_are_never_chosen_greedily(tmp_path):
+    import torch
+
+    path = tmp_path / "tokenizer.json"
+    _byte_level(path)
+    ids = partial_text_ids(path)
+    assert ids == list(range(0x80, 0x100))  # alone, a byte >= 0x80 is no complete UTF-8 text
+    cfg = {"tie_word_embeddings": False}
+    gen = torch.Generator().manual_seed(0)
+    tensors = {
+        "lm_head.weight": torch.randn(256, 64, generator=gen),
+        "model.embed_tokens.weight": torch.ones(256, 64),
+    }
+    silence_ids(tensors, cfg, ids)
+    head = tensors["lm_head.weight"]
+    assert head[ids].abs().sum() == 0 and head[:0x80].abs().min() > 0
+    assert tensors["model.embed_tokens.weight"].min() == 1  # untied: the input embeddings keep them
+    hidden = torch.randn(500, 64, generator=gen)
+    assert (hidden @ head.T).argmax(dim=1).max() < 0x80  # greedy picks only the complete-text ids
+    tied = {"model.embed_tokens.weight": torch.ones(256, 64)}
+    silence_ids(tied, {"tie_word_embeddings": True}, ids)
+    assert tied["model.embed_tokens.weight"][ids].sum() == 0
