@@ -111,6 +111,7 @@ class RequestLifecycle:
         self.planner = planner
         self.metrics = metrics
         self._clock = clock
+        self._byte_table = tokenizer.byte_table  # built here, not on the first request
 
     @property
     def rates(self) -> LiveRates:
@@ -142,7 +143,11 @@ class RequestLifecycle:
 
     def _detokenizer(self, seq: SequenceRequest) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(
-            self.tokenizer.backend, seq.prompt_token_ids, seq.sampling.stop, seq.skip_special_tokens
+            self.tokenizer.backend,
+            seq.prompt_token_ids,
+            seq.sampling.stop,
+            seq.skip_special_tokens,
+            self._byte_table,
         )
 
     async def _dispatch(

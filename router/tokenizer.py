@@ -25,6 +25,8 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from common.wire.byte_level import ByteLevelTable
+
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -82,6 +84,12 @@ class ModelTokenizer:
         """An upper bound on the characters one token covers (vocabulary strings are byte-level or
         character-level, so their length bounds the text a token can stand for)."""
         return max((len(t) for t in self.backend.get_vocab(with_added_tokens=True)), default=1)
+
+    @functools.cached_property
+    def byte_table(self) -> ByteLevelTable | None:
+        """Each id's bytes when the tokenizer is byte-level BPE and the table agrees with it (the
+        detokenizer's fast path, common/wire/byte_level.py); else None."""
+        return ByteLevelTable.from_tokenizer(self.backend)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
