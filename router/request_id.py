@@ -10,7 +10,7 @@ streams. A value that is not 1-128 visible ASCII characters is refused with a 40
 
 from __future__ import annotations
 
-import uuid
+import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,7 +22,9 @@ MAX_LENGTH = 128
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """32 random hex digits, as a uuid4's hex and as unique, without building a UUID (a fifth of the
+    cost on every request that brings no id of its own)."""
+    return os.urandom(16).hex()
 
 
 def valid_request_id(value: str) -> bool:
