@@ -99,6 +99,7 @@ class IncrementalDetokenizer:
         )
         self._stops = tuple(s for s in stop if s)
         self._max_stop = max((len(s) for s in self._stops), default=0)
+        self._tails = _stop_tails(self._stops, self._max_stop - 1)
         self._text = ""  # all generated text decoded so far (before any stop truncation)
         self._sent = 0  # how many characters of _text were returned
         self.stopped: str | None = None
@@ -162,8 +163,21 @@ class IncrementalDetokenizer:
 
     def _stop_prefix_len(self) -> int:
         """Length of the longest tail of the text that is a proper prefix of some stop string."""
-        for k in range(min(self._max_stop - 1, len(self._text)), 0, -1):
-            tail = self._text[-k:]
-            if any(s.startswith(tail) for s in self._stops):
+        text = self._text
+        if not text:
+            return 0
+        for k, prefix in self._tails.get(text[-1], ()):  # longest first; usually none end so
+            if text.endswith(prefix):
                 return k
         return 0
+
+
+def _stop_tails(stops: tuple[str, ...], longest: int) -> dict[str, list[tuple[int, str]]]:
+    """Every stop prefix of 1..`longest` characters, by its last character, longest first: the text's
+    last character picks the few prefixes its tail can be (a scan of every length costs a slice and a
+    test per length and token)."""
+    tails: dict[str, set[tuple[int, str]]] = {}
+    for stop in stops:
+        for k in range(1, min(len(stop), longest) + 1):
+            tails.setdefault(stop[k - 1], set()).add((k, stop[:k]))
+    return {ch: sorted(found, reverse=True) for ch, found in tails.items()}

@@ -144,3 +144,33 @@ def test_byte_table_decodes_as_the_tokenizer_does(tokenizer: ModelTokenizer) -> 
         window.add([t]), by_bytes.add([t])
     assert window.text + window.finish().text == by_bytes.text + by_bytes.finish().text
     assert by_bytes.text == tokenizer.decode(ids)
+
+
+def _held(text: str, stops: list[str]) -> int:
+    """The hold-back rule by brute force: the longest tail (shorter than the longest stop) that some
+    stop string starts with."""
+    longest = max(map(len, stops)) - 1
+    return max(
+        (k for k in range(1, min(longest, len(text)) + 1) if any(s.startswith(text[-k:]) for s in stops)),
+        default=0,
+    )
+
+
+def test_held_tails_and_stops_follow_the_rule_on_random_text(tokenizer, make) -> None:
+    rng = random.Random(3)
+    char_ids = {c: tokenizer.encode(c, add_special_tokens=False) for c in "ab c"}
+    assert all(len(ids) == 1 for ids in char_ids.values())
+    for _ in range(200):
+        stops = [
+            "".join(rng.choice("abc") for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 3))
+        ]
+        text = "".join(rng.choice("ab c") for _ in range(30))
+        detok, seen = make(stop=stops), ""
+        for i, c in enumerate(text):
+            seen += detok.add(char_ids[c]).text
+            full = text[: i + 1]
+            if detok.stopped is not None:
+                first = min(p for s in stops if (p := full.find(s)) != -1)
+                assert seen == full[:first] and full.find(detok.stopped) == first
+                break
+            assert seen == full[: len(full) - _held(full, stops)]
