@@ -4,8 +4,8 @@ With a byte-level BPE tokenizer (GPT-2's scheme: SmolLM2, Qwen, Llama 3) a token
 printable characters, each standing for one byte, and decoding a sequence is the UTF-8 of the
 concatenated bytes; an added token (special or not) stands for the UTF-8 of its content. So once each
 id's bytes are known, a stream decodes with an incremental UTF-8 decoder instead of decoding windows
-of ids through the tokenizer twice per token (common/wire/detokenizer.py): about 0.4 us per token
-against 3-6 us on the CPU box.
+of ids through the tokenizer twice per token (common/wire/detokenizer.py): half the detokenizer's
+time per token on the CPU box (benchmarks/serving/detokenize.py; docs/benchmarks.md).
 
 Invariant: for any ids, `bytes_of(ids, skip).decode("utf-8", "replace")` equals the tokenizer's own
 `decode(ids, skip_special_tokens=skip)`. `from_tokenizer` builds a table only for a tokenizer whose
