@@ -15,6 +15,7 @@ from common.tools.random_model import (
     uncovered_ids,
     write_random_model,
 )
+from common.wire.byte_level import CHAR_BYTES
 
 
 def _parameters(preset: str) -> int:
@@ -76,31 +77,11 @@ def _byte_level(path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    by_byte = sorted(alphabet, key=lambda ch: _BYTE_OF[ch])
+    by_byte = sorted(alphabet, key=lambda ch: CHAR_BYTES[ch])
     tok = Tokenizer(models.BPE({ch: i for i, ch in enumerate(by_byte)}, []))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.save(str(path))
-
-
-def _bytes_to_unicode() -> dict[str, int]:
-    """GPT-2's byte -> printable character table, inverted (the byte-level alphabet's order)."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-_BYTE_OF = _bytes_to_unicode()
 
 
 def test_byte_tokens_of_multibyte_characters_are_never_chosen_greedily(tmp_path):
