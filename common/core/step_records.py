@@ -14,7 +14,10 @@ class StepTimings:
     """Wall-clock seconds spent in each part of `step()` (cheap; read by benchmarks).
 
     `device_wait`: of those seconds, the host blocked on a step's tokens; the rest is host work.
-    `drains`: run-ahead steps resolved before the next launch, by `run_ahead.Drain` value."""
+    `drains`: run-ahead steps resolved before the next launch, by `run_ahead.Drain` value.
+    Multiplexed mode (common/multiplex) also counts the chunks launched beside decode steps on an SM
+    share, those shares' SMs summed (their mean share is the sum over the count), and the prompts
+    its decode steps computed inline."""
 
     schedule: float = 0.0
     prefill_forward: float = 0.0
@@ -24,6 +27,9 @@ class StepTimings:
     decode_steps: int = 0
     device_wait: float = 0.0
     drains: dict[str, int] = field(default_factory=dict)
+    shared_chunks: int = 0
+    shared_chunk_sms: int = 0
+    inline_prompts: int = 0
 
     def account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
         """One step: scheduled from t0 to t1, launched (forward) until t2, post-processed until t3."""

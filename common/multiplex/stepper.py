@@ -109,12 +109,11 @@ class _Chunk:
 @dataclass
 class MultiplexStats:
     """Counters for benchmarks: chunks launched per lane index, the parts they were launched in, decode
-    steps run beside a chunk, prompts run inside decode steps."""
+    steps run beside a chunk (the worker's stats line reads `StepTimings`' share of them)."""
 
     chunks_per_lane: dict[int, int] = field(default_factory=dict)
     chunk_parts: int = 0
     decode_steps_beside: int = 0
-    inline_prompts: int = 0  # prompts computed inside a decode step (`inline_tokens`)
 
 
 class MultiplexedSteps:
@@ -218,6 +217,10 @@ class MultiplexedSteps:
         if not batch.seqs:
             return
         lane = self.controller.next_lane(decoding)
+        sms = self.partitions.lanes[lane].sms
+        if decoding and sms is not None:
+            self.timings.shared_chunks += 1
+            self.timings.shared_chunk_sms += sms
         per_part = self.layers_per_part if decoding else None
         launch = self.runner.launch_side(batch.seqs, self.partitions.lanes[lane], per_part)
         self._chunk = _Chunk(batch.seqs, launch, lane)
@@ -260,7 +263,7 @@ class MultiplexedSteps:
             return False
         if self.inline_tokens:
             self.scheduler.inline_prompts(batch, self.inline_tokens)
-            self.stats.inline_prompts += len(batch.seqs) - batch.num_decode_tokens
+            self.timings.inline_prompts += len(batch.seqs) - batch.num_decode_tokens
         began = time.perf_counter()
         previous = self._decode_in_flight
         rows = run_ahead.src_rows(previous, batch.seqs) if previous is not None else None

@@ -8,7 +8,8 @@ messages, handing the turn's messages to the I/O side) and the batch now. Read
 with `benchmarks/engine/offline.py`'s step timings: the same counters, so a served worker's steps
 compare with the offline engine's on the same model. Idle intervals log nothing. In multiplexed mode
 (common/multiplex) the stepper counts each step's wall time as its forward time and does not split
-out the device wait, so there "engine host" is the whole step.
+out the device wait, so there "engine host" is the whole step; the line then ends with the chunks
+launched beside decode steps, their mean SM share, and the prompts run inline in decode steps.
 """
 
 from __future__ import annotations
@@ -93,7 +94,18 @@ class StatsLog:
             f" hand-off {_ms(now.handoff_s, steps)})",
             f"running {load.num_running}, waiting {load.num_waiting}",
         )
-        return ", ".join(parts)
+        return ", ".join(parts + _multiplexed(d))
+
+
+def _multiplexed(d: dict) -> tuple[str, ...]:
+    """Multiplexed mode's part of the line, when it launched chunks beside decode or inlined prompts."""
+    chunks = int(d["shared_chunks"])
+    if not chunks and not d["inline_prompts"]:
+        return ()
+    share = f"{d['shared_chunk_sms'] / chunks:.0f}" if chunks else "-"
+    return (
+        f"chunks beside decode {chunks} (mean share {share} SMs), inline prompts {int(d['inline_prompts'])}",
+    )
 
 
 def _ms(seconds: float, n: int) -> str:

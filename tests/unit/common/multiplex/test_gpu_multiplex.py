@@ -72,7 +72,7 @@ def test_fp32_greedy_equals_aggregated(qwen3_fp32, aggregated_outputs, layers_pe
     shares = [lane.sms for lane in stepper.partitions.lanes]
     print("lanes:", shares, "chunks per lane:", stepper.stats.chunks_per_lane, stepper.stats)
     assert stepper.stats.decode_steps_beside > 0
-    assert (stepper.stats.inline_prompts > 0) == (inline > 0)
+    assert (mux.engine.timings.inline_prompts > 0) == (inline > 0)
     if layers_per_part is not None:  # some chunks were launched beside decode steps, in parts
         assert stepper.stats.chunk_parts > sum(stepper.stats.chunks_per_lane.values())
     assert any(shares[i] is not None for i in stepper.stats.chunks_per_lane)  # some chunk ran on a share

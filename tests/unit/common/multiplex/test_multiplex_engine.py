@@ -187,7 +187,7 @@ def test_inlined_prompts_equal_aggregated(tiny_model_dirs, monkeypatch, ahead, m
         want = run_staggered(plain.engine, prompts, GREEDY, every)
         assert run_staggered(mux.engine, prompts, GREEDY, every) == want
     stats = mux.engine.multiplexer.stats
-    assert stats.inline_prompts >= 4 and sum(stats.chunks_per_lane.values()) > 0
+    assert mux.engine.timings.inline_prompts >= 4 and sum(stats.chunks_per_lane.values()) > 0
     assert mux.engine.block_manager.num_free_blocks == mux.engine.block_manager.num_blocks
 
 
@@ -196,15 +196,15 @@ def test_inlining_leaves_long_prompts_and_idle_engines_to_chunks(tiny_model_dirs
     engine = mux.engine
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     engine.step()  # nothing decodes: b's short prompt is a chunk of its own, waited for
-    assert engine.multiplexer.stats.inline_prompts == 0
+    assert engine.timings.inline_prompts == 0
     engine.add_request(list(range(1, 30)), GREEDY, request_id="long")
     engine.add_request([9, 9, 9, 9], GREEDY, request_id="short")
     engine.step()  # long (29 > 8 tokens) heads the queue: a chunk; short is admitted into it behind
-    assert engine.multiplexer.stats.inline_prompts == 0
+    assert engine.timings.inline_prompts == 0
     engine.add_request([4, 4], GREEDY, request_id="tiny")
     while engine.has_unfinished:
         engine.step()  # tiny heads the queue while b decodes: it rides in a decode step
-    assert engine.multiplexer.stats.inline_prompts == 1
+    assert engine.timings.inline_prompts == 1
 
 
 def test_inline_prompt_tokens_is_checked(tiny_model_dirs):

@@ -37,7 +37,7 @@ def test_the_line_counts_the_interval_only(caplog):
     assert "steps: 4 decode (2.00 ms), 1 with prompt tokens (10.00 ms)" in line
     assert "engine host 2.80 ms" in line  # (8 + 10 - 4) ms over 5 steps
     assert "(commands 0.20, role 0.50, hand-off 0.10)" in line  # per step, over the 5 steps
-    assert "running 7, waiting 3" in line
+    assert line.endswith("running 7, waiting 3")  # no multiplexed part: no chunk beside decode
     caplog.clear()
     time.sleep(0.02)
     with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
@@ -51,3 +51,19 @@ def test_zero_interval_logs_nothing(caplog):
     with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
         stats.maybe_log(lambda: LOAD)
     assert caplog.records == []
+
+
+def test_multiplexed_chunks_and_inline_prompts_end_the_line(caplog):
+    timings = StepTimings(shared_chunks=5, shared_chunk_sms=400)  # before the interval: not counted
+    stats = StatsLog(0.01)
+    stats.record(timings, prompt_tokens=0, generated_tokens=0, step_s=0.0)
+    timings.decode_steps += 10
+    timings.shared_chunks += 2
+    timings.shared_chunk_sms += 48 + 112
+    timings.inline_prompts += 3
+    stats.record(timings, prompt_tokens=900, generated_tokens=10, step_s=0.01)
+    time.sleep(0.02)
+    with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
+        stats.maybe_log(lambda: LOAD)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.endswith("chunks beside decode 2 (mean share 80 SMs), inline prompts 3")
