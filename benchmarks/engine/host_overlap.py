@@ -27,7 +27,6 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from benchmarks.engine.offline_profile import busy_us  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
-from common.core.step_records import StepTimings  # noqa: E402
 
 _CUDA = torch.autograd.DeviceType.CUDA
 
@@ -53,7 +52,7 @@ def _decode_phase(llm: LLM, batch: int, args, profiled: bool) -> dict:
     while any(s.num_completion_tokens == 0 for s in seqs):  # prefill (and admission) first
         engine.step()
     _sync()
-    engine.timings = StepTimings()
+    engine.timings.reset()
     prof = profile(activities=[ProfilerActivity.CUDA]) if profiled else None
     if prof is not None:
         prof.__enter__()

@@ -31,7 +31,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import LLM, SamplingParams  # noqa: E402
-from common.core.step_records import StepTimings  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
 from common.tools.random_model import write_random_model  # noqa: E402
 
@@ -59,7 +58,7 @@ def run_engine(model: str, prompts, outputs, args) -> dict:
     ]
     # Warm-up on a slice of the real workload, so one-off compilation stays out of the timing.
     llm.generate(prompts[:8], [SamplingParams(max_tokens=16)] * min(8, len(prompts)), use_tqdm=False)
-    llm.engine.timings = StepTimings()
+    llm.engine.timings.reset()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=not args.quiet)
     elapsed = time.perf_counter() - t0

@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.speculative.speculative_prompts import WORKLOADS  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
-from common.core.step_records import StepTimings  # noqa: E402
 from common.spec_decode.draft_proposer import build_draft_proposer  # noqa: E402
 from common.spec_decode.proposer_speculator import ProposerSpeculator, measured_clock  # noqa: E402
 from common.spec_decode.speculative import NgramProposer, Proposer, SpecStats, SpeculativeConfig  # noqa: E402
@@ -76,7 +75,7 @@ def run(
             proposer, config, engine.max_model_len, clock, engine.async_scheduling
         )
     engine.replace_speculator(speculator)
-    engine.timings = StepTimings()
+    engine.timings.reset()
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=not stop_at_eos)
     elapsed, outputs = 0.0, []
     for prompts in rounds:

@@ -4,7 +4,7 @@ stepper and the benchmarks: `StepResult` (one step's sequence updates and token 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from common.core.batch import SeqUpdate
 
@@ -30,6 +30,13 @@ class StepTimings:
     shared_chunks: int = 0
     shared_chunk_sms: int = 0
     inline_prompts: int = 0
+
+    def reset(self) -> None:
+        """Every counter back to zero, in place: whoever holds this object (the multiplexed stepper
+        does) goes on counting into it, which a fresh object in the engine's place would not see."""
+        fresh = StepTimings()
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
 
     def account(self, is_decode: bool, t0: float, t1: float, t2: float, t3: float) -> None:
         """One step: scheduled from t0 to t1, launched (forward) until t2, post-processed until t3."""
