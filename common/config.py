@@ -53,8 +53,9 @@ class EngineConfig:
     pd_multiplex: bool = False
     itl_target_ms: float = 30.0  # multiplexed mode: the decode inter-token gap the SM split holds
     # Multiplexed mode: a waiting prompt of at most this many uncached tokens runs inside the decode
-    # step (mixed rows, as aggregated mode does; at most this many prompt tokens per step) instead of
-    # as a chunk on the prefill share, whose launch costs a host-bound model a decode step. 0: never.
+    # step (mixed rows, as many as fit in max_num_batched_tokens, as aggregated mode packs them)
+    # instead of as a chunk on the prefill share, whose launch costs a host-bound model a decode step.
+    # 0: never.
     mux_inline_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:

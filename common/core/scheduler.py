@@ -122,15 +122,16 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, batch: ScheduledBatch, budget: int, whole: bool = False) -> int:
-        """Admit waiting sequences in queue order into `budget` tokens; `whole`: only a prompt whose
-        uncached rest fits entirely (no partial chunk), stopping at the first that does not. Returns
-        the budget left."""
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int, whole_upto: int = 0) -> int:
+        """Admit waiting sequences in queue order into `budget` tokens; `whole_upto` > 0: only whole
+        prompts (no partial chunk) of at most that many uncached tokens, stopping at the first other.
+        Returns the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.peek()
             match = self.block_manager.match_prefix(seq)
-            n = min(len(seq) - match.num_tokens, budget)
-            if whole and n < len(seq) - match.num_tokens:
+            rest = len(seq) - match.num_tokens
+            n = min(rest, budget)
+            if whole_upto and (n < rest or rest > whole_upto):
                 break
             if not self.block_manager.can_admit(seq, match, match.num_tokens + n):
                 break

@@ -8,8 +8,8 @@ so it asks for the two kinds of work separately:
   computed and its last sampled token is its only uncomputed one) and is not `busy`.
 * `schedule_prefill(budget)`: the next chunk of every running sequence still computing its prompt,
   then waiting sequences admitted into the rest of `budget` (as the plain scheduler admits them).
-* `inline_prompts(batch, limit)`: short waiting prompts computed inside a decode step (mixed rows),
-  whole, in queue order; `schedule_prefill(budget, inline_limit)` then leaves such a head alone.
+* `inline_prompts(batch, limit, budget)`: short waiting prompts computed inside a decode step (mixed
+  rows), whole, in queue order; `schedule_prefill(budget, inline_limit)` then leaves such a head alone.
 
 Invariants (what makes the two streams safe to overlap):
 * `busy` holds the ids of the sequences of the prefill chunk in flight. They are never scheduled
@@ -62,12 +62,13 @@ class SplitScheduler(Scheduler):
             self._admit_waiting(batch, budget)
         return batch
 
-    def inline_prompts(self, batch: ScheduledBatch, limit: int) -> None:
-        """Admit whole waiting prompts, in queue order, into the decode step `batch` while their
-        uncached tokens fit in `limit` (a prompt that does not fit stops it: it and those behind it go
-        to the chunk path)."""
+    def inline_prompts(self, batch: ScheduledBatch, limit: int, budget: int) -> None:
+        """Admit whole waiting prompts of at most `limit` uncached tokens, in queue order, into the
+        decode step `batch` while they fit in `budget` tokens (its decode rows counted, as aggregated
+        mode counts them). The first prompt that is longer or does not fit stops it: it and those
+        behind it wait for the chunk path or the next step."""
         if batch.seqs and not batch.preempted:
-            self._admit_waiting(batch, limit, whole=True)
+            self._admit_waiting(batch, budget - len(batch.seqs), whole_upto=limit)
 
     def _head_fits(self, limit: int) -> bool:
         if not self.waiting:

@@ -119,8 +119,8 @@ class MultiplexStats:
 class MultiplexedSteps:
     """See the module docstring. `chunk_tokens`: the most prompt tokens one chunk computes;
     `ahead`: decode steps run ahead (off on the CPU, where a launch already computes the step);
-    `inline_tokens`: short prompts computed inside decode steps, at most this many tokens per step
-    (0: every prompt runs as a chunk)."""
+    `inline_tokens`: prompts of at most this many uncached tokens computed inside decode steps, as
+    many as fit in `chunk_tokens` (0: every prompt runs as a chunk)."""
 
     def __init__(
         self,
@@ -262,7 +262,7 @@ class MultiplexedSteps:
         if not batch.seqs:
             return False
         if self.inline_tokens:
-            self.scheduler.inline_prompts(batch, self.inline_tokens)
+            self.scheduler.inline_prompts(batch, self.inline_tokens, self.chunk_tokens)
             self.timings.inline_prompts += len(batch.seqs) - batch.num_decode_tokens
         began = time.perf_counter()
         previous = self._decode_in_flight

@@ -207,6 +207,18 @@ def test_inlining_leaves_long_prompts_and_idle_engines_to_chunks(tiny_model_dirs
     assert engine.timings.inline_prompts == 1
 
 
+def test_short_prompts_waiting_together_ride_in_one_decode_step(tiny_model_dirs):
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8)
+    engine = mux.engine
+    engine.add_request([5, 6, 7], GREEDY, request_id="b")
+    engine.step()  # b's prompt (nothing decodes yet)
+    for first, rid in enumerate("wxyz"):
+        engine.add_request([first + 1, 2, 3, 4, 5, 6, 7, 8], GREEDY, request_id=rid)  # 8 tokens each
+    engine.step()  # b decodes: w, x and y fit the 32-token budget less b's row (31), z does not
+    assert engine.timings.inline_prompts == 3 and engine.timings.prefill_steps == 1
+    assert [s.request_id for s in engine.scheduler.waiting] == ["z"]
+
+
 def test_inline_prompt_tokens_is_checked(tiny_model_dirs):
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="mux_inline_prompt_tokens"):
