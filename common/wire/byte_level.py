@@ -2,7 +2,8 @@
 
 With a byte-level BPE tokenizer (GPT-2's scheme: SmolLM2, Qwen, Llama 3) a token's text is a run of
 printable characters, each standing for one byte, and decoding a sequence is the UTF-8 of the
-concatenated bytes; an added token (special or not) stands for the UTF-8 of its content. So once each
+concatenated bytes (the decoder takes an entry made of other characters, such as an added token with a
+space in it, as its own UTF-8; added tokens go through the same rule). So once each
 id's bytes are known, a stream decodes with an incremental UTF-8 decoder instead of decoding windows
 of ids through the tokenizer twice per token (common/wire/detokenizer.py): half the detokenizer's
 time per token on the CPU box (benchmarks/serving/detokenize.py; docs/benchmarks.md).
@@ -40,12 +41,12 @@ CHAR_BYTES = _char_bytes()
 _CHECK_SEQUENCES = 400
 
 
-def token_bytes(token: str | None, added: bool) -> bytes:
-    """The bytes one vocabulary entry stands for (an id without an entry decodes to nothing)."""
+def token_bytes(token: str | None) -> bytes:
+    """The bytes one vocabulary or added-token entry stands for, as the ByteLevel decoder takes it: each
+    character's byte when all are byte-level characters, else the entry's own UTF-8 (an id without an
+    entry decodes to nothing)."""
     if token is None:
         return b""
-    if added:
-        return token.encode()
     try:
         return bytes([CHAR_BYTES[ch] for ch in token])
     except KeyError:  # not byte-level characters: the decoder passes the token's own UTF-8 through
@@ -69,7 +70,7 @@ class ByteLevelTable:
             return None
         added = tokenizer.get_added_tokens_decoder()
         size = tokenizer.get_vocab_size(with_added_tokens=True)
-        table = tuple(token_bytes(tokenizer.id_to_token(i), i in added) for i in range(size))
+        table = tuple(token_bytes(tokenizer.id_to_token(i)) for i in range(size))
         special = {i for i, token in added.items() if token.special}
         plain = tuple(b"" if i in special else b for i, b in enumerate(table))
         built = cls(table, plain)
@@ -83,13 +84,13 @@ class ByteLevelTable:
             return b"".join([table[i] if 0 <= i < len(table) else b"" for i in ids])
 
     def agrees_with(self, tokenizer: Any) -> bool:
-        """Whether the table decodes a fixed sample of random sequences (every special token among
-        them, and ids past the vocabulary) exactly as `tokenizer.decode` does."""
+        """Whether the table decodes a fixed sample of random sequences (every added token among them,
+        and ids past the vocabulary) exactly as `tokenizer.decode` does."""
         rng = random.Random(0)
         size = len(self.with_special)
-        specials = [i for i, b in enumerate(self.without_special) if not b and self.with_special[i]]
-        for n in range(_CHECK_SEQUENCES):
-            ids = [rng.randrange(size + 8) for _ in range(1 + n % 24)] + specials[n : n + 1]
+        added = sorted(tokenizer.get_added_tokens_decoder())
+        for n in range(max(_CHECK_SEQUENCES, len(added))):
+            ids = [rng.randrange(size + 8) for _ in range(1 + n % 24)] + added[n : n + 1]
             rng.shuffle(ids)
             for skip in (True, False):
                 mine = self.bytes_of(ids, skip).decode("utf-8", "replace")
