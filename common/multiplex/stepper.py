@@ -210,19 +210,23 @@ class MultiplexedSteps:
                 result.updates += self._resolve_chunk(self._chunk)
 
     def _launch_chunk(self, result: StepResult) -> None:
-        """Launch the next chunk; while sequences decode, short prompts are left to the decode step."""
-        decoding = any(map(is_decoding, self.scheduler.running))
-        batch = self.scheduler.schedule_prefill(self.chunk_tokens, self.inline_tokens if decoding else 0)
+        """Launch the next chunk; while sequences decode, short prompts are left to the decode step
+        (with nothing decoding no decode step would take them)."""
+        scheduler = self.scheduler
+        # The scan of `running` only when a prompt waits to be placed: most steps launch no chunk.
+        leave = bool(self.inline_tokens and scheduler.waiting) and any(map(is_decoding, scheduler.running))
+        batch = scheduler.schedule_prefill(self.chunk_tokens, self.inline_tokens if leave else 0)
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return
+        decoding = any(map(is_decoding, scheduler.running))
         lane = self.controller.next_lane(decoding)
-        sms = self.partitions.lanes[lane].sms
-        if decoding and sms is not None:
+        share = self.partitions.lanes[lane]
+        if decoding and share.sms is not None:
             self.timings.shared_chunks += 1
-            self.timings.shared_chunk_sms += sms
+            self.timings.shared_chunk_sms += share.sms
         per_part = self.layers_per_part if decoding else None
-        launch = self.runner.launch_side(batch.seqs, self.partitions.lanes[lane], per_part)
+        launch = self.runner.launch_side(batch.seqs, share, per_part)
         self._chunk = _Chunk(batch.seqs, launch, lane)
         self._advance(self._chunk)
         self.stats.chunks_per_lane[lane] = self.stats.chunks_per_lane.get(lane, 0) + 1

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from common.wire.detokenizer import REPLACEMENT_CHAR
+
 PRESETS: dict[str, dict] = {
     "qwen3-0.6b": {
         "architectures": ["Qwen3ForCausalLM"],
@@ -193,7 +195,7 @@ def partial_text_ids(tokenizer_json: str | Path) -> list[int]:
     tok = Tokenizer.from_file(str(tokenizer_json))
     size = tok.get_vocab_size(with_added_tokens=True)
     texts = tok.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
-    return [i for i, text in enumerate(texts) if "\ufffd" in text]
+    return [i for i, text in enumerate(texts) if REPLACEMENT_CHAR in text]
 
 
 def silence_ids(tensors: dict[str, torch.Tensor], cfg: dict, ids: list[int]) -> None:

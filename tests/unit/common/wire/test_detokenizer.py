@@ -141,7 +141,8 @@ def test_byte_table_decodes_as_the_tokenizer_does(tokenizer: ModelTokenizer) -> 
     window = IncrementalDetokenizer(tokenizer.backend)
     by_bytes = IncrementalDetokenizer(tokenizer.backend, byte_table=table)
     for t in ids:
-        window.add([t]), by_bytes.add([t])
+        window.add([t])
+        by_bytes.add([t])
     assert window.text + window.finish().text == by_bytes.text + by_bytes.finish().text
     assert by_bytes.text == tokenizer.decode(ids)
 
