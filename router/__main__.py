@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import sys
 from collections.abc import Sequence
 
 from common.net.curve import CurveKeys
 from common.net.flags import add_log_level
+from common.net.gc_heap import freeze_startup_heap
 from common.wire import request_log
 from common.wire.generation_config import load_generation_defaults
 from router.config import RouterConfig
@@ -63,8 +63,7 @@ def _tune_gc() -> None:
     --max-tokens 1: ~425 -> ~378 us per request). The modules imported by now are frozen out of the
     scans, and a young collection runs every 50,000 allocations. Only cyclic garbage waits longer;
     everything else is still freed by reference counting as it goes."""
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    freeze_startup_heap(young_threshold=50_000)
 
 
 def _event_loop_runner():

@@ -9,7 +9,9 @@ with `benchmarks/engine/offline.py`'s step timings: the same counters, so a serv
 compare with the offline engine's on the same model. Idle intervals log nothing. In multiplexed mode
 (common/multiplex) the stepper counts each step's wall time as its forward time and does not split
 out the device wait, so there "engine host" is the whole step; the line then ends with the chunks
-launched beside decode steps, their mean SM share, and the prompts run inline in decode steps.
+launched beside decode steps, their mean SM share, and the prompts run inline in decode steps. With a
+`gc_meter` (the worker process installs one, common/net/gc_heap.py) the line also counts the interval's
+garbage collections and the longest: a stall of the loop that shows as a maximum inter-token gap.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from common.core.step_records import EngineLoad, StepTimings
+from common.net.gc_heap import GcPauseMeter, GcPauses
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class StatsLog:
         self._since = time.perf_counter()
         self._start: dict = {}  # the engine's counters at the start of the interval
         self._now = _Totals()
+        self.gc_meter: GcPauseMeter | None = None  # set by the process that installed one
 
     def record(self, timings: StepTimings, prompt_tokens: int, generated_tokens: int, step_s: float) -> None:
         """One engine step: `timings` are the engine's cumulative counters after it."""
@@ -68,14 +72,15 @@ class StatsLog:
         elapsed = time.perf_counter() - self._since
         if elapsed < self.interval_s:
             return
+        pauses = self.gc_meter.take() if self.gc_meter is not None else None
         if self._timings is not None and (self._now.prompt_tokens or self._now.generated_tokens):
-            log.info("%s", self.line(elapsed, load()))
+            log.info("%s", self.line(elapsed, load(), pauses))
         self._since += elapsed
         if self._timings is not None:
             self._start = asdict(self._timings)
         self._now = _Totals()
 
-    def line(self, elapsed: float, load: EngineLoad) -> str:
+    def line(self, elapsed: float, load: EngineLoad, pauses: GcPauses | None = None) -> str:
         now, start, t = self._now, self._start, asdict(self._timings)
         d = {k: t[k] - start.get(k, 0) for k in t if not isinstance(t[k], dict)}
         decode, prompt = int(d["decode_steps"]), int(d["prefill_steps"])
@@ -94,7 +99,7 @@ class StatsLog:
             f" hand-off {_ms(now.handoff_s, steps)})",
             f"running {load.num_running}, waiting {load.num_waiting}",
         )
-        return ", ".join(parts + _multiplexed(d))
+        return ", ".join(parts + _multiplexed(d) + _collections(pauses))
 
 
 def _multiplexed(d: dict) -> tuple[str, ...]:
@@ -105,6 +110,15 @@ def _multiplexed(d: dict) -> tuple[str, ...]:
     share = f"{d['shared_chunk_sms'] / chunks:.0f}" if chunks else "-"
     return (
         f"chunks beside decode {chunks} (mean share {share} SMs), inline prompts {int(d['inline_prompts'])}",
+    )
+
+
+def _collections(pauses: GcPauses | None) -> tuple[str, ...]:
+    if pauses is None:
+        return ()
+    return (
+        f"gc {pauses.collections} collections ({pauses.full_collections} full), "
+        f"{1e3 * pauses.total_s:.1f} ms, longest {1e3 * pauses.max_s:.1f} ms",
     )
 
 

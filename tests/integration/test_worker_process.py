@@ -1,12 +1,14 @@
 """One worker process (`python -m {prefill,decode}_worker`, tiny random model) against a stand-in router
 inbox: registration and its parity fields, heartbeats, snapshots, garbage on the command socket, a
-mixed worker generating over its real command socket, and a clean exit (status 0) on Shutdown and on
+mixed worker generating over its real command socket (its start-up heap frozen out of the collector's
+scans, its stats lines counting collections), and a clean exit (status 0) on Shutdown and on
 SIGTERM; with `--worker-io process`, the same generation through the channel process, and a worker
 whose channel process dies exits instead of serving deaf."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,7 +123,9 @@ def test_prefill_worker_answers_snapshots_and_exits_on_sigterm(tiny_model_dirs, 
 def test_mixed_worker_generates_over_its_command_socket(tiny_model_dirs, inbox) -> None:
     pull, push = inbox
     model = tiny_model_dirs["qwen2"]
-    proc = start_worker("decode", model, pull.getsockopt_string(zmq.LAST_ENDPOINT), role="mixed")
+    addr = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+    stats = ("--log-level", "info", "--log-stats-interval", "0.001")  # a stats line for each busy turn
+    proc = start_worker("decode", model, addr, "mixed", *stats)
     try:
         reg = receive(pull, WorkerRegister, proc)
         assert (reg.worker_id, reg.role) == ("mixed-x", "mixed")
@@ -141,6 +145,12 @@ def test_mixed_worker_generates_over_its_command_socket(tiny_model_dirs, inbox) 
         assert set(block_hashes(prompt, 16)) <= set(receive(pull, Snapshot, proc).hashes)
         push.send(encode(Shutdown("test over")))
         assert proc.wait(timeout=20) == 0
+        log = proc.stdout.read()
+        # Start-up's objects (torch's and the model's modules) are frozen out of the collector's scans,
+        # and the stats lines count the collections that still run.
+        frozen = re.search(r"(\d+) start-up objects frozen", log)
+        assert frozen and int(frozen[1]) > 50_000, log
+        assert re.search(r"gc \d+ collections \(\d+ full\), [0-9.]+ ms, longest [0-9.]+ ms", log), log
     finally:
         proc.kill()
         proc.wait()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import re
 import time
 
 from common.core.step_records import EngineLoad, StepTimings
+from common.net.gc_heap import GcPauseMeter
 from common.worker.stats_log import StatsLog
 
 LOAD = EngineLoad(
@@ -67,3 +70,23 @@ def test_multiplexed_chunks_and_inline_prompts_end_the_line(caplog):
         stats.maybe_log(lambda: LOAD)
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.endswith("chunks beside decode 2 (mean share 80 SMs), inline prompts 3")
+
+
+def test_the_interval_garbage_collections_end_the_line(caplog):
+    meter = GcPauseMeter()
+    stats = StatsLog(0.01)
+    stats.gc_meter = meter
+    stats.record(StepTimings(), prompt_tokens=0, generated_tokens=0, step_s=0.0)
+    stats.record(StepTimings(decode_steps=1), prompt_tokens=0, generated_tokens=3, step_s=0.001)
+    meter.install()
+    try:
+        gc.collect(0)
+        gc.collect(2)
+    finally:
+        meter.uninstall()
+    time.sleep(0.02)
+    with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
+        stats.maybe_log(lambda: LOAD)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert re.search(r"gc 2 collections \(1 full\), [0-9.]+ ms, longest [0-9.]+ ms$", line), line
+    assert meter.take().collections == 0  # the line took the interval's figures
