@@ -29,6 +29,8 @@ class _Metric:
         self.label_names = tuple(labels)
 
     def _key(self, labels: dict[str, str]) -> LabelValues:
+        if not labels and not self.label_names:  # most observations on the token path: no set() built
+            return ()
         if set(labels) != set(self.label_names):
             raise ValueError(f"{self.name} takes labels {self.label_names}, got {tuple(labels)}")
         return tuple(str(labels[n]) for n in self.label_names)

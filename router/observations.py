@@ -1,8 +1,9 @@
 """What the router learns from a request's messages, and what it records when the request ends.
 
 `learn_from` feeds the disaggregation cost model's live figures (router/live_rates.py) from each
-worker message as it arrives; `record_finished` puts a finished sequence into /metrics, including the
-per-stage breakdown `pdserve_stage_seconds{stage}`: the stages the workers report in
+worker message as it arrives; `record_token_gap` times each gap between a sequence's token updates
+(`pdserve_inter_token_latency_seconds`); `record_finished` puts a finished sequence into /metrics,
+including the per-stage breakdown `pdserve_stage_seconds{stage}`: the stages the workers report in
 `TokenOutput.timings` plus the router's own "router_queue" (arrival to dispatch) and "decode" (first
 decode token to the last token).
 """
@@ -34,6 +35,14 @@ def learn_from(rates: LiveRates, route: Route, sent_at: float, msg: TokenOutput,
         )
     if "decode_admission" in timings:
         rates.observe_admission(route.decode_id, timings["decode_admission"])
+
+
+def record_token_gap(metrics: RouterMetrics, output: SequenceOutput, now: float) -> None:
+    """The inter-token latency histogram: the gap since the sequence's previous update with tokens
+    (a retry's wait included: the client waited too)."""
+    if output.last_token_at is not None:
+        metrics.itl.observe(now - output.last_token_at)
+    output.last_token_at = now
 
 
 def record_finished(

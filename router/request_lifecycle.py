@@ -35,7 +35,7 @@ from router.config import RouterConfig
 from router.errors import APIError
 from router.live_rates import LiveRates
 from router.load_tracker import Assignment
-from router.observations import learn_from, record_finished
+from router.observations import learn_from, record_finished, record_token_gap
 from router.request_stream import RequestStream, StreamTimeout
 from router.route_planner import RETRY_AFTER, Route, RoutePlanner
 from router.router_metrics import RouterMetrics
@@ -233,6 +233,8 @@ class RequestLifecycle:
                     raise APIError(504, "request timed out", code="request_timeout") from None
                 ready, error = self._receive(batch, dispatch, reorder)
                 for update in self._updates(seq, output, self._new_outputs(ready, dispatch, seen)):
+                    if update.token_ids:
+                        record_token_gap(self.metrics, output, self._clock())
                     yield update
                     if update.finish_reason is not None:
                         ended_by_worker = update.finished_by_worker

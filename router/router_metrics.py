@@ -67,6 +67,12 @@ class RouterMetrics:
             "Mean time between output tokens after the first, per sequence.",
             buckets=TOKEN_LATENCY_BUCKETS,
         )
+        self.itl = r.histogram(
+            "pdserve_inter_token_latency_seconds",
+            "Seconds between a sequence's successive token deliveries at the router (one per update: tokens"
+            " that arrive together count once).",
+            buckets=TOKEN_LATENCY_BUCKETS,
+        )
         self.e2e = r.histogram("pdserve_e2e_request_latency_seconds", "Time from arrival to the last token.")
         self.kv_transfer_bytes = r.counter(
             "pdserve_kv_transfer_bytes_total", "KV bytes moved prefill -> decode."

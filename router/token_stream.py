@@ -118,6 +118,7 @@ class SequenceOutput:
         self.dispatched_at: float | None = None
         self.first_token_at: float | None = None
         self.first_decode_at: float | None = None
+        self.last_token_at: float | None = None  # when its latest tokens were passed on (inter-token gaps)
 
     @property
     def num_generated(self) -> int:

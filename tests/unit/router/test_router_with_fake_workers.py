@@ -327,3 +327,19 @@ def test_tokens_waiting_together_leave_in_one_sse_chunk(model_dir, tokenizer) ->
         assert text_chunks[0]["choices"][0]["finish_reason"] == "stop"
 
     _run(model_dir, tokenizer, _pd(tokenizer, prefill=Script(first_token_delay=0.3)), check)
+
+
+def test_inter_token_gaps_are_a_histogram(model_dir, tokenizer) -> None:
+    reply = tokenizer.encode(" one two three four", add_special_tokens=False) + [EOS]
+    gap = 0.1
+
+    async def check(h):
+        r = await h.client.post("/v1/completions", json={"prompt": "Count", "max_tokens": 50, "stream": True})
+        assert r.status_code == 200 and _sse_events(r.text)[-1] == "[DONE]"
+        lines = (await h.client.get("/metrics")).text.splitlines()
+        figure = dict(line.rsplit(" ", 1) for line in lines if line.startswith("pdserve_inter_token"))
+        # The mixed worker sends each token alone, `gap` apart: one gap per token after the first.
+        assert int(figure["pdserve_inter_token_latency_seconds_count"]) == len(reply) - 1
+        assert float(figure["pdserve_inter_token_latency_seconds_sum"]) >= 0.9 * gap * (len(reply) - 1)
+
+    _run(model_dir, tokenizer, [("mixed-0", "mixed", Script(reply=reply, token_delay=gap))], check)
