@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from common.wire import request_log
-from common.wire.codec import build_checked_parts
 from common.wire.detokenizer import IncrementalDetokenizer
-from common.wire.messages import Abort, GenerateRequest, Message, PrefillRequest, RequestFailed, TokenOutput
+from common.wire.messages import Abort, Message, RequestFailed, TokenOutput
 from common.wire.sampling_params import FinishReason, SamplingParams
 from router.cluster_client import ClusterClient
 from router.config import RouterConfig
@@ -47,6 +46,7 @@ from router.token_stream import (
     trim_replayed,
 )
 from router.tokenizer import ModelTokenizer
+from router.work_requests import work_request
 from router.worker_registry import WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -173,37 +173,20 @@ class RequestLifecycle:
         return _Dispatch(wire_id, route, stream, now)
 
     def _request(self, wire_id: str, seq: SequenceRequest, route: Route) -> Message:
-        """GenerateRequest for a local route, else a PrefillRequest naming the decode target."""
-        deadline = self._wall_deadline(seq)
-        sampling = seq.sampling
-        prompt = seq.prompt_token_ids
-        log_id = request_log.current()  # the request task's X-Request-Id, for the workers' logs
-        reply_to = self.cluster.inbox_addr  # this front: the workers stream the request's tokens here
-        # Every part was checked here already (the prompt by the request builder, the sampling by its
-        # own constructor), so the per-field checks of a message build (~35 us for 512 prompt ids) are
-        # skipped; the worker decodes the command with all of them.
-        if route.local:
-            return build_checked_parts(
-                GenerateRequest,
-                request_id=wire_id,
-                prompt_token_ids=prompt,
-                sampling=sampling,
-                deadline=deadline,
-                log_id=log_id,
-                reply_to=reply_to,
-            )
-        decode_info = self.registry.get(route.decode_id)
-        assert decode_info is not None  # the planner took it from the live workers just now
-        return build_checked_parts(
-            PrefillRequest,
-            request_id=wire_id,
-            prompt_token_ids=prompt,
-            sampling=sampling,
-            decode_worker_id=route.decode_id,
-            decode_command_addr=decode_info.reg.command_addr,
-            deadline=deadline,
-            log_id=log_id,
-            reply_to=reply_to,
+        decode_addr = None
+        if not route.local:
+            decode_info = self.registry.get(route.decode_id)
+            assert decode_info is not None  # the planner took it from the live workers just now
+            decode_addr = decode_info.reg.command_addr
+        return work_request(
+            wire_id,
+            seq.prompt_token_ids,
+            seq.sampling,
+            route,
+            deadline=self._wall_deadline(seq),
+            log_id=request_log.current(),  # the request task's X-Request-Id, for the workers' logs
+            reply_to=self.cluster.inbox_addr,  # this front: the workers stream the request's tokens here
+            decode_command_addr=decode_addr,
         )
 
     def _limit(self, seq: SequenceRequest) -> float | None:
