@@ -37,16 +37,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-import torch
-
 from common.config import EngineConfig
 from common.core import run_ahead
 from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
-from common.env_flags import env_int, env_switch
 from common.multiplex.controller import ControllerConfig, ShareController
+from common.multiplex.launch_knobs import capture_share_graphs, layers_per_part, share_graphs_enabled
 from common.multiplex.partitions import Completion, SMPartitions
 from common.runner.side_launch import SideLaunch
 
@@ -54,35 +52,6 @@ if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
-
-
-def layers_per_part() -> int | None:
-    """Layers launched per part of a chunk while sequences decode (`PDSERVE_MUX_LAYERS_PER_PART`;
-    0, the default: the whole chunk at once, the form measured on the H200 so far)."""
-    n = env_int("PDSERVE_MUX_LAYERS_PER_PART", 0, 0, 10_000)
-    return n or None
-
-
-def share_graphs_enabled() -> bool:
-    """`PDSERVE_MUX_SHARE_GRAPHS=1`: each SM share gets prefill graphs captured on it, so chunks there
-    launch as one graph too (common/runner/prefill_graphs.py); 0: chunks on shares launch eager."""
-    return env_switch("PDSERVE_MUX_SHARE_GRAPHS", default=True)
-
-
-def _capture_share_graphs(runner: ModelRunner, partitions: SMPartitions) -> None:
-    """A set of prefill graphs per SM share. Each set holds its own activation memory (the caching
-    allocator reuses a block only on the stream that freed it), which the KV budget did not count:
-    out of memory, the remaining shares launch their chunks eager."""
-    for lane in partitions.lanes:
-        if lane.sms is None:
-            continue
-        try:
-            runner.prefill_graphs.capture(lane)
-        except torch.OutOfMemoryError:
-            log.warning(
-                "no memory for prefill graphs on the %d-SM share: it and the rest launch eager", lane.sms
-            )
-            return
 
 
 @dataclass
@@ -166,7 +135,7 @@ class MultiplexedSteps:
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
         chunk = config.max_num_batched_tokens
         if runner.prefill_graphs is not None and share_graphs_enabled():
-            _capture_share_graphs(runner, partitions)
+            capture_share_graphs(runner, partitions)
         inline = config.mux_inline_prompt_tokens
         parts = layers_per_part()
         return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, parts, inline)

@@ -135,7 +135,7 @@ def test_abort_beside_a_run_ahead_step(tiny_model_dirs):
 
 
 def test_layers_per_part_comes_from_the_environment(tiny_model_dirs, monkeypatch):
-    from common.multiplex.stepper import layers_per_part
+    from common.multiplex.launch_knobs import layers_per_part
 
     assert layers_per_part() is None  # unset: chunks launched whole
     monkeypatch.setenv("PDSERVE_MUX_LAYERS_PER_PART", "1")
