@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from common.env_flags import env_float
+from common.net.gc_heap import freeze_startup_heap
 from common.parallel import check_divisible
 
 logger = logging.getLogger(__name__)
@@ -284,6 +285,7 @@ def _worker_main(rank, size, port, config, model_config, max_model_len, threads,
         runner.load_model()
         conn.send(("stage", "loaded"))
         runner.allocate_kv_cache()
+        freeze_startup_heap()  # a full collection here would stall every rank at the next collective
         runner.serve_steps()
     except BaseException:  # noqa: BLE001 - everything is reported to rank 0, then the process ends
         with contextlib.suppress(Exception):
