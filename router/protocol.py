@@ -168,9 +168,15 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+def random_id() -> str:
+    """32 random hex digits, as a uuid4's hex and as unique, without building a UUID (a fifth of the
+    cost; every request makes one or two)."""
+    return os.urandom(16).hex()
+
+
 def new_id(prefix: str) -> str:
-    """`prefix-` and 32 random hex digits, like a uuid4's hex (and as unique) at a fifth of its cost."""
-    return f"{prefix}-{os.urandom(16).hex()}"
+    """`prefix-` and a `random_id`: a completion's id."""
+    return f"{prefix}-{random_id()}"
 
 
 def now() -> int:

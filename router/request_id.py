@@ -10,21 +10,14 @@ streams. A value that is not 1-128 visible ASCII characters is refused with a 40
 
 from __future__ import annotations
 
-import os
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.wire import request_log
 from router.errors import bad_request
+from router.protocol import random_id
 
 HEADER = "x-request-id"
 MAX_LENGTH = 128
-
-
-def new_request_id() -> str:
-    """32 random hex digits, as a uuid4's hex and as unique, without building a UUID (a fifth of the
-    cost on every request that brings no id of its own)."""
-    return os.urandom(16).hex()
 
 
 def valid_request_id(value: str) -> bool:
@@ -42,7 +35,7 @@ class RequestIdMiddleware:
             return
         given = _header(scope)
         refused = given is not None and not valid_request_id(given)
-        request_id = new_request_id() if given is None or refused else given
+        request_id = random_id() if given is None or refused else given
         scope.setdefault("state", {})["request_id"] = request_id
         echo = _with_header(send, request_id)
         if refused:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import islice
 
 from common.core.batch import ScheduledBatch, SeqUpdate
 from common.core.scheduler import Scheduler
@@ -59,12 +60,14 @@ def mixed_steps_enabled() -> bool:
     return env_switch("PDSERVE_MIXED_RUN_AHEAD", default=False)
 
 
-def launches_ahead(batch: ScheduledBatch, scheduler: Scheduler, mixed: bool) -> bool:
+def launches_ahead(batch: ScheduledBatch, scheduler: Scheduler, mixed: bool, checked: int = 0) -> bool:
     """Whether `batch`, just launched, may stay in flight while the host goes on (see the invariants);
-    `mixed`: steps with prompt chunks may (`mixed_steps_enabled`)."""
+    `mixed`: steps with prompt chunks may (`mixed_steps_enabled`); `checked`: the batch's first rows
+    the caller already knows need no host tokens (not scanned again: a pass over the rows per step)."""
     if not (batch.is_decode or mixed) or batch.num_draft_tokens or scheduler.config.role == "prefill":
         return False
-    return not any(map(needs_host_tokens, batch.seqs))
+    rows = islice(batch.seqs, checked, None) if checked else batch.seqs
+    return not any(map(needs_host_tokens, rows))
 
 
 def start(seqs: list[Sequence], handle: StepHandle) -> InFlightStep:

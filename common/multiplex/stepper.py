@@ -234,16 +234,17 @@ class MultiplexedSteps:
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return False
+        decode_rows = len(batch.seqs)  # all drawn from `running`, which `host_tokens` covered
         if self.inline_tokens:
             self.scheduler.inline_prompts(batch, self.inline_tokens, self.chunk_tokens)
-            self.timings.inline_prompts += len(batch.seqs) - batch.num_decode_tokens
+            self.timings.inline_prompts += len(batch.seqs) - decode_rows
         began = time.perf_counter()
         previous = self._decode_in_flight
         rows = run_ahead.src_rows(previous, batch.seqs) if previous is not None else None
         handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
         result.updates += self._resolve_decode(frozenset(s.seq_id for s in batch.seqs))
         ahead = self.ahead and not host_tokens
-        if ahead and run_ahead.launches_ahead(batch, self.scheduler, self.mixed_ahead):
+        if ahead and run_ahead.launches_ahead(batch, self.scheduler, self.mixed_ahead, decode_rows):
             self._decode_in_flight = run_ahead.start(batch.seqs, handle)
         else:
             result.updates += self.scheduler.update_from_output(batch.seqs, handle.result())

@@ -210,3 +210,20 @@ def test_mixed_steps_run_ahead(tiny_model_dirs, kv_blocks, switch, monkeypatch):
         else:
             assert mixed_ahead == chunks_ahead == 0
     assert runs[0] == runs[1]
+
+
+def test_launches_ahead_scans_only_rows_the_caller_has_not_checked():
+    from types import SimpleNamespace
+
+    from common.core import run_ahead
+    from common.core.batch import ScheduledBatch
+    from common.core.sequence import Sequence
+
+    plain = Sequence([1, 2, 3], SamplingParams(temperature=0.0), block_size=16)
+    reads = Sequence([1, 2, 3], SamplingParams(temperature=0.0, logprobs=1), block_size=16)
+    scheduler = SimpleNamespace(config=SimpleNamespace(role="mixed"))
+    batch = ScheduledBatch(seqs=[plain, plain, reads], num_decode_tokens=3)
+    assert not run_ahead.launches_ahead(batch, scheduler, mixed=False)  # a row reads host tokens
+    assert not run_ahead.launches_ahead(batch, scheduler, mixed=False, checked=2)  # the unchecked one
+    batch = ScheduledBatch(seqs=[reads, plain], num_decode_tokens=2)
+    assert run_ahead.launches_ahead(batch, scheduler, mixed=False, checked=1)  # row 0: the caller's word
