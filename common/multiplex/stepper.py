@@ -183,12 +183,15 @@ class MultiplexedSteps:
         (with nothing decoding no decode step would take them)."""
         scheduler = self.scheduler
         # The scan of `running` only when a prompt waits to be placed: most steps launch no chunk.
-        leave = bool(self.inline_tokens and scheduler.waiting) and any(map(is_decoding, scheduler.running))
-        batch = scheduler.schedule_prefill(self.chunk_tokens, self.inline_tokens if leave else 0)
+        decoding = None
+        if self.inline_tokens and scheduler.waiting:
+            decoding = any(map(is_decoding, scheduler.running))
+        batch = scheduler.schedule_prefill(self.chunk_tokens, self.inline_tokens if decoding else 0)
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return
-        decoding = any(map(is_decoding, scheduler.running))
+        if decoding is None or batch.preempted:  # admitted prompts do not decode: only a preemption changes it
+            decoding = any(map(is_decoding, scheduler.running))
         lane = self.controller.next_lane(decoding)
         share = self.partitions.lanes[lane]
         if decoding and share.sms is not None:
