@@ -190,7 +190,7 @@ class MultiplexedSteps:
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return
-        if decoding is None or batch.preempted:  # admitted prompts do not decode: only a preemption changes it
+        if decoding is None or batch.preempted:  # admitted prompts do not decode; a preemption may stop one
             decoding = any(map(is_decoding, scheduler.running))
         lane = self.controller.next_lane(decoding)
         share = self.partitions.lanes[lane]
