@@ -24,7 +24,7 @@ from common.spec_decode.speculator import Speculator
 from common.wire.blocks import blocks_for
 from common.wire.kv_events import KVEvent
 from common.wire.sampling_params import SamplingParams
-from common.wire.wire_fields import only_type
+from common.wire.token_ids import check_token_ids
 
 if TYPE_CHECKING:
     import torch
@@ -121,6 +121,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         self.validate_token_ids(prompt_token_ids)
+        self._validate_sampling_ids(params)
         seq = Sequence(
             prompt_token_ids, params, self.config.kvcache_block_size, request_id, num_prompt_tokens
         )
@@ -130,14 +131,14 @@ class LLMEngine:
     def validate_token_ids(self, token_ids: list[int]) -> None:
         if not isinstance(token_ids, list | tuple) or len(token_ids) == 0:
             raise ValueError("prompt must contain at least one token")
+        check_token_ids("prompt", token_ids, self.model_config.vocab_size)
+
+    def _validate_sampling_ids(self, params: SamplingParams) -> None:
+        """The ids the sampler indexes the logits with: stop tokens (banned until min_tokens) and
+        biased tokens."""
         vocab = self.model_config.vocab_size
-        # The common case in C (every new request of a worker comes through here, hundreds of ids each);
-        # anything else is looked at id by id, which names the bad one.
-        if only_type(token_ids, int) and min(token_ids) >= 0 and max(token_ids) < vocab:
-            return
-        for t in token_ids:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise ValueError(f"prompt token id {t!r} is outside the vocabulary [0, {vocab})")
+        check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+        check_token_ids("logit_bias", [token for token, _ in params.logit_bias], vocab)
 
     def add_request(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None

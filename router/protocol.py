@@ -57,6 +57,7 @@ class _GenerationRequest(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # JSON object keys are strings: token ids as text
     ignore_eos: bool = False
     min_tokens: Int64 = 0
     skip_special_tokens: bool = True

@@ -14,13 +14,15 @@ and skips the context-window check; the caller then answers 503 instead of runni
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from common.wire.generation_config import GenerationDefaults
 from common.wire.sampling_params import SamplingParams
 from common.wire.structured_output import GuidedRequest
-from router.errors import APIError, bad_request, from_value_error
+from common.wire.token_ids import check_token_ids
+from router.errors import APIError, bad_request, from_value_error, shorten
 from router.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from router.tokenizer import ChatTemplateError, ModelTokenizer
 
@@ -118,16 +120,17 @@ class RequestBuilder:
             prompts = [list(prompt)]
         else:
             prompts = [list(p) for p in prompt]
-        vocab = self.tokenizer.vocab_size
         for ids in prompts:
             if not ids:
                 raise bad_request("prompt must not be empty", param="prompt")
-            if min(ids) < 0 or max(ids) >= vocab:  # C-speed scans first: prompts are long
-                bad = next(t for t in ids if not 0 <= t < vocab)
-                raise bad_request(
-                    f"prompt token id {bad} is outside the vocabulary [0, {vocab})", param="prompt"
-                )
+            self._check_vocabulary("prompt", ids)
         return prompts
+
+    def _check_vocabulary(self, name: str, ids: Sequence[int]) -> None:
+        try:
+            check_token_ids(name, ids, self.tokenizer.vocab_size)
+        except ValueError as e:
+            raise bad_request(str(e), param=name) from None
 
     def _plan(
         self,
@@ -164,9 +167,13 @@ class RequestBuilder:
             }
         )
         grammar = _grammar(req)
+        bias = _logit_bias(req.logit_bias)
+        self._check_vocabulary("stop_token_ids", req.stop_token_ids or [])
+        self._check_vocabulary("logit_bias", list(bias))
         try:
             return SamplingParams(
                 grammar=grammar,
+                logit_bias=list(bias.items()),
                 max_tokens=max_tokens,
                 min_tokens=req.min_tokens,
                 ignore_eos=req.ignore_eos,
@@ -190,6 +197,18 @@ def _grammar(req: _GenerationRequest) -> str | None:
         message = str(e)
         field = re.match(r"[A-Za-z_]+", message)
         raise bad_request(message, param=field.group(0) if field else None) from None
+
+
+def _logit_bias(given: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias, whose keys are token ids written as JSON strings, keyed by int."""
+    bias: dict[int, float] = {}
+    for key, value in (given or {}).items():
+        if not key.isdigit() or not key.isascii():
+            raise bad_request(f"logit_bias keys must be token ids, got {shorten(key)!r}", param="logit_bias")
+        if int(key) in bias:
+            raise bad_request(f"logit_bias names token id {int(key)} twice", param="logit_bias")
+        bias[int(key)] = value
+    return bias
 
 
 def _check_context(prompt_len: int, max_tokens: int, max_model_len: int) -> None:

@@ -170,6 +170,8 @@ def prepare_sampling(
     if any(p.seed is not None for p in params):
         batch.generators = per_row([_generator(s, device) for s in seqs], counts)
     _add_penalties(batch, params, seqs, counts, vocab_size, device)
+    if any(p.logit_bias for p in params):
+        batch.bias = per_row([p.logit_bias for p in params], counts)
     banned = [_banned(s, eos_token_ids) for s in seqs]
     if any(banned):
         batch.banned = per_row(banned, counts)
@@ -213,11 +215,12 @@ def per_row(values: list, counts: list[int]) -> list:
 
 
 def _plain(p: SamplingParams) -> bool:
-    """The row needs only temperature (or greedy) and its grammar mask: the fused sampler's rows.
+    """The row needs only temperature (or greedy) and its grammar mask (no penalty, no logit bias):
+    the fused sampler's rows.
     Filters never change a greedy row's token (they always keep the most likely one)."""
     no_filter = p.greedy or (p.top_k <= 0 and p.top_p == 1.0 and p.min_p == 0.0)
     no_penalty = p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
-    return no_filter and no_penalty
+    return no_filter and no_penalty and not p.logit_bias
 
 
 def _column(values: list, counts: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

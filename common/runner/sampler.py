@@ -1,16 +1,17 @@
 """Token sampling for a batch with per-sequence parameters.
 
-Order of operations (per row): penalties -> min_tokens ban -> grammar mask -> temperature -> top-k -> top-p ->
-min-p -> draw. Greedy rows (temperature 0) take the argmax of the penalised logits. Draws use the
-exponential race (argmax of p / E, E ~ Exp(1)), which needs no host sync and lets a seeded row use
-its own generator. Logprobs, when asked for, come from the raw model logits.
+Order of operations (per row): penalties -> logit bias -> min_tokens ban -> grammar mask -> temperature ->
+top-k -> top-p -> min-p -> draw. Greedy rows (temperature 0) take the argmax of the adjusted logits.
+Draws use the exponential race (argmax of p / E, E ~ Exp(1)), which needs no host sync and lets a
+seeded row use its own generator. Logprobs, when asked for, come from the raw model logits.
 
 On CUDA the common rows (greedy or plain temperature, with at most a grammar mask: `plain_rows`)
 take one Triton pass over the model's logits in their own dtype (runner/sampling_kernel.py): the
 argmax for greedy rows, the same exponential race in log space (Gumbel-max) for the others, with
 Philox noise keyed by a per-row seed drawn on the device each step. A seeded row draws that seed
 from its own generator, so the same seed gives the same tokens whatever else is in the batch. Rows
-with top-k/top-p/min-p, penalties or banned ids take the torch path below, on their rows alone.
+with top-k/top-p/min-p, penalties, a logit bias or banned ids take the torch path below, on their rows
+alone.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class SamplingBatch:
     frequency: torch.Tensor | None = None  # [B]
     output_counts: torch.Tensor | None = None  # [B, V] counts of each token in the output so far
     seen_mask: torch.Tensor | None = None  # [B, V] token appears in prompt or output
+    bias: list[list[tuple[int, float]]] | None = None  # per row: (token id, bias) pairs (logit_bias)
     banned: list[list[int]] | None = None  # per row: ids that must not be sampled (min_tokens)
     num_logprobs: list[int | None] | None = None
     any_greedy: bool = True  # some row has temperature 0 (host-known, so no device check is needed)
@@ -117,9 +119,9 @@ class Sampler:
 
     def _torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         unchanged = batch.allowed is None and batch.repetition is None and batch.output_counts is None
-        if batch.all_greedy and unchanged and not batch.banned:
+        if batch.all_greedy and unchanged and not batch.banned and not batch.bias:
             return logits.argmax(dim=-1)  # widening to fp32 is exact and keeps the order: no copy
-        logits = _apply_penalties(logits.float(), batch)
+        logits = _adjust_logits(logits.float(), batch)
         if batch.allowed is not None:
             logits = logits.masked_fill(~batch.allowed, float("-inf"))
         if batch.all_greedy:
@@ -169,7 +171,9 @@ def _select_rows(batch: SamplingBatch, rows: list[int], index: torch.Tensor) -> 
     return SamplingBatch(**picked)
 
 
-def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def _adjust_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Penalties, then the logit bias, then the min_tokens ban (out of place: logprobs read the raw
+    logits)."""
     if batch.repetition is not None and batch.seen_mask is not None:
         rep = batch.repetition.unsqueeze(1)
         penalised = torch.where(logits > 0, logits / rep, logits * rep)
@@ -180,12 +184,28 @@ def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor
             logits = logits - batch.frequency.unsqueeze(1) * counts
         if batch.presence is not None:
             logits = logits - batch.presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
+    if batch.bias:
+        logits = _add_bias(logits, batch.bias)
     if batch.banned:
         logits = logits.clone()
         for row, ids in enumerate(batch.banned):
             if ids:
                 logits[row, ids] = float("-inf")
     return logits
+
+
+def _add_bias(logits: torch.Tensor, bias: list[list[tuple[int, float]]]) -> torch.Tensor:
+    """Each row's (token id, bias) pairs added to its logits, in one scatter for the batch (ids are
+    checked against the vocabulary when the request is admitted: `LLMEngine.make_sequence`)."""
+    rows = [row for row, pairs in enumerate(bias) for _ in pairs]
+    ids = [token for pairs in bias for token, _ in pairs]
+    values = [value for pairs in bias for _, value in pairs]
+    device = logits.device
+    index = (
+        torch.tensor(rows, dtype=torch.int64, device=device),
+        torch.tensor(ids, dtype=torch.int64, device=device),
+    )
+    return logits.index_put(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
 
 
 def _filter(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -72,7 +72,11 @@ def write_tiny_model(arch: str, directory: Path, seed: int = 0, **overrides) -> 
 
 
 def hf_greedy(
-    model_dir: Path, prompts: list[list[int]], max_new_tokens: int, use_cache: bool = False
+    model_dir: Path,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    use_cache: bool = False,
+    logit_bias: dict[int, float] | None = None,
 ) -> list[list[int]]:
     """Reference greedy continuations from transformers (fp32, one prompt at a time, EOS not special).
 
@@ -81,6 +85,7 @@ def hf_greedy(
     the full sequence (no cache: the reference for random tiny models, whose near-ties the slightly
     different sums of a cached step could flip); `use_cache` feeds back whatever cache the model
     returned (for real models, where a full forward per token costs minutes on the CPU).
+    `logit_bias` (token id -> bias) is added to each step's logits before the argmax: OpenAI's rule.
     """
     import transformers
 
@@ -98,7 +103,12 @@ def hf_greedy(
                     past = getattr(out, cache_name)
                 else:
                     out = model(input_ids=torch.tensor([seq]), use_cache=False)
-                seq.append(int(out.logits[0, -1].argmax()))
+                logits = out.logits[0, -1]
+                if logit_bias:
+                    logits = logits.clone()
+                    for token, bias in logit_bias.items():
+                        logits[token] += bias
+                seq.append(int(logits.argmax()))
                 feed = seq[-1:]
         outs.append(seq[len(ids) :])
     return outs

@@ -28,6 +28,9 @@ class SamplingParams:
     the chosen token's log-probability plus that many top alternatives (0 = chosen token only).
     `grammar` is an llguidance grammar text (`common.wire.structured_output` builds it from a JSON schema,
     regex, choice list or grammar): every sampled token is one the grammar allows next.
+    `logit_bias` is OpenAI's: token id -> a bias in [-100, 100] added to that token's logit before
+    sampling (a dict, or (id, bias) pairs; kept as pairs sorted by id, since the wire's maps take
+    string keys only). Like the penalties it shapes the sampled distribution, not the logprobs.
     """
 
     temperature: float = 1.0
@@ -46,10 +49,12 @@ class SamplingParams:
     logprobs: int | None = None
     n: int = 1
     grammar: str | None = None
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        self.logit_bias = _bias_pairs(self.logit_bias)
         _number("temperature", self.temperature, 0.0, 100.0)
         _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _number("min_p", self.min_p, 0.0, 1.0)
@@ -107,7 +112,7 @@ class SamplingParams:
         """What a batch row's sampling inputs depend on, as one shared object for equal values (so
         rows can be compared by identity); None when they also depend on the sequence. Requests that
         differ only in what sampling does not read (max_tokens, stop strings, ...) share a key."""
-        if self.per_sequence:
+        if self.per_sequence or self.logit_bias:  # a bias is a per-row input the shared columns lack
             return None
         key = (self.temperature, self.top_k, self.top_p, self.min_p, self.logprobs)
         if len(_BATCH_KEYS) >= _MAX_BATCH_KEYS:  # bounded: clients choose these values freely
@@ -121,6 +126,31 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, data: dict) -> SamplingParams:
         return cls(**data)
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound: -100 bans a token, +100 all but forces it
+
+
+def _bias_pairs(value: object) -> list[tuple[int, float]]:
+    """`logit_bias` as (token id, bias) pairs sorted by id, each checked."""
+    if isinstance(value, dict):
+        items: list | tuple = list(value.items())
+    elif isinstance(value, list | tuple):
+        items = value
+    else:
+        raise ValueError(f"logit_bias must map token ids to numbers, got {type(value).__name__}")
+    pairs: list[tuple[int, float]] = []
+    for item in items:
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise ValueError(f"logit_bias must map token ids to numbers, got the item {item!r}")
+        token, bias = item
+        _integer("logit_bias token id", token, 0, None)
+        _number(f"logit_bias of token {token}", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+        pairs.append((token, float(bias)))
+    pairs.sort()
+    if any(a[0] == b[0] for a, b in zip(pairs, pairs[1:], strict=False)):
+        raise ValueError("logit_bias names a token id twice")
+    return pairs
 
 
 # Interned batch keys (SamplingParams.batch_key): equal values, one object.

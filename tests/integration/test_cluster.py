@@ -82,6 +82,26 @@ def test_chat_through_openai_client_equals_offline(client, model_name, offline, 
     assert resp.choices[0].finish_reason == want["finish_reason"]
 
 
+def test_logit_bias_through_the_cluster_equals_offline(client, model_name, offline, tokenizer) -> None:
+    """OpenAI's logit_bias (token ids as string keys) reaches the workers' sampler: the answer equals the
+    offline engine's with the same bias, which bans the greedy answer's first two tokens."""
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.encode_chat(messages)
+    plain = expected(offline, tokenizer, [ids])[0]["token_ids"]
+    bias = {plain[0]: -100.0, plain[1]: -100.0}
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, logit_bias=bias)
+    want = offline.generate([ids], params, use_tqdm=False)[0]["token_ids"]
+    assert want != plain and not set(want) & set(bias)
+    resp = client.chat.completions.create(
+        model=model_name,
+        messages=messages,
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        logit_bias={str(t): b for t, b in bias.items()},
+    )
+    assert resp.choices[0].message.content == tokenizer.decode(want)
+
+
 def test_streaming_gives_the_same_text(client, model_name) -> None:
     for text in TEXTS[:3]:
         plain = client.completions.create(model=model_name, prompt=text, temperature=0, max_tokens=MAX_TOKENS)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from common import LLM, SamplingParams
 from common.runner.sampler import Sampler, SamplingBatch
+from common.tools.tiny_models import hf_greedy
 
 
 def _batch(n: int, **kw) -> SamplingBatch:
@@ -89,3 +91,49 @@ def test_top_k_one_equals_greedy_and_logprobs(tiny_model_dirs):
     for token, lp in zip(out[0]["token_ids"], logprobs, strict=True):
         assert len(lp.top) == 3 and lp.top[0][0] == token
         assert abs(lp.top[0][1] - lp.logprob) < 1e-6 and lp.logprob <= 0
+
+
+def test_logit_bias_moves_the_distribution_on_sampled_rows():
+    """+100 all but forces a token, -100 all but bans one; a row without a bias keeps its draws."""
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    n = 3000
+    bias = [[(2, 100.0)], [(0, -100.0)], []] * (n // 3)
+    torch.manual_seed(2)
+    tokens = Sampler()(torch.log(probs).expand(n, 3), _batch(n, bias=bias)).token_ids.view(-1, 3)
+    assert (tokens[:, 0] == 2).all() and (tokens[:, 1] != 0).all()
+    freq = torch.bincount(tokens[:, 2], minlength=3).float() / (n // 3)
+    assert torch.allclose(freq, probs, atol=0.05)
+    kept = torch.bincount(tokens[:, 1], minlength=3).float() / (n // 3)
+    assert torch.allclose(kept, torch.tensor([0.0, 0.75, 0.25]), atol=0.05)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_logit_bias_equals_transformers_logits_plus_bias(tiny_model_dirs, arch):
+    """Greedy with a bias = the argmax of transformers' logits plus that bias, in a batch with an
+    unbiased request that keeps its own greedy tokens."""
+    model_dir = tiny_model_dirs[arch]
+    prompts = [[5, 9, 12, 40, 7], [3, 3, 8]]
+    plain = hf_greedy(model_dir, prompts, 12)
+    bias = {plain[0][0]: -100.0, plain[0][1]: -100.0, 17: 3.0}  # its greedy start banned
+    want = hf_greedy(model_dir, prompts[:1], 12, logit_bias=bias)[0]
+    assert want != plain[0]
+    llm = LLM(model_dir, num_kvcache_blocks=128)
+    biased = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logit_bias=bias)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate(prompts, [biased, greedy], use_tqdm=False)
+    assert outs[0]["token_ids"] == want and outs[1]["token_ids"] == plain[1]
+
+
+def test_sampling_token_ids_outside_the_vocabulary_are_refused(tiny_model_dirs):
+    """They would index past the logits (min_tokens bans the stop ids there): refused per request."""
+    llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=64)
+    vocab = llm.engine.model_config.vocab_size
+    bad = [
+        ("stop_token_ids", vocab, SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=[vocab])),
+        ("logit_bias", vocab + 5, SamplingParams(max_tokens=4, logit_bias={vocab + 5: 1.0})),
+    ]
+    for name, token, params in bad:
+        with pytest.raises(ValueError, match=rf"{name} token id {token} is outside"):
+            llm.generate([[1, 2, 3]], params, use_tqdm=False)
+    ok = SamplingParams(temperature=0, max_tokens=4, min_tokens=2, stop_token_ids=[vocab - 1])
+    assert len(llm.generate([[1, 2, 3]], ok, use_tqdm=False)[0]["token_ids"]) >= 2

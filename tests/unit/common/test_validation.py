@@ -30,6 +30,12 @@ from common.config import EngineConfig
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"ignore_eos": "yes"}, "ignore_eos"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"logit_bias": {1: 100.5}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"logit_bias": {"1": 1.0}}, "logit_bias"),
+        ({"logit_bias": {1: float("inf")}}, "logit_bias"),
+        ({"logit_bias": [(1, 1.0), (1, 2.0)]}, "logit_bias"),
+        ({"logit_bias": "1:1"}, "logit_bias"),
     ],
 )
 def test_sampling_params_name_the_field(kwargs, field):
@@ -49,6 +55,13 @@ def test_integer_ranges_read_as_written(kwargs, message):
     with pytest.raises(ValueError) as error:
         SamplingParams(**kwargs)
     assert str(error.value) == message
+
+
+def test_logit_bias_is_kept_as_sorted_pairs():
+    """A dict (as vLLM's API takes it) or pairs; pairs sorted by id, so equal biases compare equal."""
+    assert SamplingParams(logit_bias={9: 1, 2: -100}).logit_bias == [(2, -100.0), (9, 1.0)]
+    assert SamplingParams(logit_bias=[(9, 1.0), (2, -100)]) == SamplingParams(logit_bias={2: -100, 9: 1})
+    assert SamplingParams(logit_bias={3: 1}).batch_key() is None  # its rows need the bias: no shared key
 
 
 def test_sampling_params_accept_greedy_and_single_stop_string():

@@ -63,6 +63,19 @@ def test_invalid_requests_fail_without_retry(prefill) -> None:
     assert not prefill.engine.has_unfinished
 
 
+def test_a_sampling_token_id_outside_the_vocabulary_fails_that_request_alone(prefill) -> None:
+    # min_tokens bans the stop ids on the logits, a bias adds to them: an id past them once failed
+    # the whole step, and with it every request in the batch.
+    prefill.handle(prefill_request("stop", PROMPT, stop_token_ids=[999_999], min_tokens=2))
+    prefill.handle(prefill_request("bias", PROMPT, logit_bias={999_999: 1.0}))
+    prefill.handle(prefill_request("good", PROMPT))
+    failed = prefill.channels.of_type(RequestFailed)
+    assert sorted(f.request_id for f in failed) == ["bias", "stop"]
+    assert all(not f.retryable and "outside the vocabulary" in f.error for f in failed)
+    run_until([prefill], lambda: prefill.channels.of_type(TokenOutput))
+    assert [o.request_id for o in prefill.channels.of_type(TokenOutput)] == ["good"]
+
+
 def test_abort_of_a_handed_off_request_unpins_its_blocks(prefill) -> None:
     free = prefill.engine.block_manager.num_free_blocks
     prefill.handle(prefill_request("r1", PROMPT))

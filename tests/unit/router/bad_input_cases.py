@@ -55,6 +55,7 @@ WRONG_TYPES = {
     "presence_penalty": "x",
     "frequency_penalty": {},
     "repetition_penalty": True,
+    "logit_bias": ["1"],
     "ignore_eos": "true",
     "min_tokens": 1.5,
     "skip_special_tokens": 0,

@@ -70,6 +70,16 @@ BAD_REQUESTS = [
     (CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, "tools"),
     (CHAT, {"messages": MSGS, "max_completion_tokens": -3}, "max_tokens"),
     (CHAT, {"messages": MSGS, "min_p": 2}, "min_p"),
+    (COMPLETIONS, {"prompt": "x", "stop_token_ids": [10**9]}, "stop_token_ids"),
+    (COMPLETIONS, {"prompt": "x", "stop_token_ids": [10**9], "min_tokens": 2}, "stop_token_ids"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"-1": 1}}, "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"1": 1, "01": 2}}, "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {str(10**9): 1}}, "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    (COMPLETIONS, {"prompt": "x", "logit_bias": {"5": "up"}}, "logit_bias.5"),
+    (CHAT, {"messages": MSGS, "logit_bias": [1, 2]}, "logit_bias"),
+    (CHAT, {"messages": MSGS, "logit_bias": {"²": 1}}, "logit_bias"),
 ]
 
 

@@ -174,6 +174,24 @@ def test_mixed_batch_greedy_sampled_and_a_top_p_row_on_the_torch_path():
     assert out.logprobs[0].logprob == pytest.approx(float(reference[hot[2]]), abs=1e-5)
 
 
+def test_biased_rows_take_the_torch_path_beside_fused_rows():
+    """A logit bias is not the kernel's: those rows (not plain) get their bias on the torch path,
+    the plain rows beside them keep the kernel's picks."""
+    logits = _ties_and_edges(8)[5:8].repeat(2, 1)  # random integer rows, no edge cases
+    forced, banned = 17, int(logits[1].float().argmax())
+    bias = [[], [(banned, -100.0)], [(forced, 100.0)]] * 2
+    temps = [0.0, 0.0, 0.0, 0.9, 0.9, 0.9]
+    batch = _batch(temps, plain=[not b for b in bias], bias=bias, any_greedy=True)
+    torch.manual_seed(6)
+    tokens = Sampler(fused=True)(logits, batch).token_ids.cpu().tolist()
+    assert tokens[0] == int(logits[0].float().argmax())  # a plain greedy row: the argmax
+    assert tokens[1] != banned and tokens[4] != banned
+    assert tokens[2] == tokens[5] == forced
+    unbanned = logits[1].float().clone()
+    unbanned[banned] -= 100.0
+    assert tokens[1] == int(unbanned.argmax())
+
+
 @pytest.mark.skipif(INTERPRET, reason="CUDA graphs need a GPU")
 def test_a_captured_sampler_draws_afresh_at_every_replay():
     """Inside a CUDA graph the seeds come from the default generator's graph-safe state, so each

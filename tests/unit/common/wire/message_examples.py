@@ -46,7 +46,12 @@ EXAMPLES: list[m.Message] = [
     ),
     m.WorkerHeartbeat("decode-0", 10, 20, 1, 2, 300, 1700000000.5),
     m.PrefillRequest("r1", [1, 2, 3], GREEDY, "decode-0", "tcp://h:1", None),
-    m.GenerateRequest("r1", [1, 2, 3], SamplingParams(stop=["x"], seed=2**63 - 1, logprobs=2), 9.5),
+    m.GenerateRequest(
+        "r1",
+        [1, 2, 3],
+        SamplingParams(stop=["x"], seed=2**63 - 1, logprobs=2, logit_bias={7: -100, 2: 1.5}),
+        9.5,
+    ),
     m.DecodeRequest("r1", [1, 2, 3], 7, GREEDY, TCP_HANDOFF, "prefill-0", 12.5),
     m.TokenOutput("r1", "prefill-0", 0, [7], None, 3, 0),
     m.TokenBatch("decode-0", ["r1", "r2"], [3, 1], [[8], [9, 10]], [3, 40]),
