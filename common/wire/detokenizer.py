@@ -18,6 +18,7 @@ and the detokenizer reports which stop string ended the text.
 from __future__ import annotations
 
 import codecs
+import functools
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -172,10 +173,13 @@ class IncrementalDetokenizer:
         return 0
 
 
+@functools.lru_cache(maxsize=32)
 def _stop_tails(stops: tuple[str, ...], longest: int) -> dict[str, list[tuple[int, str]]]:
     """Every stop prefix of 1..`longest` characters, by its last character, longest first: the text's
     last character picks the few prefixes its tail can be (a scan of every length costs a slice and a
-    test per length and token)."""
+    test per length and token). Shared, read-only, by every sequence with the same stops (a request's
+    n samples, repeated stop lists): its size grows with the square of a stop's length
+    (`SamplingParams` bounds them)."""
     tails: dict[str, set[tuple[int, str]]] = {}
     for stop in stops:
         for k in range(1, min(len(stop), longest) + 1):

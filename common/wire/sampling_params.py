@@ -75,6 +75,7 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        _check_stop_sizes(self.stop)
         if not isinstance(self.stop_token_ids, list):
             raise ValueError("stop_token_ids must be a list of ints")
         for t in self.stop_token_ids:
@@ -126,6 +127,24 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, data: dict) -> SamplingParams:
         return cls(**data)
+
+
+# Stop strings are looked for in the streamed text by their prefixes (common/wire/detokenizer.py), whose
+# table grows with the square of a string's length: unbounded, one request's stop string of a few
+# hundred thousand characters held a router front for minutes. OpenAI takes at most 4 strings; these
+# bounds leave room for every use we know of (the table then stays under ~3 MB and ~30 ms per request).
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 256
+
+
+def _check_stop_sizes(stop: list[str]) -> None:
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
+    longest = max(stop, key=len, default="")
+    if len(longest) > MAX_STOP_CHARS:
+        raise ValueError(
+            f"stop strings must be at most {MAX_STOP_CHARS} characters, got one of {len(longest)}"
+        )
 
 
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound: -100 bans a token, +100 all but forces it

@@ -30,6 +30,8 @@ from common.config import EngineConfig
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"ignore_eos": "yes"}, "ignore_eos"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"stop": ["x"] * 65}, "stop"),
+        ({"stop": "y" * 257}, "stop"),
         ({"logit_bias": {1: 100.5}}, "logit_bias"),
         ({"logit_bias": {-1: 1.0}}, "logit_bias"),
         ({"logit_bias": {"1": 1.0}}, "logit_bias"),

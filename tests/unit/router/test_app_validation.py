@@ -70,6 +70,8 @@ BAD_REQUESTS = [
     (CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, "tools"),
     (CHAT, {"messages": MSGS, "max_completion_tokens": -3}, "max_tokens"),
     (CHAT, {"messages": MSGS, "min_p": 2}, "min_p"),
+    (COMPLETIONS, {"prompt": "x", "stop": "z" * 300_000}, "stop"),  # its prefix table: O(length^2)
+    (CHAT, {"messages": MSGS, "stop": [str(i) for i in range(1000)]}, "stop"),
     (COMPLETIONS, {"prompt": "x", "stop_token_ids": [10**9]}, "stop_token_ids"),
     (COMPLETIONS, {"prompt": "x", "stop_token_ids": [10**9], "min_tokens": 2}, "stop_token_ids"),
     (COMPLETIONS, {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
