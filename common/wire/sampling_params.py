@@ -70,7 +70,7 @@ class SamplingParams:
         if self.logprobs is not None:
             _integer("logprobs", self.logprobs, 0, 20)
         if self.seed is not None:
-            _integer("seed", self.seed, None, None)
+            _integer("seed", self.seed, -(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):

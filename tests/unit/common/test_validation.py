@@ -26,6 +26,8 @@ from common.config import EngineConfig
         ({"n": 0}, "n"),
         ({"logprobs": 21}, "logprobs"),
         ({"seed": "x"}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"ignore_eos": "yes"}, "ignore_eos"),
