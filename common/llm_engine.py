@@ -126,6 +126,8 @@ class LLMEngine:
             prompt_token_ids, params, self.config.kvcache_block_size, request_id, num_prompt_tokens
         )
         self.scheduler.validate(seq)
+        if params.grammar is not None:
+            self.runner.grammar.check(seq, self.model_config.vocab_size)
         return seq
 
     def validate_token_ids(self, token_ids: list[int]) -> None:

@@ -102,7 +102,7 @@ class DecodeRole(WorkerRole):
         try:
             seq = sequence_from_request(self.engine, msg)
         except ValueError as e:  # the same request would fail on every worker
-            self.ctx.fail(rid, str(e), retryable=False, reply_to=msg.reply_to)
+            self.ctx.fail(rid, str(e), retryable=False, reply_to=msg.reply_to, invalid=True)
             return
         log.debug("%s: %s with %d prompt tokens", rid, msg.TYPE, len(msg.prompt_token_ids))
         if isinstance(msg, GenerateRequest):

@@ -66,7 +66,7 @@ class PrefillRole(WorkerRole):
         try:
             seq = self.engine.add_request(msg.prompt_token_ids, msg.sampling, rid)
         except ValueError as e:  # the same request would fail on every worker
-            self.ctx.fail(rid, str(e), retryable=False, reply_to=msg.reply_to)
+            self.ctx.fail(rid, str(e), retryable=False, reply_to=msg.reply_to, invalid=True)
             return
         self.jobs[rid] = PrefillJob(msg, seq)
         log.debug("%s: prefilling %d prompt tokens", rid, len(msg.prompt_token_ids))

@@ -241,6 +241,8 @@ class RequestLifecycle:
             if isinstance(msg, RequestFailed):
                 if msg.retryable:
                     return ready, _RetryElsewhere(msg.worker_id, msg.error)
+                if msg.invalid:  # what the router could not check itself (the model's own limits)
+                    return ready, APIError(400, msg.error, code="invalid_value")
                 error = f"worker {msg.worker_id} failed: {msg.error}"
                 return ready, APIError(500, error, code="worker_failed")
             if msg.finish_reason == FinishReason.ABORT:  # a worker gives up on its own only past the deadline

@@ -90,6 +90,21 @@ class GrammarMasker:
             state.fill(bits, i, self.eos_token_ids)
         return unpack_bitmask(bits.to(device, non_blocking=True), vocab_size)
 
+    def check(self, seq: Sequence, vocab_size: int) -> None:
+        """Build `seq`'s matcher and its first mask now, where the request is admitted, so what fails
+        there (no tokenizer in the model directory, a grammar llguidance refuses against the
+        tokenizer) fails this request with a ValueError: inside a step it would fail the whole batch,
+        or end the request silently with an EOS-only mask. The first step reuses the matcher (its
+        lexer built here: the same work, done earlier)."""
+        state = self.state_of(seq, vocab_size)
+        scratch = torch.empty((1, (vocab_size + 31) // 32), dtype=torch.int32)
+        matcher = state.matcher
+        if not matcher.is_error():
+            matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * scratch.element_size())
+        if matcher.is_error():
+            seq.grammar_state = None
+            raise ValueError(f"grammar is invalid for this model: {_first_line(matcher.get_error())}")
+
     def state_of(self, seq: Sequence, vocab_size: int) -> GrammarState:
         state = seq.grammar_state
         if not isinstance(state, GrammarState):
@@ -117,6 +132,11 @@ def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if shifts is None:
         shifts = _BIT_SHIFTS[bits.device] = torch.arange(32, dtype=torch.int32, device=bits.device)
     return ((bits.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab_size]
+
+
+def _first_line(error: str) -> str:
+    """llguidance's error without the parser-state dump that may follow it."""
+    return error.strip().splitlines()[0] if error.strip() else "rejected by llguidance"
 
 
 def _bit(index: int) -> int:

@@ -249,7 +249,9 @@ class RequestFailed(Message):
     """Any worker -> router inbox: the request cannot complete on this worker.
 
     `retryable` means another worker may succeed (e.g. out of blocks, shutting down); the router
-    retries only if the client has not seen any token yet.
+    retries only if the client has not seen any token yet. `invalid`: the request itself is wrong for
+    this model (a token id outside its vocabulary, a grammar llguidance refuses once it meets the
+    tokenizer): the client's error, which the router answers with a 400 carrying `error`.
     """
 
     TYPE: ClassVar[str] = "request_failed"
@@ -257,6 +259,7 @@ class RequestFailed(Message):
     worker_id: Id
     error: str
     retryable: bool
+    invalid: bool = False
 
 
 @dataclass

@@ -48,9 +48,13 @@ class WorkerContext:
     def worker_id(self) -> str:
         return self.config.worker_id
 
-    def fail(self, request_id: str, error: str, retryable: bool, reply_to: str | None) -> None:
-        """Tell the front that admitted the request (`reply_to`) that it failed here."""
-        self.channels.to_front(reply_to, RequestFailed(request_id, self.worker_id, error, retryable))
+    def fail(
+        self, request_id: str, error: str, retryable: bool, reply_to: str | None, invalid: bool = False
+    ) -> None:
+        """Tell the front that admitted the request (`reply_to`) that it failed here (`invalid`: the
+        request's own fault, see `RequestFailed`)."""
+        failed = RequestFailed(request_id, self.worker_id, error, retryable, invalid)
+        self.channels.to_front(reply_to, failed)
 
     def finish_aborted(
         self, request_id: str, index: int, num_prompt_tokens: int, reply_to: str | None

@@ -95,5 +95,8 @@ def test_bad_schema_is_a_400_and_the_cluster_keeps_serving(cluster) -> None:
     r = _post(cluster, "completions", {"prompt": "x", "response_format": bad})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "response_format"
+    many = [f"option number {i}" for i in range(3000)]  # past llguidance's 2,000 alternatives a row
+    r = _post(cluster, "completions", {"prompt": "x", "max_tokens": 16, "guided_choice": many})
+    assert r.json()["choices"][0]["text"] in many
     ok = _post(cluster, "completions", {"prompt": "x", "max_tokens": 4, "guided_choice": ["yes", "no"]})
     assert ok.json()["choices"][0]["text"] in ("yes", "no")

@@ -15,7 +15,7 @@ from common.runner.inputs import prepare_sampling
 from common.runner.sampler import Sampler
 from common.tools.default_model import prepare_default_model
 from common.wire.sampling_params import SamplingParams
-from common.wire.structured_output import choice_grammar, json_schema_grammar
+from common.wire.structured_output import choice_grammar, json_schema_grammar, regex_grammar
 
 VOCAB = 49152  # SmolLM2's
 
@@ -87,3 +87,46 @@ def test_a_sequence_without_a_grammar_needs_no_mask(masker):
         [plain, Sequence([1, 2], SamplingParams(grammar=schema), 16)], VOCAB, torch.device("cpu")
     )
     assert mixed is not None and mixed[0].all() and not mixed[1].all()
+
+
+def _walk(masker: GrammarMasker, grammar: str, text: str) -> set[int]:
+    """Feed `text`'s tokens one by one, each checked against the mask; the mask after the last."""
+    tok = masker.tokenizer(VOCAB)
+    seq = Sequence([1, 2, 3], SamplingParams(grammar=grammar), block_size=16)
+    for t in tok.tokenize_str(text):
+        assert t in _allowed(masker, seq), (text, t)
+        seq.append_token(t)
+    return _allowed(masker, seq)
+
+
+def test_thousands_of_choices_with_regex_characters_match_exactly(masker):
+    """guided_choice past llguidance's 2,000 alternatives per grammar row, with characters regexes give
+    a meaning: each choice is allowed whole and then only EOS; a non-choice is refused."""
+    masker, _ = masker
+    eos = set(masker.eos_token_ids)
+    choices = [f"option number {i}" for i in range(3000)] + ["a.b|c (x)*+?", "[^$]{2} \\ #&-~"]
+    grammar = choice_grammar(choices)
+    for text in ("option number 2999", "a.b|c (x)*+?", "[^$]{2} \\ #&-~"):
+        assert _walk(masker, grammar, text) == eos
+    tok = masker.tokenizer(VOCAB)
+    seq = Sequence([1, 2, 3], SamplingParams(grammar=grammar), block_size=16)
+    refused = False
+    for t in tok.tokenize_str("a.b c"):  # "a.b|c ..." read as a regex would allow "a.b"-something
+        if t not in _allowed(masker, seq):
+            refused = True
+            break
+        seq.append_token(t)
+    assert refused
+
+
+def test_admission_builds_the_matcher_or_refuses_the_request(masker, tiny_model_dirs):
+    """`check` runs where a request is admitted: a model without a tokenizer refuses a grammar there
+    (inside a step the error would fail the whole batch); a fine grammar keeps its matcher."""
+    masker, _ = masker
+    fine = Sequence([1, 2], SamplingParams(grammar=regex_grammar("[a-z]{3}")), block_size=16)
+    masker.check(fine, VOCAB)
+    assert fine.grammar_state is not None  # the first step reuses it
+    bare = GrammarMasker(tiny_model_dirs["llama"], (2,))
+    seq = Sequence([1, 2], SamplingParams(grammar=regex_grammar("[a-z]{3}")), block_size=16)
+    with pytest.raises(ValueError, match="grammar needs a tokenizer"):
+        bare.check(seq, 512)

@@ -103,3 +103,12 @@ def test_a_bad_grammar_is_refused_before_anything_runs(default_llm):
         SamplingParams(grammar="")
     with pytest.raises(ValueError, match="^min_tokens"):  # the grammar decides where the output ends
         SamplingParams(grammar=choice_grammar(["a"]), min_tokens=1)
+
+
+def test_thousands_of_choices_are_answered(default_llm):
+    """Past llguidance's 2,000 alternatives per grammar row (its own choice helper failed there after
+    the first token and ended the answer with EOS): the answer is one of the choices."""
+    choices = [f"option number {i}" for i in range(3000)]
+    params = SamplingParams(temperature=0, grammar=choice_grammar(choices), max_tokens=16)
+    out = default_llm.generate(["Pick one option:"], params, use_tqdm=False)[0]
+    assert out["text"] in choices and out["finish_reason"] == "stop"

@@ -71,7 +71,7 @@ def test_a_sampling_token_id_outside_the_vocabulary_fails_that_request_alone(pre
     prefill.handle(prefill_request("good", PROMPT))
     failed = prefill.channels.of_type(RequestFailed)
     assert sorted(f.request_id for f in failed) == ["bias", "stop"]
-    assert all(not f.retryable and "outside the vocabulary" in f.error for f in failed)
+    assert all(not f.retryable and f.invalid and "outside the vocabulary" in f.error for f in failed)
     run_until([prefill], lambda: prefill.channels.of_type(TokenOutput))
     assert [o.request_id for o in prefill.channels.of_type(TokenOutput)] == ["good"]
 

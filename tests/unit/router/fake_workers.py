@@ -47,6 +47,7 @@ class Script:
     first_token_delay: float = 0.0  # prefill: delay index 0 so decode tokens arrive first
     token_delay: float = 0.0  # decode: pause between tokens
     fail_retryable: bool = False  # prefill / generate: answer RequestFailed(retryable=True)
+    fail_invalid: str | None = None  # prefill / generate: answer RequestFailed(invalid=True) with this
     silent: bool = False  # prefill / generate: accept the request and never answer
     block_size: int = 16
     probe_hash: int | None = None  # None: the correct probe hash
@@ -196,6 +197,11 @@ class FakeWorker:
             return None
         if self.script.fail_retryable:
             await self.send(RequestFailed(req.request_id, self.worker_id, "out of blocks", True))
+            return None
+        if self.script.fail_invalid is not None:
+            await self.send(
+                RequestFailed(req.request_id, self.worker_id, self.script.fail_invalid, False, True)
+            )
             return None
         return await self._cache_prompt(req.prompt_token_ids)
 

@@ -213,6 +213,28 @@ def test_retryable_failure_goes_to_another_prefill_worker(model_dir, tokenizer) 
     _run(model_dir, tokenizer, specs, check)
 
 
+def test_a_request_invalid_for_the_model_is_a_400_and_not_retried(model_dir, tokenizer) -> None:
+    """A worker's `invalid` failure (what only the model can check) reaches the client as a 400 with
+    the worker's reason, and no other worker is tried."""
+    why = "grammar is invalid for this model: too many items"
+    specs = [
+        ("prefill-a", "prefill", Script(fail_invalid=why)),
+        ("prefill-b", "prefill", Script(fail_invalid=why)),
+        ("decode-0", "decode", Script(reply=_reply(tokenizer))),
+    ]
+
+    async def check(h):
+        r = await h.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+        assert r.status_code == 400 and r.json()["error"]["message"] == why
+        r = await h.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True})
+        events = _sse_events(r.text)  # the stream had begun: its error event says the same
+        assert events[-1] == "[DONE]" and events[-2]["error"]["message"] == why
+        tried = sum(len(h.worker(w).of_type(PrefillRequest)) for w in ("prefill-a", "prefill-b"))
+        assert tried == 2  # one per request
+
+    _run(model_dir, tokenizer, specs, check)
+
+
 def test_timeout_is_504_and_aborts(model_dir, tokenizer) -> None:
     async def check(h):
         r = await h.client.post("/v1/completions", json={"prompt": "x"})

@@ -66,6 +66,7 @@ EXAMPLES: list[m.Message] = [
         logprobs=[TokenLogprob(-0.1, ((8, -0.1),)), TokenLogprob(float("-inf"))],
     ),
     m.RequestFailed("r1", "decode-0", "out of blocks", True),
+    m.RequestFailed("r2", "decode-0", "grammar is invalid for this model: too many items", False, True),
     m.Abort("r1"),
     cache.KVEventBatch(
         "prefill-0",
