@@ -132,7 +132,9 @@ class LLM:
         for k in range(params.n):
             sp = params if params.n == 1 or params.seed is None else _with_seed(params, params.seed + k)
             try:
-                seqs.append(self.engine.make_sequence(ids, sp, f"{index}-{k}"))
+                seq = self.engine.make_sequence(ids, sp, f"{index}-{k}")
+                self.engine.prepare_grammar(seq)  # a refused grammar raises here, before anything runs
+                seqs.append(seq)
             except ValueError as exc:
                 raise ValueError(f"prompts[{index}]: {exc}") from exc
         return seqs

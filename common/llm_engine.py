@@ -18,6 +18,7 @@ from common.device import resolve_platform
 from common.model_config import ModelConfig
 from common.multiplex.partitions import SMPartitions, partitions_for
 from common.multiplex.stepper import MultiplexedSteps
+from common.runner.grammar_admission import GrammarAdmission
 from common.runner.model_runner import ModelRunner
 from common.spec_decode.proposer_speculator import build_speculator
 from common.spec_decode.speculator import Speculator
@@ -79,6 +80,7 @@ class LLMEngine:
         self.async_scheduling = async_scheduling
         self.mixed_run_ahead = run_ahead.mixed_steps_enabled()
         self._in_flight: run_ahead.InFlightStep | None = None
+        self.grammars = GrammarAdmission(runner.grammar, model_config.vocab_size)
 
     def replace_speculator(self, speculator: Speculator | None) -> None:
         """Speculate with `speculator` from now on (None: not at all), for benchmarks comparing
@@ -126,9 +128,14 @@ class LLMEngine:
             prompt_token_ids, params, self.config.kvcache_block_size, request_id, num_prompt_tokens
         )
         self.scheduler.validate(seq)
-        if params.grammar is not None:
-            self.runner.grammar.check(seq, self.model_config.vocab_size)
         return seq
+
+    def prepare_grammar(self, seq: Sequence) -> None:
+        """Build `seq`'s grammar matcher now, on this thread (ValueError if refused), so that
+        `add_sequence` schedules it at once: for callers that want the refusal up front (the offline
+        `LLM`). Without it a grammar request is built aside (`GrammarAdmission`)."""
+        if seq.sampling_params.grammar is not None:
+            self.runner.grammar.check(seq, self.model_config.vocab_size)
 
     def validate_token_ids(self, token_ids: list[int]) -> None:
         if not isinstance(token_ids, list | tuple) or len(token_ids) == 0:
@@ -150,17 +157,30 @@ class LLMEngine:
         return seq
 
     def abort(self, request_ids: list[str]) -> list[Sequence]:
+        held = self.grammars.abort(request_ids, self.scheduler)
         if self.multiplexer is not None:
-            return self.multiplexer.abort(request_ids)
-        return self.scheduler.abort(request_ids)
+            return held + self.multiplexer.abort(request_ids)
+        return held + self.scheduler.abort(request_ids)
 
     @property
     def has_unfinished(self) -> bool:
+        return self._busy() or len(self.grammars) > 0
+
+    def _busy(self) -> bool:
+        """Work for the next step besides grammar requests still being built."""
         chunk = self.multiplexer is not None and self.multiplexer.in_flight
         return self.scheduler.has_work or self._in_flight is not None or chunk
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> StepResult:
+        """One step; grammar requests whose matcher got ready join the scheduler first, and those
+        refused come back in `rejected`."""
+        rejected = self.grammars.admit_ready(self.scheduler, busy=self._busy()) if len(self.grammars) else []
+        result = self._step()
+        result.rejected = rejected
+        return result
+
+    def _step(self) -> StepResult:
         if self.multiplexer is not None:
             result = StepResult()
             self.multiplexer.step(result)
@@ -208,7 +228,9 @@ class LLMEngine:
         return updates
 
     def close(self) -> None:
-        """Stop the tensor-parallel worker processes, if any (idempotent; also runs at exit/GC)."""
+        """Stop the tensor-parallel worker processes, if any, and the grammar threads (idempotent; also
+        runs at exit/GC)."""
+        self.grammars.close()
         self.runner.close()
 
     def record_kv_events(self, on: bool) -> None:
@@ -237,8 +259,12 @@ class LLMEngine:
         return self.runner.kv_cache
 
     def add_sequence(self, seq: Sequence) -> None:
-        """Queue a sequence made by `make_sequence` (its prompt is computed here)."""
-        self.scheduler.add(seq)
+        """Queue a sequence made by `make_sequence` (its prompt is computed here); one with a grammar
+        not yet built waits aside until it is (`GrammarAdmission`)."""
+        if seq.sampling_params.grammar is not None and seq.grammar_state is None:
+            self.grammars.hold(seq)
+        else:
+            self.scheduler.add(seq)
 
     def cached_hashes(self) -> list[int]:
         """Hashes of every full block the prefix cache holds now (for a snapshot)."""
@@ -269,7 +295,7 @@ class LLMEngine:
         return EngineLoad(
             num_free_blocks=bm.num_free_blocks,
             num_total_blocks=bm.num_blocks,
-            num_waiting=len(sched.waiting),
+            num_waiting=len(sched.waiting) + len(self.grammars),
             num_running=len(sched.running),
             num_transferring=len(sched.transferring),
             queued_prefill_tokens=sched.queued_prefill_tokens,

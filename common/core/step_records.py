@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from common.core.batch import SeqUpdate
+from common.core.sequence import Sequence
 
 
 @dataclass
@@ -50,12 +51,22 @@ class StepTimings:
             self.prefill_steps += 1
 
 
+@dataclass(frozen=True)
+class RejectedSequence:
+    """A sequence the engine refused after admitting it (its grammar, built aside, was refused): the
+    caller fails its request with `error`; it never ran."""
+
+    seq: Sequence
+    error: str
+
+
 @dataclass
 class StepResult:
     updates: list[SeqUpdate] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_preempted: int = 0
+    rejected: list[RejectedSequence] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,16 @@ class WorkerRole(ABC):
             self.abort(rid)
         return dropped
 
+    def reject(self, request_id: str, error: str) -> None:
+        """The engine refused a request it had taken (its grammar, built aside): drop it here too and
+        tell its front it is invalid for this model (no other worker would take it)."""
+        job = self.jobs.get(request_id)
+        if job is None:
+            return
+        self.abort(request_id)
+        self.jobs.pop(request_id, None)
+        self.ctx.fail(request_id, error, retryable=False, reply_to=job.request.reply_to, invalid=True)
+
     def fail_all(self, error: str) -> None:
         """The engine broke: fail every request (retryably) and forget it."""
         for rid, job in list(self.jobs.items()):

@@ -220,6 +220,8 @@ class WorkerService:
         self.stats.record(
             self.engine.timings, result.num_prefill_tokens, len(result.updates), stepped - began
         )
+        for rejected in result.rejected:  # refused after admission (a grammar built aside)
+            self.role.reject(rejected.seq.request_id, rejected.error)
         self.role.on_step(result)
         return time.perf_counter() - stepped
 

@@ -15,6 +15,7 @@ from common.wire.cache_messages import KVEventBatch, Snapshot, SnapshotRequest
 from common.wire.hashing import block_hashes
 from common.wire.kv_events import BlockStored
 from common.wire.messages import Abort, GenerateRequest, MessageError, RequestFailed, TokenOutput, decode
+from common.wire.structured_output import regex_grammar
 from decode_worker.role import DecodeRole, MixedRole
 from prefill_worker.role import PrefillRole
 from tests.unit.decode_worker.cases import MAX_TOKENS, PROMPTS
@@ -108,6 +109,18 @@ def test_invalid_requests_fail_without_retry_and_the_worker_keeps_serving(worker
     worker.handle(generate("ok", PROMPTS[0]))
     run(worker, ["ok"])
     assert tokens(worker, "ok") == reference[0]
+
+
+def test_a_grammar_refused_where_it_is_built_fails_as_invalid(worker, reference) -> None:
+    """Built aside while the engine steps (the tiny model ships no tokenizer, so it is refused there):
+    the front hears an invalid, final failure, and the request beside it is served."""
+    worker.handle(generate("bad", PROMPTS[1], grammar=regex_grammar("[a-z]+")))
+    worker.handle(generate("ok", PROMPTS[0]))
+    run(worker, ["bad", "ok"])
+    (failed,) = worker.channels.of_type(RequestFailed)
+    assert failed.request_id == "bad" and failed.invalid and not failed.retryable
+    assert "grammar needs a tokenizer" in failed.error and outputs(worker, "bad") == []
+    assert tokens(worker, "ok") == reference[0] and "bad" not in worker.role.jobs
 
 
 @pytest.mark.parametrize(
