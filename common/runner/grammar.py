@@ -13,6 +13,7 @@ with plain torch ops, so the same code runs on the CPU and on CUDA.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import llguidance
@@ -72,6 +73,8 @@ class GrammarMasker:
         self.model_dir = model_dir
         self.eos_token_ids = eos_token_ids
         self._tokenizer: llguidance.LLTokenizer | None = None
+        # The grammar threads (runner/grammar_admission.py) may ask for it at once: built once.
+        self._tokenizer_lock = threading.Lock()
 
     def mask(
         self, seqs: list[Sequence], vocab_size: int, device: torch.device, counts: list[int] | None = None
@@ -115,15 +118,16 @@ class GrammarMasker:
         return state
 
     def tokenizer(self, vocab_size: int) -> llguidance.LLTokenizer:
-        if self._tokenizer is None:
-            hf = load_tokenizer(self.model_dir)
-            if hf is None:
-                raise ValueError(f"grammar needs a tokenizer, and {self.model_dir} has none")
-            eos = list(self.eos_token_ids) or None
-            import llguidance.hf  # imports transformers (~1.2 s): only once a request has a grammar
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                hf = load_tokenizer(self.model_dir)
+                if hf is None:
+                    raise ValueError(f"grammar needs a tokenizer, and {self.model_dir} has none")
+                eos = list(self.eos_token_ids) or None
+                import llguidance.hf  # imports transformers (~1.2 s): only once a request has a grammar
 
-            self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
-        return self._tokenizer
+                self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
+            return self._tokenizer
 
 
 def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:
