@@ -1,6 +1,6 @@
 """What the GPU engine tests share: random prompt ids, float32 weights, and a small engine that leaves
-the GPU room for the next one (test_gpu_engine.py, test_gpu_fp8_engine.py, test_gpu_multiplex.py,
-test_gpu_prefill_graphs.py)."""
+the GPU room for the next one (the GPU engine, fp8, multiplex, prefill-graph, run-ahead and speculative
+tests)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,19 @@ def qwen3_fp32_dir(tmp_path_factory) -> str:
     return str(write_random_model(out, "qwen3-0.6b", seed=0, dtype="float32"))
 
 
-def small_gpu_llm(model: str, **kw) -> LLM:
-    """An engine on 35% of the GPU, after giving back what earlier engines of the test left cached."""
+def workload_kv_blocks(max_num_seqs: int, max_model_len: int, block_size: int = 16) -> int:
+    """A KV pool that holds every sequence at full length. Sized from free memory instead, two engines
+    of one test got different pools (whatever other test processes and earlier engines held at that
+    moment), so their schedules (preemption, prefix evictions) and the compared logits differed, and
+    beside three other test processes on one GPU some engines got no block at all."""
+    return max_num_seqs * -(-max_model_len // block_size)
+
+
+def small_gpu_llm(model: str, max_model_len: int = 4096, max_num_seqs: int = 64, **kw) -> LLM:
+    """An engine with a fixed KV pool (`workload_kv_blocks`), after giving back what earlier engines of
+    the test left cached."""
     gc.collect()
     torch.cuda.empty_cache()
-    return LLM(model, gpu_memory_utilization=0.35, max_model_len=4096, max_num_seqs=64, **kw)
+    blocks = workload_kv_blocks(max_num_seqs, max_model_len, kw.get("kvcache_block_size", 16))
+    kw.setdefault("num_kvcache_blocks", blocks)
+    return LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, **kw)

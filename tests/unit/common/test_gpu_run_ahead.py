@@ -8,14 +8,13 @@ machines without CUDA.
 
 from __future__ import annotations
 
-import gc
 import random
 
 import pytest
-import torch
 
-from common import LLM, SamplingParams
+from common import SamplingParams
 from common.tools.random_model import write_random_model
+from tests.helpers.gpu_llm import small_gpu_llm
 
 pytestmark = pytest.mark.gpu
 
@@ -26,11 +25,7 @@ def model_dir(tmp_path_factory):
 
 
 def _run(model: str, async_on: bool, arrivals: list[tuple[list[int], int]]) -> tuple[list, dict]:
-    gc.collect()
-    torch.cuda.empty_cache()
-    llm = LLM(
-        model, gpu_memory_utilization=0.35, max_model_len=4096, max_num_seqs=64, async_scheduling=async_on
-    )
+    llm = small_gpu_llm(model, async_scheduling=async_on)
     engine, seqs = llm.engine, []
     for i, (prompt, n) in enumerate(arrivals):
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

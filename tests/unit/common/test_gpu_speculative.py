@@ -5,14 +5,12 @@ are rare; random weights would flip tokens on rounding alone). Skipped without C
 
 from __future__ import annotations
 
-import gc
-
 import pytest
-import torch
 
 from common import LLM, SamplingParams
 from common.tools.chat import build_chat_prompt
 from common.tools.default_model import prepare_default_model
+from tests.helpers.gpu_llm import small_gpu_llm
 from tests.unit.common.spec_decode.test_speculative import two_sample_total_variation
 
 pytestmark = pytest.mark.gpu
@@ -35,9 +33,7 @@ def model_dir() -> str:
 
 
 def _llm(model: str, **kw) -> LLM:
-    gc.collect()
-    torch.cuda.empty_cache()
-    return LLM(model, dtype="float32", gpu_memory_utilization=0.2, max_model_len=2048, max_num_seqs=32, **kw)
+    return small_gpu_llm(model, dtype="float32", max_model_len=2048, max_num_seqs=32, **kw)
 
 
 def _generate(llm: LLM) -> list[list[int]]:

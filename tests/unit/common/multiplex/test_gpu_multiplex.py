@@ -7,13 +7,11 @@ Uses Qwen3-0.6B-architecture float32 weights with a fixed seed (common.tools.ran
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
 from common import LLM, SamplingParams
-from tests.helpers.gpu_llm import shared_prefix_prompts
+from tests.helpers.gpu_llm import shared_prefix_prompts, small_gpu_llm
 from tests.helpers.staggered import run_staggered
 
 pytestmark = pytest.mark.gpu
@@ -21,17 +19,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 def _llm(model: str, **kw) -> LLM:
-    gc.collect()
-    torch.cuda.empty_cache()
-    return LLM(
-        model,
-        dtype="float32",
-        gpu_memory_utilization=0.35,
-        max_model_len=4096,
-        max_num_seqs=64,
-        max_num_batched_tokens=512,
-        **kw,
-    )
+    return small_gpu_llm(model, dtype="float32", max_num_batched_tokens=512, **kw)
 
 
 def _outputs(llm: LLM) -> tuple[list[list[int]], dict[str, list[int]]]:
