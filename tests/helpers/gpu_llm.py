@@ -35,19 +35,24 @@ def qwen3_fp32_dir(tmp_path_factory) -> str:
     return str(write_random_model(out, "qwen3-0.6b", seed=0, dtype="float32"))
 
 
-def workload_kv_blocks(max_num_seqs: int, max_model_len: int, block_size: int = 16) -> int:
-    """A KV pool that holds every sequence at full length. Sized from free memory instead, two engines
-    of one test got different pools (whatever other test processes and earlier engines held at that
-    moment), so their schedules (preemption, prefix evictions) and the compared logits differed, and
-    beside three other test processes on one GPU some engines got no block at all."""
-    return max_num_seqs * -(-max_model_len // block_size)
+# Every GPU engine test's KV pool, in tokens: more than any of their workloads holds at once (about
+# 20,000 tokens with the prefix cache), and four test processes' pools fit one GPU beside their weights
+# (Qwen3-0.6B shape in float32: 15 GB each).
+TEST_KV_TOKENS = 65_536
+
+
+def fixed_kv_blocks(block_size: int = 16) -> int:
+    """A fixed KV pool. Sized from free memory instead, two engines of one test got different pools
+    (whatever other test processes and earlier engines held at that moment), so their schedules
+    (preemption, prefix evictions) and the compared logits differed, and beside three other test
+    processes on one GPU some engines got no block at all."""
+    return TEST_KV_TOKENS // block_size
 
 
 def small_gpu_llm(model: str, max_model_len: int = 4096, max_num_seqs: int = 64, **kw) -> LLM:
-    """An engine with a fixed KV pool (`workload_kv_blocks`), after giving back what earlier engines of
+    """An engine with a fixed KV pool (`fixed_kv_blocks`), after giving back what earlier engines of
     the test left cached."""
     gc.collect()
     torch.cuda.empty_cache()
-    blocks = workload_kv_blocks(max_num_seqs, max_model_len, kw.get("kvcache_block_size", 16))
-    kw.setdefault("num_kvcache_blocks", blocks)
+    kw.setdefault("num_kvcache_blocks", fixed_kv_blocks(kw.get("kvcache_block_size", 16)))
     return LLM(model, max_model_len=max_model_len, max_num_seqs=max_num_seqs, **kw)
