@@ -20,6 +20,7 @@ timed `generate` and ratio line, so every ratio of one call is measured on the s
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -31,9 +32,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import LLM, SamplingParams  # noqa: E402
-from common.net.gc_heap import freeze_startup_heap  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
 from common.tools.random_model import write_random_model  # noqa: E402
+
+# benchmarks/regress.sh runs this script on its base tree too, which may predate what it calls: the
+# frozen start-up heap (common/net/gc_heap.py) and StepTimings.reset (both since 2026-12-04).
+try:
+    from common.net.gc_heap import freeze_startup_heap
+except ImportError:
+
+    def freeze_startup_heap() -> None:
+        gc.collect()
+        gc.freeze()
+
+
+def reset_timings(engine) -> None:
+    if hasattr(engine.timings, "reset"):
+        engine.timings.reset()
+    else:
+        engine.timings = type(engine.timings)()
 
 
 def make_workload(args) -> tuple[list[list[int]], list[int]]:
@@ -59,7 +76,7 @@ def run_engine(model: str, prompts, outputs, args) -> dict:
     ]
     # Warm-up on a slice of the real workload, so one-off compilation stays out of the timing.
     llm.generate(prompts[:8], [SamplingParams(max_tokens=16)] * min(8, len(prompts)), use_tqdm=False)
-    llm.engine.timings.reset()
+    reset_timings(llm.engine)
     # As a served worker does once it is ready: a served figure is set against this one, so neither
     # may pay for full collections over the start-up heap that the other skips.
     freeze_startup_heap()
