@@ -101,14 +101,21 @@ class IncrementalDetokenizer:
         self._stops = tuple(s for s in stop if s)
         self._max_stop = max((len(s) for s in self._stops), default=0)
         self._tails = _stop_tails(self._stops, self._max_stop - 1)
-        self._text = ""  # all generated text decoded so far (before any stop truncation)
-        self._sent = 0  # how many characters of _text were returned
+        # Returned text as pieces, joined only when asked for (`text`): appending to one string held in
+        # an attribute copies it whole each time, quadratic in a long answer. The stop search needs
+        # only the text not yet returned (`_held`) and the returned text's last characters (`_recent`:
+        # a held tail may be a stop's prefix that begins in them).
+        self._parts: list[str] = []
+        self._held = ""
+        self._recent = ""
         self.stopped: str | None = None
 
     @property
     def text(self) -> str:
         """Everything returned so far."""
-        return self._text[: self._sent]
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
 
     def add(self, token_ids: Sequence[int], check_stop: bool = True) -> DetokenizerDelta:
         """Feed newly generated tokens; returns the text that became safe to show.
@@ -119,54 +126,59 @@ class IncrementalDetokenizer:
             return DetokenizerDelta("", self.stopped)
         new = self._source.new(token_ids, False)
         if not self._stops:  # nothing to find or hold back: the new text goes out whole (per token)
-            self._text += new
-            self._sent = len(self._text)
+            if new:
+                self._parts.append(new)
             return DetokenizerDelta(new, None)
-        before = len(self._text)
-        self._text += new
+        before = len(self._held)
+        self._held += new
         return self._release(before, final=False, check_stop=check_stop)
 
     def finish(self) -> DetokenizerDelta:
         """No more tokens: release held text, including an unresolved U+FFFD."""
         if self.stopped is not None:
             return DetokenizerDelta("", self.stopped)
-        before = len(self._text)
-        self._text += self._source.new((), True)
+        before = len(self._held)
+        self._held += self._source.new((), True)
         return self._release(before, final=True)
 
     def _release(self, before: int, final: bool, check_stop: bool = True) -> DetokenizerDelta:
+        """`before`: how much of `_held` was there before the new text."""
         hit = self._find_stop(before) if check_stop else None
         if hit is not None:
             position, stop = hit
             self.stopped = stop
             return self._emit(position)
         if final or not check_stop:
-            return self._emit(len(self._text))
-        return self._emit(len(self._text) - self._stop_prefix_len())
+            return self._emit(len(self._held))
+        return self._emit(len(self._held) - self._stop_prefix_len())
 
     def _emit(self, end: int) -> DetokenizerDelta:
-        end = max(end, self._sent)
-        delta = self._text[self._sent : end]
-        self._sent = end
+        """Return `_held[:end]` (nothing when `end` <= 0)."""
+        if end <= 0:
+            return DetokenizerDelta("", self.stopped)
+        delta, self._held = self._held[:end], self._held[end:]
+        self._parts.append(delta)
+        keep = self._max_stop - 1
+        self._recent = (self._recent + delta)[-keep:] if keep > 0 else ""
         return DetokenizerDelta(delta, self.stopped)
 
     def _find_stop(self, before: int) -> tuple[int, str] | None:
-        """Earliest stop string that ends in the new text (it may start in older, held text).
+        """Earliest stop string that ends in the new text (it may start in older, held text); its
+        position in `_held`.
 
         Text already returned cannot be taken back, so a stop string starting there does not count
         (that only happens when stop checking was off for min_tokens).
         """
-        if not self._stops:
-            return None
-        start = max(self._sent, before - self._max_stop + 1)
-        hits = [(p, s) for s in self._stops if (p := self._text.find(s, start)) != -1]
+        start = max(0, before - self._max_stop + 1)
+        held = self._held
+        hits = [(p, s) for s in self._stops if (p := held.find(s, start)) != -1]
         return min(hits) if hits else None
 
     def _stop_prefix_len(self) -> int:
         """Length of the longest tail of the text that is a proper prefix of some stop string."""
-        text = self._text
-        if not text:
+        if not self._held:
             return 0
+        text = self._recent + self._held if self._recent else self._held
         for k, prefix in self._tails.get(text[-1], ()):  # longest first; usually none end so
             if text.endswith(prefix):
                 return k
