@@ -164,7 +164,7 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self._busy() or len(self.grammars) > 0
+        return self._busy() or self.grammars.num_joining > 0
 
     def _busy(self) -> bool:
         """Work for the next step besides grammar requests still being built."""
@@ -275,15 +275,23 @@ class LLMEngine:
         return seq.block_table[: blocks_for(seq.num_prompt_tokens, self.block_size)]
 
     def reserve_transfer(self, seq: Sequence) -> bool:
-        """Allocate blocks for the prompt KV that a transfer will write; False while there is no room."""
-        return self.scheduler.reserve_for_transfer(seq)
+        """Allocate blocks for the prompt KV that a transfer will write; False while there is no room.
+        A grammar's matcher is built aside meanwhile (`GrammarAdmission.prebuild`)."""
+        if not self.scheduler.reserve_for_transfer(seq):
+            return False
+        if seq.sampling_params.grammar is not None and seq.grammar_state is None:
+            self.grammars.prebuild(seq)
+        return True
 
     def complete_transfer(self, seq: Sequence) -> None:
-        """The reserved blocks hold the prompt's KV: the sequence joins the running batch."""
-        self.scheduler.complete_transfer(seq)
+        """The reserved blocks hold the prompt's KV: the sequence joins the running batch (once its
+        grammar's matcher is built, if it has one: a later `step` moves it)."""
+        if self.grammars.arrived(seq):
+            self.scheduler.complete_transfer(seq)
 
     def fail_transfer(self, seq: Sequence) -> None:
         """The transfer will not arrive: free the reserved blocks and compute the prompt here."""
+        self.grammars.forget(seq)
         self.scheduler.fail_transfer(seq)
 
     def release_handoff(self, seq: Sequence) -> None:
@@ -295,7 +303,7 @@ class LLMEngine:
         return EngineLoad(
             num_free_blocks=bm.num_free_blocks,
             num_total_blocks=bm.num_blocks,
-            num_waiting=len(sched.waiting) + len(self.grammars),
+            num_waiting=len(sched.waiting) + self.grammars.num_queued,
             num_running=len(sched.running),
             num_transferring=len(sched.transferring),
             queued_prefill_tokens=sched.queued_prefill_tokens,

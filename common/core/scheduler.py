@@ -297,6 +297,11 @@ class Scheduler:
         seq.admit_order = next(self._admit_counter)
         self.running.append(seq)
 
+    def cancel_transfer(self, seq: Sequence) -> None:
+        """The prompt's KV arrived but the sequence will not run (refused at admission): free it."""
+        self.transferring.pop(seq.seq_id)
+        self.finish(seq, FinishReason.ABORT)
+
     def fail_transfer(self, seq: Sequence) -> None:
         """The transfer failed: recompute the prompt (and the first token's KV) locally."""
         self.transferring.pop(seq.seq_id)

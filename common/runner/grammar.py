@@ -93,29 +93,39 @@ class GrammarMasker:
             state.fill(bits, i, self.eos_token_ids)
         return unpack_bitmask(bits.to(device, non_blocking=True), vocab_size)
 
-    def check(self, seq: Sequence, vocab_size: int) -> None:
-        """Build `seq`'s matcher and its first mask now, where the request is admitted, so what fails
-        there (no tokenizer in the model directory, a grammar llguidance refuses against the
-        tokenizer) fails this request with a ValueError: inside a step it would fail the whole batch,
-        or end the request silently with an EOS-only mask. The first step reuses the matcher (its
-        lexer built here: the same work, done earlier)."""
-        state = self.state_of(seq, vocab_size)
+    def build(self, seq: Sequence, vocab_size: int) -> GrammarState:
+        """`seq`'s matcher with its first mask computed, for admission: what fails here (no tokenizer in
+        the model directory, a grammar llguidance refuses against the tokenizer) is a ValueError for
+        this request alone, where inside a step it would fail the whole batch or end the request
+        silently with an EOS-only mask. The first step reuses the matcher (its lexer built here: the
+        same work, done earlier). Reads `seq` only, so a grammar thread may call it
+        (runner/grammar_admission.py); the caller attaches the state."""
+        state = self._new_state(seq, vocab_size)
         scratch = torch.empty((1, (vocab_size + 31) // 32), dtype=torch.int32)
         matcher = state.matcher
         if not matcher.is_error():
             matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * scratch.element_size())
         if matcher.is_error():
-            seq.grammar_state = None
             raise ValueError(f"grammar is invalid for this model: {_first_line(matcher.get_error())}")
+        return state
+
+    def check(self, seq: Sequence, vocab_size: int) -> None:
+        """`build` on this thread, attached to `seq`."""
+        seq.grammar_state = self.build(seq, vocab_size)
 
     def state_of(self, seq: Sequence, vocab_size: int) -> GrammarState:
+        """`seq`'s matcher, made now if admission did not build one (a sequence recomputed after a
+        failed transfer may reach a step before its build)."""
         state = seq.grammar_state
         if not isinstance(state, GrammarState):
-            grammar = seq.sampling_params.grammar
-            assert grammar is not None  # mask() only asks for rows with a grammar
-            state = GrammarState(llguidance.LLMatcher(self.tokenizer(vocab_size), grammar), seq.request_id)
-            seq.grammar_state = state
+            state = seq.grammar_state = self._new_state(seq, vocab_size)
         return state
+
+    def _new_state(self, seq: Sequence, vocab_size: int) -> GrammarState:
+        grammar = seq.sampling_params.grammar
+        if grammar is None:
+            raise ValueError(f"request {seq.request_id} has no grammar")
+        return GrammarState(llguidance.LLMatcher(self.tokenizer(vocab_size), grammar), seq.request_id)
 
     def tokenizer(self, vocab_size: int) -> llguidance.LLTokenizer:
         with self._tokenizer_lock:
