@@ -67,6 +67,13 @@ class DecodeJob:
     plain: bool = False  # its next tokens travel as TokenBatch rows (set once its first message is out)
 
     @property
+    def transfer_in_flight(self) -> bool:
+        """The receiver may still write its KV into its blocks (reserved, not yet reported). A
+        sequence whose KV arrived stays TRANSFERRING while its grammar's matcher is built
+        (common/runner/grammar_admission.py), but nothing writes its blocks any more."""
+        return self.seq.status is SequenceStatus.TRANSFERRING and self.fetch_done_at is None
+
+    @property
     def log(self) -> logging.LoggerAdapter:
         """This request's logger: its lines name the request's X-Request-Id (common/wire/request_log.py)."""
         return request_log.for_request(log, self.request.log_name)
@@ -135,7 +142,7 @@ class DecodeRole(WorkerRole):
         job = self.jobs.get(request_id)
         if job is None:
             return False
-        if job.seq.status is SequenceStatus.TRANSFERRING:
+        if job.transfer_in_flight:
             job.abort_when_settled = True  # finished in poll() once the receiver reports it
             return True
         del self.jobs[request_id]

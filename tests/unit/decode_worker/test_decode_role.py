@@ -4,6 +4,7 @@ room, aborts during a transfer, deadlines."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 
@@ -11,8 +12,11 @@ import pytest
 
 from common import SamplingParams
 from common.core.sequence import SequenceStatus
+from common.runner.grammar import GrammarMasker
+from common.tools.default_model import prepare_default_model
 from common.wire.handoff import HandOff, NcclStore
 from common.wire.messages import Abort, DecodeRequest, TokenOutput
+from common.wire.structured_output import choice_grammar
 from decode_worker.admission import sequence_from_request, transferable
 from decode_worker.role import DecodeRole
 from prefill_worker.role import PrefillRole
@@ -113,6 +117,36 @@ def test_abort_during_transfer_waits_for_the_transfer_to_settle(pair) -> None:
     run_until([pair.prefill, decode], lambda: "r1" not in decode.role.jobs)
     assert seq.block_table == [] and not decode.engine.has_unfinished
     decode.handle(Abort("r1"))  # unknown by now: ignored
+
+
+def test_abort_after_the_kv_arrived_while_the_grammar_builds_frees_it_at_once(monkeypatch) -> None:
+    """The KV arrived, the grammar's matcher is still being built aside: nothing writes the blocks
+    any more, so an abort frees them now (waiting for the transfer to settle would wait forever)."""
+    build, release = GrammarMasker.build, threading.Event()
+
+    def slow(self, seq, vocab_size):
+        if seq.num_completion_tokens:  # the decode side's copy (the prefill side's builds at once)
+            release.wait(30)
+        return build(self, seq, vocab_size)
+
+    monkeypatch.setattr(GrammarMasker, "build", slow)
+    pair = Pair.of(str(prepare_default_model(progress=False)), kv_fetch_timeout_s=5.0)
+    try:
+        decode = pair.decode
+        grammar = choice_grammar(["yes", "no"])
+        pair.prefill.handle(prefill_request("g", PROMPTS[3], max_tokens=4, grammar=grammar))
+        run_until([pair.prefill], lambda: pair.prefill.channels.peers)
+        pair.forward()
+        decode.handle(decode.channels.inbox.get())
+        job = decode.role.jobs["g"]
+        run_until([pair.prefill, decode], lambda: job.fetch_done_at is not None)
+        assert job.seq.status is SequenceStatus.TRANSFERRING and not job.transfer_in_flight
+        decode.handle(Abort("g"))
+        assert "g" not in decode.role.jobs and job.seq.block_table == []
+        assert decode.engine.load_report().num_transferring == 0 and not decode.engine.has_unfinished
+    finally:
+        release.set()
+        pair.close()
 
 
 def test_abort_before_the_request_drops_the_late_request(pair) -> None:
