@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from common.core.request_queue import RequestQueue
 from common.core.sequence import Sequence, SequenceStatus
 from common.core.step_records import StepResult
+from common.runner.grammar import grammar_failure
 from common.wire import request_log
 from common.wire.codec import build_checked_parts
 from common.wire.messages import DecodeRequest, GenerateRequest, Message, TokenBatch, TokenOutput
@@ -214,9 +215,15 @@ class DecodeRole(WorkerRole):
             self.ctx.channels.to_front(reply_to, batch)
 
     def _finish_step(self, job: DecodeJob, ids: list[int], done: bool) -> None:
+        rid = job.request.request_id
+        failure = grammar_failure(job.seq) if done and job.seq.sampling_params.grammar is not None else None
+        if failure is not None:  # it ended on the EOS its failed matcher forced: not a real finish
+            del self.jobs[rid]
+            error = f"the grammar could not be followed after {job.next_index} tokens: {failure}"
+            self.ctx.fail(rid, error, retryable=False, reply_to=job.request.reply_to, invalid=True)
+            return
         self._send_tokens(job, ids, done)
         if done:
-            rid = job.request.request_id
             del self.jobs[rid]
             job.log.debug("%s: finished (%s) after %d tokens", rid, job.seq.finish_reason, job.next_index)
 

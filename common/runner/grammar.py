@@ -35,7 +35,10 @@ class GrammarState:
         self.matcher = matcher
         self.request_id = request_id
         self.consumed = 0
-        self._reported = False
+        # Why the matcher went to its error state mid-answer (a token it did not allow, e.g. a first
+        # token sampled elsewhere; a resource limit): the request ends, and a worker answers it with an
+        # error instead of a finish (`grammar_failure`).
+        self.failure: str | None = None
 
     def sync(self, completion: list[int]) -> None:
         if len(completion) < self.consumed:
@@ -48,18 +51,17 @@ class GrammarState:
 
     def fill(self, bits: torch.Tensor, row: int, eos_token_ids: tuple[int, ...]) -> None:
         """Row `row` of `bits`: the tokens the grammar allows next. A matcher in its error state (a
-        token it did not allow, an impossible grammar) allows only EOS, so the request ends."""
+        token it did not allow, an impossible grammar) allows only EOS, so the request ends, and
+        `failure` says why."""
         if not self.matcher.is_error():
             # What llguidance.torch.fill_next_token_bitmask does, without importing that module: it
             # decorates a helper with torch.compile, which imports torch._dynamo (~2.5 s per process).
             words = bits[row]  # a contiguous int32 row on the host (mask() allocates it so)
             self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
             return
-        if not self._reported:
-            self._reported = True
-            logger.warning(
-                "request %s: grammar error, ending it: %s", self.request_id, self.matcher.get_error()
-            )
+        if self.failure is None:
+            self.failure = _first_line(self.matcher.get_error())
+            logger.warning("request %s: grammar error, ending it: %s", self.request_id, self.failure)
         bits[row] = 0
         for t in eos_token_ids:
             bits[row, t // 32] |= _bit(t % 32)
@@ -138,6 +140,12 @@ class GrammarMasker:
 
                 self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos)
             return self._tokenizer
+
+
+def grammar_failure(seq: Sequence) -> str | None:
+    """Why `seq`'s grammar could not be followed (its matcher failed mid-answer), or None."""
+    state = seq.grammar_state
+    return state.failure if isinstance(state, GrammarState) else None
 
 
 def unpack_bitmask(bits: torch.Tensor, vocab_size: int) -> torch.Tensor:

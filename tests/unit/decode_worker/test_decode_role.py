@@ -15,7 +15,7 @@ from common.core.sequence import SequenceStatus
 from common.runner.grammar import GrammarMasker
 from common.tools.default_model import prepare_default_model
 from common.wire.handoff import HandOff, NcclStore
-from common.wire.messages import Abort, DecodeRequest, TokenOutput
+from common.wire.messages import Abort, DecodeRequest, RequestFailed, TokenOutput
 from common.wire.structured_output import choice_grammar
 from decode_worker.admission import sequence_from_request, transferable
 from decode_worker.role import DecodeRole
@@ -147,6 +147,27 @@ def test_abort_after_the_kv_arrived_while_the_grammar_builds_frees_it_at_once(mo
     finally:
         release.set()
         pair.close()
+
+
+def test_a_grammar_that_cannot_be_followed_mid_answer_fails_the_request() -> None:
+    """The first token (sampled elsewhere) is one the grammar does not allow: the matcher fails, the
+    sequence ends on the EOS it forces, and the front gets a refusal naming the grammar, not a
+    finished answer."""
+    service = make_service(DecodeRole(), str(prepare_default_model(progress=False)), kv_fetch_timeout_s=1.0)
+    try:
+        tokenizer = service.engine.runner.grammar.tokenizer(service.engine.model_config.vocab_size)
+        (maybe,) = tokenizer.tokenize_str("maybe")
+        grammar = choice_grammar(["yes", "no"])
+        req = decode_request("g", PROMPTS[0], dead_handoff("g", 1), max_tokens=8, grammar=grammar)
+        service.handle(replace(req, first_token_id=maybe))  # recomputed here: the transfer is dead
+        run_until([service], lambda: "g" not in service.role.jobs, timeout=60)
+        (failed,) = service.channels.of_type(RequestFailed)
+        assert failed.invalid and not failed.retryable and "grammar could not be followed" in failed.error
+        assert not any(o.finish_reason for o in service.channels.of_type(TokenOutput))
+        load = service.engine.load_report()
+        assert load.num_running == load.num_waiting == 0 and load.num_free_blocks == load.num_total_blocks
+    finally:
+        service.close()
 
 
 def test_abort_before_the_request_drops_the_late_request(pair) -> None:
