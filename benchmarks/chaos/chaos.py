@@ -68,6 +68,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
     p.add_argument("--max-tokens", default="8,16,32", help="answer lengths drawn from")
+    p.add_argument("--choice-share", type=float, default=0.1, help="share of requests with guided_choice")
     p.add_argument("--fault-every", type=float, default=20.0, help="mean seconds between faults")
     p.add_argument("--faults", default=",".join(FAULT_KINDS), help=f"kinds to inject, of {FAULT_KINDS}")
     p.add_argument("--stop-max-s", type=float, default=6.0, help="longest SIGSTOP")
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = ModelTokenizer.from_dir(plan.model)
     pool = prompt_pool(tokenizer)
-    mix = Mix(len(pool), tuple(int(n) for n in args.max_tokens.split(",")))
+    mix = Mix(len(pool), tuple(int(n) for n in args.max_tokens.split(",")), choice_share=args.choice_share)
     lengths = [*mix.max_tokens, max(mix.max_tokens) * 2]  # disconnecting streams ask for the longest
     log(f"offline references for {len(pool)} prompts x {len(set(lengths))} lengths")
     refs = offline_references(plan.model, plan.engine, pool, lengths, tokenizer)

@@ -4,7 +4,8 @@ became of it (`Outcome`). See benchmarks/chaos/chaos.py for the whole soak.
 Requests are /v1/completions with token-id prompts (so the offline engine gets exactly the same ids),
 drawn from a seeded mix: greedy or sampled (half of the sampled ones seeded), streamed or not, a few
 answer lengths, prompts from a small pool whose half shares one long prefix (so prefix-cache hits,
-pinned shared blocks and evictions all happen under faults).
+pinned shared blocks and evictions all happen under faults), and a share constrained to `CHOICES`
+(`guided_choice`: grammar matchers built aside on both sides of a hand-off, under the same faults).
 
 Outcomes (one per request, all terminal):
   ok            200 with a finish reason (a stream: a finish reason and `[DONE]`)
@@ -41,6 +42,7 @@ SHARED_PREFIX = (
     "afternoon. Orders above twenty loaves need one day of notice. Answer the customer briefly."
 )
 QUESTIONS = ["Do you sell rye?", "When do you open?", "Croissants on Monday?", "Can I order 30 loaves?"]
+CHOICES = ["yes", "no", "maybe later"]  # a grammar request's only answers (a few tokens, then EOS)
 
 
 def prompt_pool(tokenizer) -> list[list[int]]:
@@ -58,6 +60,7 @@ class RequestSpec:
     stream: bool
     seed: int | None = None  # sampled requests only
     disconnect_after: int | None = None  # leave after this many SSE events (a stream fault)
+    choice: bool = False  # constrained to CHOICES
 
     def body(self, pool: list[list[int]]) -> dict:
         body: dict = {"prompt": pool[self.prompt], "max_tokens": self.max_tokens, "stream": self.stream}
@@ -69,6 +72,8 @@ class RequestSpec:
                 body["seed"] = self.seed
         if self.stream:
             body["stream_options"] = {"include_usage": True}
+        if self.choice:
+            body["guided_choice"] = CHOICES
         return body
 
 
@@ -80,6 +85,7 @@ class Mix:
     max_tokens: tuple[int, ...] = (8, 16, 32)
     greedy_share: float = 0.5
     stream_share: float = 0.5
+    choice_share: float = 0.0
 
     def draw(self, rng: random.Random, disconnect: bool = False) -> RequestSpec:
         stream = disconnect or rng.random() < self.stream_share
@@ -92,6 +98,7 @@ class Mix:
             stream=stream,
             seed=seed,
             disconnect_after=rng.randint(1, 3) if disconnect else None,
+            choice=rng.random() < self.choice_share,
         )
 
 

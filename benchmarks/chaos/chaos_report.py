@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.chaos.chaos_load import Outcome
+from benchmarks.chaos.chaos_load import CHOICES, Outcome
 
 KV_FAULT_LINE = re.compile(r"injected KV fault: (drop|delay) ")
 
@@ -57,9 +57,12 @@ def _free_device_cache() -> None:
 
 
 def wrong_answer(out: Outcome, refs: dict) -> str | None:
-    """Why a greedy outcome disagrees with the offline engine, or None. Complete answers must equal it;
-    what a stream showed before an error or a disconnect must be a prefix of it."""
+    """Why a greedy outcome disagrees with the offline engine, or a constrained one with its choices,
+    or None. Complete answers must equal it (be one of them); what a stream showed before an error or
+    a disconnect must be a prefix of it (of one of them)."""
     spec = out.spec
+    if spec.choice:
+        return _wrong_choice(out)
     if not spec.greedy:
         return None
     want = refs[(spec.prompt, spec.max_tokens)]
@@ -69,6 +72,15 @@ def wrong_answer(out: Outcome, refs: dict) -> str | None:
             return f"prompt {spec.prompt} max {spec.max_tokens}: got {got!r}, offline {want!r}"
     elif out.kind in ("error", "disconnected") and spec.stream and not want.text.startswith(out.text):
         return f"prompt {spec.prompt}: partial stream {out.text!r} is not a prefix of offline {want.text!r}"
+    return None
+
+
+def _wrong_choice(out: Outcome) -> str | None:
+    if out.kind == "ok" and (out.text not in CHOICES or out.finish_reason != "stop"):
+        return f"prompt {out.spec.prompt}: {out.text!r} ({out.finish_reason}) is none of {CHOICES}"
+    partial = out.kind in ("error", "disconnected") and out.spec.stream
+    if partial and not any(c.startswith(out.text) for c in CHOICES):
+        return f"prompt {out.spec.prompt}: partial stream {out.text!r} begins none of {CHOICES}"
     return None
 
 
@@ -141,7 +153,8 @@ def summarize(outcomes: list[Outcome], refs: dict, faults: Counter, leaked: dict
         "requests": len(outcomes),
         "outcomes": dict(kinds),
         "errors": dict(Counter(f"{o.detail} ({request_class(o)})" for o in outcomes if o.kind == "error")),
-        "greedy_checked": sum(1 for o in outcomes if o.spec.greedy and o.kind == "ok"),
+        "greedy_checked": sum(1 for o in outcomes if o.spec.greedy and not o.spec.choice and o.kind == "ok"),
+        "choice_checked": sum(1 for o in outcomes if o.spec.choice and o.kind == "ok"),
         "faults": dict(sorted(faults.items())),
         "lost": len(lost),
         "lost_examples": lost[:10],
@@ -169,7 +182,8 @@ def format_report(summary: dict, met: dict[str, bool]) -> str:
     lines = [
         f"requests: {summary['requests']}  outcomes: {summary['outcomes']}",
         f"clear errors: {summary['errors']}",
-        f"greedy answers checked against the offline engine: {summary['greedy_checked']}",
+        f"greedy answers checked against the offline engine: {summary['greedy_checked']}, "
+        f"constrained answers checked against their choices: {summary['choice_checked']}",
         f"faults: {summary['faults']}",
         f"lost: {summary['lost']}  wrong: {summary['wrong']}  leaked blocks: {summary['leaked_blocks']}",
     ]

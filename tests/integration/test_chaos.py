@@ -3,7 +3,8 @@ prefill + 2 decode workers, default model, CPU, tcp) under ~20 s of mixed load w
 is injected at least once (worker SIGKILL + restart, SIGSTOP/SIGCONT, a router front killed and
 restarted while the other serves on, a client leaving mid-stream, dropped and delayed KV transfers).
 The soak's own goals are the assertions: no request lost, every greedy answer the offline engine's, no
-KV block held once the cluster is idle. The 30-minute run is in docs/reliability.md."""
+KV block held once the cluster is idle, every constrained (guided_choice) answer one of its choices.
+The 30-minute run is in docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_short_chaos_soak_loses_nothing(model_dir, tmp_path) -> None:
     out = tmp_path / "chaos.json"
     soak = "benchmarks/chaos/chaos.py"
     cmd = [sys.executable, soak, "--model", model_dir, "--minutes", "0.35", "--seed", "3"]
-    cmd += ["--max-tokens", "4,8"]
+    cmd += ["--max-tokens", "4,8", "--choice-share", "0.25"]
     cmd += ["--fault-every", "3", "--stop-max-s", "4", "--kv-drop", "0.2", "--kv-delay", "0.2"]
     cmd += ["--kv-delay-s", "1.5", "--kv-lease-s", "3", "--warmup-s", "5", "--rss-limit-pct", "50"]
     cmd += ["--json-out", str(out), "--log-dir", str(tmp_path / "logs")]
@@ -36,6 +37,7 @@ def test_short_chaos_soak_loses_nothing(model_dir, tmp_path) -> None:
     assert not summary["not_live_at_end"], report
     assert run.returncode == 0, report
     assert summary["requests"] >= 10 and summary["greedy_checked"] >= 3, report
+    assert summary["choice_checked"] >= 1, report  # a grammar request answered under the faults
     faults = summary["faults"]
     injected = [k for k in FAULT_KINDS if k != "disconnect"]
     assert all(faults.get(k, 0) + faults.get(f"skipped_{k}", 0) >= 1 for k in injected), faults

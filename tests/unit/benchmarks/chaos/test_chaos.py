@@ -9,7 +9,7 @@ import random
 from collections import Counter
 
 from benchmarks.chaos.chaos_faults import FAULT_KINDS, Chaos, FaultConfig
-from benchmarks.chaos.chaos_load import Mix, Outcome, RequestSpec, settle
+from benchmarks.chaos.chaos_load import CHOICES, Mix, Outcome, RequestSpec, settle
 from benchmarks.chaos.chaos_report import Reference, RssTrack, goals, kv_fault_counts, summarize, wrong_answer
 
 REFS = {(0, 8): Reference("Paris is the capital", 5, "length")}
@@ -52,6 +52,26 @@ def test_greedy_answers_must_be_the_offline_ones() -> None:
     sampled = outcome("ok", greedy=False)
     sampled.text = "anything"
     assert wrong_answer(sampled, REFS) is None
+
+
+def test_constrained_answers_must_be_one_of_the_choices() -> None:
+    good = outcome("ok", choice=True, greedy=False)
+    good.text, good.finish_reason = CHOICES[2], "stop"
+    assert wrong_answer(good, REFS) is None
+    for text, reason in (("yes!", "stop"), ("maybe", "stop"), (CHOICES[0], "length")):
+        bad = outcome("ok", choice=True)
+        bad.text, bad.finish_reason = text, reason
+        assert wrong_answer(bad, REFS), (text, reason)
+    partial = outcome("disconnected", choice=True)
+    partial.text = "may"
+    assert wrong_answer(partial, REFS) is None  # the start of a choice
+    partial.text = "nope"
+    assert wrong_answer(partial, REFS)
+    body = RequestSpec(0, 8, True, False, choice=True).body([[1, 2]])
+    assert body["guided_choice"] == CHOICES
+    assert "guided_choice" not in RequestSpec(0, 8, True, False).body([[1, 2]])
+    drawn = [Mix(4, choice_share=0.5).draw(random.Random(i)).choice for i in range(200)]
+    assert 60 < sum(drawn) < 140
 
 
 def test_summary_and_goals() -> None:
