@@ -117,7 +117,7 @@ class GrammarMasker:
 
     def state_of(self, seq: Sequence, vocab_size: int) -> GrammarState:
         """`seq`'s matcher, made now if admission did not build one (a sequence recomputed after a
-        failed transfer may reach a step before its build)."""
+        failed transfer: its build aside was dropped)."""
         state = seq.grammar_state
         if not isinstance(state, GrammarState):
             state = seq.grammar_state = self._new_state(seq, vocab_size)
