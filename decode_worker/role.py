@@ -33,51 +33,24 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 from common.core.request_queue import RequestQueue
-from common.core.sequence import Sequence, SequenceStatus
+from common.core.sequence import SequenceStatus
 from common.core.step_records import StepResult
 from common.runner.grammar import grammar_failure
-from common.wire import request_log
 from common.wire.codec import build_checked_parts
 from common.wire.messages import DecodeRequest, GenerateRequest, Message, TokenBatch, TokenOutput
 from common.wire.probe_messages import KVProbe
-from common.worker.outputs import prefill_timings, wire_logprobs
+from common.worker.outputs import wire_logprobs
 from common.worker.role import WorkerContext, WorkerRole
 from decode_worker.admission import sequence_from_request, transferable
+from decode_worker.job import DecodeJob
 from decode_worker.probe import ProbeReceiver
 from kvtransfer import KVTransferConfig, TransferResult, TransferStatus
 from kvtransfer.peers import KVReceiverSet
 
 log = logging.getLogger(__name__)
 TRANSFER_POLL_S = 0.002  # a waiting transfer delays the second token: look often while one is in flight
-
-
-@dataclass
-class DecodeJob:
-    request: DecodeRequest | GenerateRequest
-    seq: Sequence
-    next_index: int  # completion position of the next token to send
-    kv_bytes: int = 0
-    kv_seconds: float = 0.0
-    kv_reported: bool = False
-    abort_when_settled: bool = False  # aborted while its transfer may still write the blocks
-    fetch_started_at: float | None = None  # monotonic, for the stage breakdown
-    fetch_done_at: float | None = None
-    plain: bool = False  # its next tokens travel as TokenBatch rows (set once its first message is out)
-
-    @property
-    def transfer_in_flight(self) -> bool:
-        """The receiver may still write its KV into its blocks (reserved, not yet reported). A
-        sequence whose KV arrived stays TRANSFERRING while its grammar's matcher is built
-        (common/runner/grammar_admission.py), but nothing writes its blocks any more."""
-        return self.seq.status is SequenceStatus.TRANSFERRING and self.fetch_done_at is None
-
-    @property
-    def log(self) -> logging.LoggerAdapter:
-        """This request's logger: its lines name the request's X-Request-Id (common/wire/request_log.py)."""
-        return request_log.for_request(log, self.request.log_name)
 
 
 class DecodeRole(WorkerRole):
@@ -305,25 +278,13 @@ class DecodeRole(WorkerRole):
             logprobs=wire_logprobs(seq, len(token_ids)),
             kv_transfer_bytes=kv_bytes,
             kv_transfer_seconds=kv_seconds,
-            timings=None if first_reported else self._timings(job),
+            timings=None if first_reported else job.stage_timings(time.monotonic()),
         )
         job.next_index += len(token_ids)
         # From now on its tokens carry nothing but tokens (no first-message figures), unless it asked
         # for logprobs: such requests' next tokens travel as rows of a TokenBatch.
         job.plain = seq.sampling_params.logprobs is None
         self.ctx.channels.to_front(job.request.reply_to, msg)
-
-    def _timings(self, job: DecodeJob) -> dict[str, float] | None:
-        """Stage seconds for the request's first message from this worker."""
-        seq, now = job.seq, time.monotonic()
-        if isinstance(job.request, GenerateRequest):
-            return prefill_timings(seq, now)
-        if job.fetch_started_at is None or job.fetch_done_at is None:
-            return None  # recomputed here: the transfer never happened
-        return {
-            "decode_admission": job.fetch_started_at - seq.created_at,
-            "transfer": job.fetch_done_at - job.fetch_started_at,
-        }
 
 
 class MixedRole(DecodeRole):
