@@ -56,13 +56,19 @@ def _speed(value: float, fig: Figure) -> float:
 
 
 def rows(runs: dict[tuple[str, str], list[dict]], ref: str) -> list[list[str]]:
+    """One row per figure and arm that has it. A figure some arm has but the reference arm lacks (its
+    run failed: e.g. a base tree the benchmark script cannot import) gets a row saying so, and the
+    others' comparison says there is nothing to compare with: never a silent gap."""
     arms = sorted({arm for _, arm in runs}, key=lambda a: (a != ref, a != "new", a))
     table = []
     for fig in FIGURES:
         base = [_speed(fig.read(j), fig) for j in runs.get((fig.file, ref), [])]
+        ran = any(runs.get((fig.file, arm)) for arm in arms)
         for arm in arms:
             values = [fig.read(j) for j in runs.get((fig.file, arm), [])]
             if not values:
+                if arm == ref and ran:
+                    table.append([fig.name, arm, "no result (not run, or failed: see the log)", "-"])
                 continue
             shown = " / ".join(f"{v:,.0f}" if v >= 100 else f"{v:.3f}" for v in values)
             versus = "-" if arm == ref else _versus(base, values, fig)
@@ -72,7 +78,7 @@ def rows(runs: dict[tuple[str, str], list[dict]], ref: str) -> list[list[str]]:
 
 def _versus(base: list[float], values: list[float], fig: Figure) -> str:
     if not base:
-        return "-"
+        return "no reference"
     speeds = [_speed(v, fig) for v in values]
     ratio = max(speeds) / max(base)
     spread = max(max(s) / min(s) for s in (base, speeds))

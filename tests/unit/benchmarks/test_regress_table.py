@@ -31,3 +31,19 @@ def test_each_arm_is_compared_with_the_reference_per_figure(tmp_path: Path) -> N
     assert table[("TPOT b1 @1k", "new")][3] == "1.500x"  # a latency: lower is faster
     assert table[("prefill 8x2048", "new")][3].startswith("1.000x")
     assert ("mixed (real model)", "new") not in table  # a figure not run is left out
+
+
+def test_a_figure_the_reference_arm_lacks_is_said_not_skipped(tmp_path: Path) -> None:
+    """regress.sh against a base tree its offline script could not import: the base arm wrote no std
+    figure, which the table must say instead of showing the new arm alone."""
+    for rnd in (1, 2):
+        _write(tmp_path, f"std_new_r{rnd}.json", [{"tok_per_s": 1000.0}])
+        _write(
+            tmp_path,
+            f"lat_base_r{rnd}.json",
+            {"tpot_ms_by_batch": {"1": 1.0, "64": 2.0}, "prefill_tok_per_s": 9.0},
+        )
+    table = {(r[0], r[1]): r for r in rows(collect(tmp_path), "base")}
+    assert table[("offline std (Qwen3-0.6B shape)", "base")][2].startswith("no result")
+    assert table[("offline std (Qwen3-0.6B shape)", "new")][3] == "no reference"
+    assert ("mixed (real model)", "base") not in table  # no arm ran it: left out
