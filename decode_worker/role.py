@@ -189,11 +189,9 @@ class DecodeRole(WorkerRole):
 
     def _finish_step(self, job: DecodeJob, ids: list[int], done: bool) -> None:
         rid = job.request.request_id
-        failure = grammar_failure(job.seq) if done and job.seq.sampling_params.grammar is not None else None
+        failure = grammar_failure(job.seq) if done else None
         if failure is not None:  # it ended on the EOS its failed matcher forced: not a real finish
-            del self.jobs[rid]
-            error = f"the grammar could not be followed after {job.next_index} tokens: {failure}"
-            self.ctx.fail(rid, error, retryable=False, reply_to=job.request.reply_to, invalid=True)
+            self.reject(rid, f"the grammar could not be followed after {job.next_index} tokens: {failure}")
             return
         self._send_tokens(job, ids, done)
         if done:

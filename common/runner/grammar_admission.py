@@ -103,11 +103,7 @@ class GrammarAdmission:
         """`seq`'s KV arrived: True when it may join the running batch now (no build pending, none
         refused); else `admit_ready` completes its transfer once built, or rejects it."""
         build = self._held.get(seq.seq_id)
-        if build is None:
-            return True
-        if build.future.done() and build.future.exception() is None:
-            del self._held[seq.seq_id]
-            build.attach()
+        if build is None or self._take_built(build):
             return True
         build.wait = Wait.ARRIVED
         return False
@@ -150,19 +146,26 @@ class GrammarAdmission:
         if not self._held:
             return outcome
         if wait_s > 0:
-            pending = [b.future for b in self._held.values() if not b.future.done()]
-            futures.wait(pending, timeout=wait_s, return_when=futures.FIRST_COMPLETED)
+            # Only a build whose sequence then joins a queue is worth waiting for (a travelling one
+            # waits for its KV anyway), and none if such a build is already done.
+            joining = [b.future for b in self._held.values() if b.wait is not Wait.TRAVELLING]
+            if not any(f.done() for f in joining):
+                futures.wait(joining, timeout=wait_s, return_when=futures.FIRST_COMPLETED)
         for seq_id, build in list(self._held.items()):
-            if not build.future.done():
-                continue
-            if build.future.exception() is None:
-                del self._held[seq_id]
-                build.attach()
+            if self._take_built(build):
                 outcome.ready.append(build)
-            elif build.wait is not Wait.TRAVELLING:
+            elif build.future.done() and build.wait is not Wait.TRAVELLING:
                 del self._held[seq_id]
                 outcome.rejected.append(build)
         return outcome
+
+    def _take_built(self, build: Build) -> bool:
+        """Off the books with its state attached, if its build succeeded."""
+        if not build.future.done() or build.future.exception() is not None:
+            return False
+        del self._held[build.seq.seq_id]
+        build.attach()
+        return True
 
     def abort(self, request_ids: Iterable[str], scheduler: Scheduler) -> list[Sequence]:
         """Stop building for these requests; finish (aborted) and return the sequences held out of the
