@@ -91,7 +91,7 @@ class GenerationRoutes:
         watch = ClientWatch(receive)
         try:
             if plan.stream:
-                status = await _stream(send, formatter.stream(updates), watch)
+                status = await _stream(scope, receive, send, formatter.stream(updates), watch)
             else:
                 status = await _respond(scope, receive, send, formatter.collect(updates), watch)
         finally:
@@ -144,32 +144,47 @@ def _sequences(request_id: str, plan: GenerationPlan) -> list[SequenceRequest]:
     ]
 
 
-async def _stream(send: Send, lines: AsyncGenerator[str], watch: ClientWatch) -> str:
-    """Send the SSE lines; a failure after the first byte ends the stream with an error event and
-    [DONE]. Returns the outcome for the request counter."""
-    try:
-        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+async def _stream(
+    scope: Scope, receive: Receive, send: Send, lines: AsyncGenerator[str], watch: ClientWatch
+) -> str:
+    """Send the SSE lines. The 200 and its headers go out with the first line (the first text), not
+    before: the request's command then leaves for its worker before the router writes anything, and
+    a request that fails before its first text gets a plain HTTP error (a 503 a client may retry,
+    a 400, a 504). A failure after the first byte ends the stream with an error event and [DONE].
+    Returns the outcome for the request counter."""
+    async with contextlib.aclosing(lines):
         try:
-            async with contextlib.aclosing(lines):
-                async for line in lines:
-                    # [DONE] ends every stream: it goes out with the end of the response, in one write.
-                    more = not line.endswith(DONE)
-                    await send({"type": "http.response.body", "body": line.encode(), "more_body": more})
-                    if not more:
-                        return "success"
-        except APIError as e:
-            await _send_last(send, sse(e.body()) + DONE)
-            return e.outcome
-        except Exception:
-            log.exception("stream failed")
-            await _send_last(send, sse(_internal_error().body()) + DONE)
-            return "server_error"
-        await _send_last(send, DONE)  # not reached: the formatter always ends with [DONE]
+            line = await anext(lines)
+        except (Exception, asyncio.CancelledError) as e:
+            return await _answer_failure(scope, receive, send, e, watch)
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            return await _send_lines(send, line, lines)
+        except asyncio.CancelledError:
+            if not watch.disconnected:
+                raise
+            return "cancelled"  # nobody is left to send to
+
+
+async def _send_lines(send: Send, line: str, lines: AsyncGenerator[str]) -> str:
+    try:
+        while True:
+            # [DONE] ends every stream: it goes out with the end of the response, in one write.
+            more = not line.endswith(DONE)
+            await send({"type": "http.response.body", "body": line.encode(), "more_body": more})
+            if not more:
+                return "success"
+            line = await anext(lines)
+    except StopAsyncIteration:  # not reached: the formatter always ends with [DONE]
+        await _send_last(send, DONE)
         return "success"
-    except asyncio.CancelledError:
-        if not watch.disconnected:
-            raise
-        return "cancelled"  # nobody is left to send to
+    except APIError as e:
+        await _send_last(send, sse(e.body()) + DONE)
+        return e.outcome
+    except Exception:
+        log.exception("stream failed")
+        await _send_last(send, sse(_internal_error().body()) + DONE)
+        return "server_error"
 
 
 async def _send_last(send: Send, text: str) -> None:
@@ -182,24 +197,31 @@ async def _respond(
     """One JSON answer; the work is cancelled (aborting its workers) if the client disconnects."""
     try:
         body = await work
-        watch.close()  # the answer goes out whole now, even if the client is leaving
-    except APIError as e:
-        watch.close()
-        await e.response()(scope, receive, send)
-        return e.outcome
-    except asyncio.CancelledError:
-        if not watch.disconnected:
-            raise
-        watch.close()
-        await Response(status_code=CLIENT_CLOSED_REQUEST)(scope, receive, send)  # nginx's code, for the log
-        return "cancelled"
-    except Exception:
-        watch.close()
-        log.exception("request failed")
-        await _internal_error().response()(scope, receive, send)
-        return "server_error"
+    except (Exception, asyncio.CancelledError) as e:
+        return await _answer_failure(scope, receive, send, e, watch)
+    watch.close()  # the answer goes out whole now, even if the client is leaving
     await JSONResponse(body)(scope, receive, send)
     return "success"
+
+
+async def _answer_failure(
+    scope: Scope, receive: Receive, send: Send, error: BaseException, watch: ClientWatch
+) -> str:
+    """Answer a request that failed before any byte of its response went out; returns the outcome.
+    A cancellation that the client's departure did not cause is raised again."""
+    disconnected = watch.disconnected
+    watch.close()
+    if isinstance(error, asyncio.CancelledError):
+        if not disconnected:
+            raise error
+        await Response(status_code=CLIENT_CLOSED_REQUEST)(scope, receive, send)  # nginx's code, for the log
+        return "cancelled"
+    if isinstance(error, APIError):
+        await error.response()(scope, receive, send)
+        return error.outcome
+    log.error("request failed", exc_info=error)
+    await _internal_error().response()(scope, receive, send)
+    return "server_error"
 
 
 def _internal_error() -> APIError:

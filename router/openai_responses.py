@@ -78,11 +78,11 @@ class _Formatter:
         )
 
     async def stream(self, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[str]:
-        """The SSE text, in pieces that are each sent as one write: the chunk that finishes the last
-        choice goes out together with the usage chunk and [DONE], which always end the stream."""
+        """The SSE text, in pieces that are each sent as one write: the opening chunks (chat's role)
+        go out with the first text, and the chunk that finishes the last choice together with the
+        usage chunk and [DONE], which always end the stream. The first piece is thus the first text:
+        nothing is written before it (router/generation_routes.py sends the headers with it)."""
         opening = "".join(sse(payload) for payload in self._opening_chunks())
-        if opening:
-            yield opening
         last, finished, num_choices = "", 0, self.num_choices
         interval = self._interval if self._interval.k > 1 else None  # None: every update goes out
         async for item in updates:  # once per SSE chunk: the loop's lookups are hoisted
@@ -95,9 +95,11 @@ class _Formatter:
             if finished == num_choices:
                 last = line  # nothing follows but the trailer
             elif line:
+                if opening:
+                    line, opening = opening + line, ""
                 yield line
         usage = sse(self._envelope([], usage=self.usage().model_dump())) if self.plan.include_usage else ""
-        yield last + usage + DONE
+        yield opening + last + usage + DONE
 
     def _line(self, choice_index: int, u: SequenceUpdate) -> str:
         if u.text and u.finish_reason is None and u.logprobs is None:

@@ -227,8 +227,7 @@ def test_a_request_invalid_for_the_model_is_a_400_and_not_retried(model_dir, tok
         r = await h.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
         assert r.status_code == 400 and r.json()["error"]["message"] == why
         r = await h.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "stream": True})
-        events = _sse_events(r.text)  # the stream had begun: its error event says the same
-        assert events[-1] == "[DONE]" and events[-2]["error"]["message"] == why
+        assert r.status_code == 400 and r.json()["error"]["message"] == why  # no text yet: no stream
         tried = sum(len(h.worker(w).of_type(PrefillRequest)) for w in ("prefill-a", "prefill-b"))
         assert tried == 2  # one per request
 
@@ -240,11 +239,30 @@ def test_timeout_is_504_and_aborts(model_dir, tokenizer) -> None:
         r = await h.client.post("/v1/completions", json={"prompt": "x"})
         assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
         await wait_for(lambda: h.worker("prefill-0").of_type(Abort), what="abort")
-        r = await h.client.post("/v1/completions", json={"prompt": "x", "stream": True})
-        events = _sse_events(r.text)
-        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_timeout"
+        r = await h.client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stream": True}
+        )
+        # Nothing was streamed before the deadline, not even chat's role chunk: a plain 504.
+        assert r.status_code == 504 and r.json()["error"]["code"] == "request_timeout"
 
     _run(model_dir, tokenizer, _pd(tokenizer, prefill=Script(silent=True)), check, request_timeout=0.3)
+
+
+def test_a_stream_that_began_ends_with_an_error_event(model_dir, tokenizer) -> None:
+    """The 200 goes out with the first text; a failure after it (here the deadline, the decode side
+    stalling) ends the stream with an error event and [DONE], and the workers are told to abort."""
+
+    async def check(h):
+        body = {"messages": [{"role": "user", "content": "x"}], "stream": True, "timeout": 0.5}
+        r = await h.client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _sse_events(r.text)
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert events[1]["choices"][0]["delta"]["content"]  # the prefill worker's token
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_timeout"
+        await wait_for(lambda: h.worker("decode-0").of_type(Abort), what="abort")
+
+    _run(model_dir, tokenizer, _pd(tokenizer, decode=Script(token_delay=5.0)), check, request_timeout=30)
 
 
 def test_per_request_timeout_tightens_the_routers(model_dir, tokenizer) -> None:
