@@ -116,6 +116,15 @@ class EngineConfig:
         if self.tensor_parallel_size != 1:
             raise ValueError("pd_multiplex needs tensor_parallel_size 1")
 
+    def resolve_max_model_len(self, model_limit: int) -> int:
+        """The engine's context length: `max_model_len`, or the model's own limit when None."""
+        if self.max_model_len is None:
+            return model_limit
+        if self.max_model_len > model_limit:
+            limit = self.max_model_len
+            raise ValueError(f"max_model_len ({limit}) exceeds the model's limit ({model_limit})")
+        return self.max_model_len
+
     def with_overrides(self, **kwargs) -> EngineConfig:
         return replace(self, **kwargs)
 

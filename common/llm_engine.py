@@ -53,7 +53,7 @@ class LLMEngine:
         self.config = config
         self.model_config = model_config
         self.runner = runner
-        self.max_model_len = resolve_max_model_len(config, model_config)
+        self.max_model_len = config.resolve_max_model_len(model_config.max_position_embeddings)
         self.block_manager = BlockManager(
             runner.num_kv_blocks, config.kvcache_block_size, config.enable_prefix_caching, record_events=False
         )
@@ -98,13 +98,13 @@ class LLMEngine:
         `runner_cls` lets a caller size the KV cache its own way (cluster workers sharing a GPU pass
         `SharedGpuRunner`); everything else is built the same for every caller."""
         model_config = ModelConfig.from_dir(config.model)
-        max_model_len = resolve_max_model_len(config, model_config)
+        max_model_len = config.resolve_max_model_len(model_config.max_position_embeddings)
         platform = resolve_platform(config.device)
         runner = runner_cls.load(config, model_config, platform, max_model_len)
         partitions = partitions_for(config, platform)
         if config.pd_multiplex and partitions is None:
             config = config.with_overrides(pd_multiplex=False)
-        ahead = run_ahead_enabled(config, runner)
+        ahead = run_ahead.enabled(config, runner.platform.is_cuda)
         speculator = build_speculator(config, model_config, runner, max_model_len, ahead)
         return cls(config, model_config, runner, ahead, speculator, partitions)
 
@@ -308,23 +308,3 @@ class LLMEngine:
             num_transferring=len(sched.transferring),
             queued_prefill_tokens=sched.queued_prefill_tokens,
         )
-
-
-def run_ahead_enabled(config: EngineConfig, runner: ModelRunner) -> bool:
-    """Whether plain decode steps run ahead: as configured, by default on CUDA; never with tensor
-    parallelism (run-ahead feeds device-side tokens that only rank 0, the sampler, holds). In
-    multiplexed mode only decode steps run ahead (common/multiplex/stepper.py)."""
-    enabled = runner.platform.is_cuda if config.async_scheduling is None else config.async_scheduling
-    if config.tensor_parallel_size > 1 and enabled:
-        logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
-        return False
-    return enabled
-
-
-def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
-    limit = model_config.max_position_embeddings
-    if config.max_model_len is None:
-        return limit
-    if config.max_model_len > limit:
-        raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's limit ({limit})")
-    return config.max_model_len

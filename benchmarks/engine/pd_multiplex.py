@@ -34,7 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from common import LLM, SamplingParams  # noqa: E402
-from common.llm_engine import LLMEngine, run_ahead_enabled  # noqa: E402
+from common.core import run_ahead  # noqa: E402
+from common.llm_engine import LLMEngine  # noqa: E402
 from common.multiplex.partitions import build_partitions  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
 from common.tools.random_model import write_random_model  # noqa: E402
@@ -106,7 +107,7 @@ def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str], mux_chunk: int) 
     partitions = build_partitions(runner.platform)
 
     def engine(config, parts=None, options=frozenset()) -> LLMEngine:
-        ahead = False if "sync" in options else run_ahead_enabled(config, runner)
+        ahead = False if "sync" in options else run_ahead.enabled(config, runner.platform.is_cuda)
         built = LLMEngine(config, llm.engine.model_config, runner, ahead, None, parts)
         if "parts" in options and built.multiplexer is not None:
             built.multiplexer.layers_per_part = 4

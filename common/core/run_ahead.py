@@ -33,15 +33,19 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import islice
 
+from common.config import EngineConfig
 from common.core.batch import ScheduledBatch, SeqUpdate
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence, SequenceStatus
 from common.env_flags import env_switch
 from common.runner.step_handle import StepHandle
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,6 +57,17 @@ class InFlightStep:
 
 def needs_host_tokens(seq: Sequence) -> bool:
     return seq.reads_token_history
+
+
+def enabled(config: EngineConfig, is_cuda: bool) -> bool:
+    """Whether plain decode steps run ahead: as configured, by default on CUDA; never with tensor
+    parallelism (run-ahead feeds device-side tokens that only rank 0, the sampler, holds). In
+    multiplexed mode only decode steps run ahead (common/multiplex/stepper.py)."""
+    on = is_cuda if config.async_scheduling is None else config.async_scheduling
+    if config.tensor_parallel_size > 1 and on:
+        logger.info("run-ahead decoding is off with tensor_parallel_size > 1")
+        return False
+    return on
 
 
 def mixed_steps_enabled() -> bool:
