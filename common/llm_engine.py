@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -29,8 +28,6 @@ from common.wire.token_ids import check_token_ids
 
 if TYPE_CHECKING:
     import torch
-
-logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
