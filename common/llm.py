@@ -11,6 +11,7 @@ from common.config import EngineConfig
 from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.llm_engine import LLMEngine
+from common.runner.grammar import grammar_failure
 from common.tokenizer import load_tokenizer
 from common.wire.detokenizer import Decoder, IncrementalDetokenizer
 from common.wire.sampling_params import SamplingParams
@@ -68,9 +69,12 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[dict]:
-        """Generate for every prompt; results in input order as {"text", "token_ids"} (+ "outputs" if n>1).
+        """Generate for every prompt; results in input order as {"text", "token_ids", "finish_reason"}
+        (+ "outputs" if n>1).
 
-        "text" is None when the model directory has no tokenizer (token-id prompts only).
+        "text" is None when the model directory has no tokenizer (token-id prompts only). An answer
+        whose grammar could not be followed to its end (its matcher failed mid-answer) has
+        "finish_reason" "error" and says why in "error", as a worker answers the router with an error.
         """
         prompts, params = self._normalise(prompts, sampling_params)
         self._check_grammars(params)
@@ -189,6 +193,8 @@ class LLM:
             elif self.tokenizer is not None:
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
             out = {"text": text, "token_ids": ids, "finish_reason": reason}
+            if (failure := grammar_failure(seq)) is not None:
+                out |= {"finish_reason": "error", "error": f"grammar could not be followed: {failure}"}
             if seq.sampling_params.logprobs is not None:
                 out["logprobs"] = seq.logprobs[: len(ids)]
             outs.append(out)

@@ -9,6 +9,7 @@ import pytest
 from common import LLM, SamplingParams
 from common.core import run_ahead
 from common.core.sequence import Sequence
+from common.llm import _Pending
 from common.spec_decode.speculative import can_speculate_later
 from common.tools.default_model import prepare_default_model
 from common.wire.structured_output import GuidedRequest, choice_grammar
@@ -112,3 +113,21 @@ def test_thousands_of_choices_are_answered(default_llm):
     params = SamplingParams(temperature=0, grammar=choice_grammar(choices), max_tokens=16)
     out = default_llm.generate(["Pick one option:"], params, use_tqdm=False)[0]
     assert out["text"] in choices and out["finish_reason"] == "stop"
+
+
+def test_an_answer_whose_grammar_failed_says_so(default_llm):
+    """A matcher that fails mid-answer (its first completion token, sampled elsewhere, is one the grammar
+    does not allow) ends the sequence on the EOS it forces; the result is then an error naming the
+    grammar, as a decode worker answers the router, not a finished answer."""
+    engine = default_llm.engine
+    vocab = engine.model_config.vocab_size
+    (maybe,) = engine.runner.grammar.tokenizer(vocab).tokenize_str("maybe")
+    prompt = default_llm.tokenizer.encode(_chat(default_llm, "yes or no?"))
+    params = SamplingParams(temperature=0, grammar=choice_grammar(["yes", "no"]), max_tokens=8)
+    seq = engine.make_sequence([*prompt, maybe], params, "g-0", num_prompt_tokens=len(prompt))
+    engine.prepare_grammar(seq)
+    engine.scheduler.add(seq)
+    while engine.has_unfinished:
+        engine.step()
+    out = default_llm._result(_Pending(0, [seq]))
+    assert out["finish_reason"] == "error" and "grammar could not be followed" in out["error"], out
