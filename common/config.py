@@ -57,6 +57,10 @@ class EngineConfig:
     # instead of as a chunk on the prefill share, whose launch costs a host-bound model a decode step.
     # 0: never.
     mux_inline_prompt_tokens: int = 0
+    # Multiplexed mode: a step inlines prompt tokens only up to the measured break-even (a chunk launch's
+    # host time over a prompt token's device time, common/multiplex/inline_budget.py), each prompt and
+    # the step at most mux_inline_prompt_tokens (0: max_num_batched_tokens).
+    mux_inline_measured: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -107,6 +111,8 @@ class EngineConfig:
         inline = self.mux_inline_prompt_tokens
         if isinstance(inline, bool) or not isinstance(inline, int) or inline < 0:
             raise ValueError(f"mux_inline_prompt_tokens must be an int >= 0, got {inline!r}")
+        if self.mux_inline_measured not in (True, False):
+            raise ValueError(f"mux_inline_measured must be a bool, got {self.mux_inline_measured!r}")
         if not self.pd_multiplex:
             return
         if self.role != "mixed":

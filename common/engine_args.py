@@ -58,6 +58,11 @@ ENGINE_FLAGS = FlagTable(
             int,
             "with --pd-multiplex: prompts of at most this many uncached tokens run inside the decode step",
         ),
+        Flag(
+            "mux_inline_measured",
+            None,
+            "with --pd-multiplex: inline prompt tokens up to the measured break-even against a chunk launch",
+        ),
     ),
 )
 

@@ -10,7 +10,8 @@
 # --tokenizer-from gives it: without one, most sampled ids stream no text and the ITL measures nothing.
 # Env: ARMS ("agg512 agg2048 agg8192 mux": aggN is --mixed 1 --max-num-batched-tokens N; muxiN is mux
 # with --mux-inline-prompt-tokens N: prompts of up to N tokens inside its decode steps; muxtN is mux
-# with --itl-target-ms N), LONG_RATES
+# with --itl-target-ms N; muxm is mux with --mux-inline-measured: as many prompt tokens inline as the
+# measured break-even against a chunk allows), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
 # MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
 # serves every rate (about 5.5 minutes per arm at the defaults): split ARMS over device calls.
@@ -28,7 +29,8 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
     mux) setup=ipc extra="${MUX_EXTRA:-}" ;;
     muxi*) setup=ipc extra="--mux-inline-prompt-tokens ${arm#muxi} ${MUX_EXTRA:-}" ;;
     muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} ${MUX_EXTRA:-}" ;;
-    *) echo "unknown arm $arm (aggN, mux, muxiN or muxtN)" >&2; exit 2 ;;
+    muxm) setup=ipc extra="--mux-inline-measured ${MUX_EXTRA:-}" ;;
+    *) echo "unknown arm $arm (aggN, mux, muxiN, muxtN or muxm)" >&2; exit 2 ;;
   esac
   echo "== $arm"
   env OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \

@@ -33,8 +33,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING
 
 from common.config import EngineConfig
@@ -43,10 +41,11 @@ from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
+from common.multiplex.chunk import ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ControllerConfig, ShareController
+from common.multiplex.inline_budget import InlineBudget
 from common.multiplex.launch_knobs import capture_share_graphs, layers_per_part, share_graphs_enabled
-from common.multiplex.partitions import Completion, SMPartitions
-from common.runner.side_launch import SideLaunch
+from common.multiplex.partitions import SMPartitions
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
@@ -54,42 +53,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Chunk:
-    seqs: list[Sequence]
-    launch: SideLaunch
-    lane: int
-    completion: Completion | None = None  # recorded once every part is launched
-
-    @property
-    def done(self) -> bool:
-        return self.completion is not None and self.completion.done()
-
-    @cached_property
-    def request_ids(self) -> frozenset[str]:
-        return frozenset(s.request_id for s in self.seqs)
-
-    @cached_property
-    def seq_ids(self) -> frozenset[int]:
-        """Read by every decode step beside the chunk: built once."""
-        return frozenset(s.seq_id for s in self.seqs)
-
-
-@dataclass
-class MultiplexStats:
-    """Counters for benchmarks: chunks launched per lane index, the parts they were launched in, decode
-    steps run beside a chunk (the worker's stats line reads `StepTimings`' share of them)."""
-
-    chunks_per_lane: dict[int, int] = field(default_factory=dict)
-    chunk_parts: int = 0
-    decode_steps_beside: int = 0
-
-
 class MultiplexedSteps:
     """See the module docstring. `chunk_tokens`: the most prompt tokens one chunk computes;
     `ahead`: decode steps run ahead (off on the CPU, where a launch already computes the step);
     `inline_tokens`: prompts of at most this many uncached tokens computed inside decode steps, as
-    many as fit in `chunk_tokens` (0: every prompt runs as a chunk)."""
+    many as fit in `chunk_tokens` (0: every prompt runs as a chunk); `inline_budget`, when given,
+    replaces that fixed rule by a measured one (common/multiplex/inline_budget.py)."""
 
     def __init__(
         self,
@@ -102,6 +71,7 @@ class MultiplexedSteps:
         ahead: bool = False,
         layers_per_part: int | None = None,
         inline_tokens: int = 0,
+        inline_budget: InlineBudget | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -113,8 +83,9 @@ class MultiplexedSteps:
         self.ahead = ahead
         self.layers_per_part = layers_per_part  # None: every chunk launched in one piece
         self.inline_tokens = inline_tokens
+        self.inline_budget = inline_budget
         self.mixed_ahead = run_ahead.mixed_steps_enabled()
-        self._chunk: _Chunk | None = None
+        self._chunk: ChunkInFlight | None = None
         self._decode_in_flight: run_ahead.InFlightStep | None = None
         self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
         self._held_aborts: set[str] = set()
@@ -130,15 +101,17 @@ class MultiplexedSteps:
         ahead: bool,
     ) -> MultiplexedSteps:
         """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms`, prompts of up to
-        `mux_inline_prompt_tokens` inside decode steps."""
+        `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`: as many prompt
+        tokens as the measured break-even allows, at most that many, or a chunk's, per step)."""
         lanes = len(partitions.lanes)
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
         chunk = config.max_num_batched_tokens
         if runner.prefill_graphs is not None and share_graphs_enabled():
             capture_share_graphs(runner, partitions)
         inline = config.mux_inline_prompt_tokens
+        budget = InlineBudget(inline or chunk) if config.mux_inline_measured else None
         parts = layers_per_part()
-        return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, parts, inline)
+        return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, parts, inline, budget)
 
     @property
     def in_flight(self) -> bool:
@@ -181,12 +154,14 @@ class MultiplexedSteps:
     def _launch_chunk(self, result: StepResult) -> None:
         """Launch the next chunk; while sequences decode, short prompts are left to the decode step
         (with nothing decoding no decode step would take them)."""
+        began = time.perf_counter()
         scheduler = self.scheduler
+        limit = self._inline_limit()
         # The scan of `running` only when a prompt waits to be placed: most steps launch no chunk.
         decoding = None
-        if self.inline_tokens and scheduler.waiting:
+        if limit and scheduler.waiting:
             decoding = any(map(is_decoding, scheduler.running))
-        batch = scheduler.schedule_prefill(self.chunk_tokens, self.inline_tokens if decoding else 0)
+        batch = scheduler.schedule_prefill(self.chunk_tokens, limit if decoding else 0)
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return
@@ -199,13 +174,19 @@ class MultiplexedSteps:
             self.timings.shared_chunk_sms += share.sms
         per_part = self.layers_per_part if decoding else None
         launch = self.runner.launch_side(batch.seqs, share, per_part)
-        self._chunk = _Chunk(batch.seqs, launch, lane)
-        self._advance(self._chunk)
+        chunk = ChunkInFlight(batch.seqs, launch, lane, batch.num_prefill_tokens, began)
+        chunk.host_seconds = time.perf_counter() - began
+        self._chunk = chunk
+        self._advance(chunk)
         self.stats.chunks_per_lane[lane] = self.stats.chunks_per_lane.get(lane, 0) + 1
         self.timings.prefill_steps += 1
         result.num_prefill_tokens += batch.num_prefill_tokens
 
-    def _advance(self, chunk: _Chunk) -> None:
+    def _inline_limit(self) -> int:
+        """Prompt tokens the next decode step may carry (and the longest prompt it takes whole)."""
+        return self.inline_tokens if self.inline_budget is None else self.inline_budget.tokens
+
+    def _advance(self, chunk: ChunkInFlight) -> None:
         """Launch the chunk's next part; once all are launched, record its completion. A part that
         fails abandons the chunk (its sequences stay running until aborted) and re-raises."""
         began = time.perf_counter()
@@ -221,7 +202,9 @@ class MultiplexedSteps:
             self._held_aborts = set()
             raise
         finally:
-            self.timings.prefill_forward += time.perf_counter() - began  # host time to launch it
+            spent = time.perf_counter() - began  # host time to launch it
+            self.timings.prefill_forward += spent
+            chunk.host_seconds += spent
 
     def _decode(self, result: StepResult) -> bool:
         """Launch one decode step (with short prompts inlined) and resolve the one before it; False when
@@ -238,8 +221,13 @@ class MultiplexedSteps:
         if not batch.seqs:
             return False
         decode_rows = len(batch.seqs)  # all drawn from `running`, which `host_tokens` covered
-        if self.inline_tokens:
-            self.scheduler.inline_prompts(batch, self.inline_tokens, self.chunk_tokens)
+        if limit := self._inline_limit():
+            total = (
+                self.chunk_tokens
+                if self.inline_budget is None
+                else min(self.chunk_tokens, decode_rows + limit)
+            )
+            self.scheduler.inline_prompts(batch, limit, total)
             self.timings.inline_prompts += len(batch.seqs) - decode_rows
         began = time.perf_counter()
         previous = self._decode_in_flight
@@ -278,12 +266,18 @@ class MultiplexedSteps:
         self._last_decode_output = now
         self.timings.device_wait += wait_seconds
 
-    def _resolve_chunk(self, chunk: _Chunk) -> list[SeqUpdate]:
-        """`chunk` has finished: apply held aborts (its blocks are safe to free now), then its tokens."""
+    def _resolve_chunk(self, chunk: ChunkInFlight) -> list[SeqUpdate]:
+        """`chunk` has finished: apply held aborts (its blocks are safe to free now), then its tokens;
+        its timing goes to the inline budget."""
+        done_at = time.perf_counter()
         self._chunk = None
         assert chunk.launch.handle is not None  # resolved only once launched and done
         output = chunk.launch.handle.result()
         if self._held_aborts:
             self.scheduler.abort(self._held_aborts)
             self._held_aborts = set()
-        return self.scheduler.update_from_output(chunk.seqs, output)
+        updates = self.scheduler.update_from_output(chunk.seqs, output)
+        if self.inline_budget is not None:
+            chunk.host_seconds += time.perf_counter() - done_at
+            self.inline_budget.observe(chunk.timing(done_at))
+        return updates

@@ -223,3 +223,26 @@ def test_inline_prompt_tokens_is_checked(tiny_model_dirs):
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="mux_inline_prompt_tokens"):
             _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=bad)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_measured_inline_budget_gives_the_same_tokens(tiny_model_dirs, ahead):
+    """With `mux_inline_measured` nothing rides in a decode step before a chunk was measured; after
+    that (on the CPU a chunk's launch is its whole computation, so the break-even is about a chunk)
+    short prompts do, and the tokens stay the aggregated engine's."""
+    prompts = _prompts(3)
+    plain = _llm(tiny_model_dirs["qwen3"])
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead, mux_inline_measured=True)
+    budget = mux.engine.multiplexer.inline_budget
+    assert budget is not None and budget.tokens == 0 and budget.cap == 32  # max_num_batched_tokens
+    for every in (1, 2):
+        assert run_staggered(mux.engine, prompts, GREEDY, every) == run_staggered(
+            plain.engine, prompts, GREEDY, every
+        )
+    assert budget.tokens > 0 and mux.engine.timings.inline_prompts > 0
+    assert mux.engine.block_manager.num_free_blocks == mux.engine.block_manager.num_blocks
+
+
+def test_inline_measured_is_checked(tiny_model_dirs):
+    with pytest.raises(ValueError, match="mux_inline_measured"):
+        _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_measured="yes")
