@@ -59,7 +59,7 @@ class EngineConfig:
     mux_inline_prompt_tokens: int = 0
     # Multiplexed mode: a step inlines prompt tokens only up to the measured break-even (a chunk launch's
     # host time over a prompt token's device time, common/multiplex/inline_budget.py), each prompt and
-    # the step at most mux_inline_prompt_tokens (0: max_num_batched_tokens).
+    # the step at most mux_inline_prompt_tokens (0: inline_budget.DEFAULT_CAP, 512).
     mux_inline_measured: bool = False
 
     def __post_init__(self) -> None:

@@ -11,13 +11,17 @@ streams one longer gap:
 So a step inlines prompt tokens while their device time stays under one chunk's host time:
 `budget = host_seconds / seconds_per_token`. Both are measured on the chunks themselves, as they
 run, so the rule follows the model and the device with no table: a 135M model (host-bound, ~1 ms per
-launch, well under a microsecond per prompt token) inlines thousands of tokens a step, an 8B shape
-(tens of microseconds per token) next to none. Until a chunk has been measured the budget is 0: every
+chunk, well under a microsecond per prompt token) inlines its short prompts, an 8B shape (tens of
+microseconds per token) next to none. Until a chunk has been measured the budget is 0: every
 prompt runs as a chunk, which is what measures it.
 
-A chunk's seconds per token are its wall time from launch to the step that found it done, over its
-tokens; on an SM share and read at step granularity that is an upper bound of the device time, so the
-rule errs towards chunks (the side that leaves decode steps short).
+What is measured where: a chunk's seconds per token are its wall time from scheduling to the step
+that found it done, averaged weighted by tokens, so the long chunks, whose step-sized reading error
+is small against their length, dominate (on an SM share that is still an upper bound of the device
+time: the rule errs towards chunks, the side that keeps decode steps short). The host time is the
+cost a short prompt's own chunk would have: it is averaged over chunks of at most `cap` tokens only
+(a long chunk may launch eager, for far more host time than the chunks that inlining replaces), and
+until such a chunk has been seen the budget stays 0.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 
 # Weight of the newest chunk in the running averages: a few chunks settle a changed load.
 SMOOTHING = 0.25
+# The cap when none is configured: the fixed rule's measured length (--mux-inline-prompt-tokens 512).
+DEFAULT_CAP = 512
 
 
 @dataclass(frozen=True)
@@ -48,25 +54,27 @@ class ChunkTiming:
 
 class InlineBudget:
     """Prompt tokens the next decode step may carry inline (`tokens`), from measured chunks
-    (`observe`). Invariant: 0 until the first chunk is observed; never above `cap`."""
+    (`observe`). Invariant: 0 until a chunk of at most `cap` tokens is observed; never above `cap`."""
 
     def __init__(self, cap: int) -> None:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValueError(f"cap must be an int >= 0, got {cap!r}")
         self.cap = cap
-        self._host_seconds: float | None = None
-        self._seconds_per_token: float | None = None
+        self._host_seconds: float | None = None  # of a short chunk
+        self._wall_seconds: float | None = None  # wall seconds and tokens of a chunk, their ratio the
+        self._tokens: float | None = None  # token-weighted seconds per token
 
     def observe(self, chunk: ChunkTiming) -> None:
-        per_token = chunk.wall_seconds / chunk.tokens
-        self._host_seconds = _smooth(self._host_seconds, chunk.host_seconds)
-        self._seconds_per_token = _smooth(self._seconds_per_token, per_token)
+        self._wall_seconds = _smooth(self._wall_seconds, chunk.wall_seconds)
+        self._tokens = _smooth(self._tokens, chunk.tokens)
+        if chunk.tokens <= self.cap:
+            self._host_seconds = _smooth(self._host_seconds, chunk.host_seconds)
 
     @property
     def tokens(self) -> int:
-        if self._host_seconds is None or not self._seconds_per_token:
+        if self._host_seconds is None or self._wall_seconds is None or self._tokens is None:
             return 0
-        return min(self.cap, int(self._host_seconds / self._seconds_per_token))
+        return min(self.cap, int(self._host_seconds * self._tokens / self._wall_seconds))
 
 
 def _smooth(old: float | None, new: float) -> float:

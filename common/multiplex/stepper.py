@@ -43,7 +43,7 @@ from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
 from common.multiplex.chunk import ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ControllerConfig, ShareController
-from common.multiplex.inline_budget import InlineBudget
+from common.multiplex.inline_budget import DEFAULT_CAP, InlineBudget
 from common.multiplex.launch_knobs import capture_share_graphs, layers_per_part, share_graphs_enabled
 from common.multiplex.partitions import SMPartitions
 
@@ -102,14 +102,14 @@ class MultiplexedSteps:
     ) -> MultiplexedSteps:
         """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms`, prompts of up to
         `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`: as many prompt
-        tokens as the measured break-even allows, at most that many, or a chunk's, per step)."""
+        tokens as the measured break-even allows, at most that many, or DEFAULT_CAP, per step)."""
         lanes = len(partitions.lanes)
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
         chunk = config.max_num_batched_tokens
         if runner.prefill_graphs is not None and share_graphs_enabled():
             capture_share_graphs(runner, partitions)
         inline = config.mux_inline_prompt_tokens
-        budget = InlineBudget(inline or chunk) if config.mux_inline_measured else None
+        budget = InlineBudget(inline or DEFAULT_CAP) if config.mux_inline_measured else None
         parts = layers_per_part()
         return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, parts, inline, budget)
 

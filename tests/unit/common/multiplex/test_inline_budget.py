@@ -14,31 +14,41 @@ def test_nothing_is_inlined_before_a_chunk_was_measured():
 
 def test_a_host_bound_model_inlines_up_to_the_cap():
     budget = InlineBudget(cap=8192)
-    # 135M-like: 1 ms of host time per chunk, a 6,000-token chunk done 3 ms after its launch.
+    # 135M-like: 1 ms of host time per chunk, a 6,000-token chunk done 3 ms after it was scheduled.
     budget.observe(ChunkTiming(tokens=6000, host_seconds=1e-3, wall_seconds=3e-3))
     assert budget.tokens == 2000
     budget = InlineBudget(cap=512)
-    budget.observe(ChunkTiming(tokens=6000, host_seconds=1e-3, wall_seconds=3e-3))
+    budget.observe(ChunkTiming(tokens=500, host_seconds=1e-3, wall_seconds=1e-3))
+    assert budget.tokens == 500
+    budget.observe(ChunkTiming(tokens=6000, host_seconds=20e-3, wall_seconds=5e-3))
     assert budget.tokens == 512
 
 
 def test_a_compute_bound_model_keeps_its_prompts_on_chunks():
-    budget = InlineBudget(cap=8192)
-    # 8B-like: 2 ms of host time, 250 ms for 6,000 tokens on the prefill share: 83 tokens a step.
-    budget.observe(ChunkTiming(tokens=6000, host_seconds=2e-3, wall_seconds=0.25))
-    assert budget.tokens == 48
-    assert budget.tokens < 256  # a 256-token chat prompt goes to a chunk
+    budget = InlineBudget(cap=512)
+    # 8B-like: 1 ms of host time for a chat chunk, 250 ms for 6,000 tokens on the prefill share.
+    budget.observe(ChunkTiming(tokens=256, host_seconds=1e-3, wall_seconds=12e-3))
+    budget.observe(ChunkTiming(tokens=6000, host_seconds=8e-3, wall_seconds=0.25))
+    assert 0 < budget.tokens < 64  # a 256-token chat prompt goes to a chunk
+
+
+def test_only_short_chunks_say_what_a_chunk_costs_the_host():
+    """A long chunk's host time (an eager launch) is not what inlining a short prompt saves."""
+    budget = InlineBudget(cap=512)
+    budget.observe(ChunkTiming(tokens=6000, host_seconds=20e-3, wall_seconds=6e-3))
+    assert budget.tokens == 0
+    budget.observe(ChunkTiming(tokens=300, host_seconds=0.5e-3, wall_seconds=1e-3))
+    wall = 6e-3 + SMOOTHING * (1e-3 - 6e-3)
+    tokens = 6000 + SMOOTHING * (300 - 6000)
+    assert budget.tokens == int(0.5e-3 * tokens / wall)
 
 
 def test_the_budget_follows_newer_chunks_smoothly():
     budget = InlineBudget(cap=100_000)
     budget.observe(ChunkTiming(tokens=1000, host_seconds=1e-3, wall_seconds=1e-3))  # 1 us a token
     assert budget.tokens == 1000
-    budget.observe(ChunkTiming(tokens=1000, host_seconds=1e-3, wall_seconds=3e-3))  # 3 us a token
-    per_token = 1e-6 + SMOOTHING * (3e-6 - 1e-6)
-    assert budget.tokens == int(1e-3 / per_token)
     for _ in range(40):
-        budget.observe(ChunkTiming(tokens=1000, host_seconds=1e-3, wall_seconds=3e-3))
+        budget.observe(ChunkTiming(tokens=1000, host_seconds=1e-3, wall_seconds=3e-3))  # 3 us a token
     assert budget.tokens == pytest.approx(333, abs=2)
 
 

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from common import LLM, SamplingParams
+from common.multiplex.inline_budget import DEFAULT_CAP
 from common.multiplex.partitions import InlinePartitions
 from tests.helpers.counted_run import generate_counted
 from tests.helpers.staggered import run_staggered
@@ -234,7 +235,7 @@ def test_a_measured_inline_budget_gives_the_same_tokens(tiny_model_dirs, ahead):
     plain = _llm(tiny_model_dirs["qwen3"])
     mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead, mux_inline_measured=True)
     budget = mux.engine.multiplexer.inline_budget
-    assert budget is not None and budget.tokens == 0 and budget.cap == 32  # max_num_batched_tokens
+    assert budget is not None and budget.tokens == 0 and budget.cap == DEFAULT_CAP
     for every in (1, 2):
         assert run_staggered(mux.engine, prompts, GREEDY, every) == run_staggered(
             plain.engine, prompts, GREEDY, every
