@@ -43,7 +43,7 @@ from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
 from common.multiplex.chunk import ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ControllerConfig, ShareController
-from common.multiplex.inline_budget import DEFAULT_CAP, InlineBudget
+from common.multiplex.inline_budget import DEFAULT_CAP, ChunkTiming, InlineBudget
 from common.multiplex.launch_knobs import capture_share_graphs, layers_per_part, share_graphs_enabled
 from common.multiplex.partitions import SMPartitions
 
@@ -279,5 +279,22 @@ class MultiplexedSteps:
         updates = self.scheduler.update_from_output(chunk.seqs, output)
         if self.inline_budget is not None:
             chunk.host_seconds += time.perf_counter() - done_at
-            self.inline_budget.observe(chunk.timing(done_at))
+            self._observe(chunk.timing(done_at))
         return updates
+
+    def _observe(self, timing: ChunkTiming) -> None:
+        """The chunk's timing to the inline budget; a budget that moved by 2x (or to or from 0) is logged."""
+        budget = self.inline_budget
+        assert budget is not None
+        before = budget.tokens
+        budget.observe(timing)
+        after = budget.tokens
+        if (before == 0) != (after == 0) or not before / 2 <= after <= 2 * before:
+            log.info(
+                "inline budget %d -> %d prompt tokens a step (chunk of %d: host %.2f ms, %.2f ms to done)",
+                before,
+                after,
+                timing.tokens,
+                1e3 * timing.host_seconds,
+                1e3 * timing.wall_seconds,
+            )
