@@ -222,12 +222,7 @@ class MultiplexedSteps:
             return False
         decode_rows = len(batch.seqs)  # all drawn from `running`, which `host_tokens` covered
         if limit := self._inline_limit():
-            total = (
-                self.chunk_tokens
-                if self.inline_budget is None
-                else min(self.chunk_tokens, decode_rows + limit)
-            )
-            self.scheduler.inline_prompts(batch, limit, total)
+            self.scheduler.inline_prompts(batch, limit, self.chunk_tokens)
             self.timings.inline_prompts += len(batch.seqs) - decode_rows
         began = time.perf_counter()
         previous = self._decode_in_flight
