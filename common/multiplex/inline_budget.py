@@ -1,4 +1,4 @@
-"""How many prompt tokens a multiplexed decode step may carry inline: a measured break-even (pure Python).
+"""Which prompts a multiplexed decode step may carry inline: a measured break-even (pure Python).
 
 A short waiting prompt can reach the device two ways in multiplexed mode, and each costs the decoding
 streams one longer gap:
@@ -8,12 +8,14 @@ streams one longer gap:
   launching, resolving its first tokens) instead of launching decode steps (a host-bound model loses
   about a decode step per chunk).
 
-So a step inlines prompt tokens while their device time stays under one chunk's host time:
-`budget = host_seconds / seconds_per_token`. Both are measured on the chunks themselves, as they
-run, so the rule follows the model and the device with no table: a 135M model (host-bound, ~1 ms per
-chunk, well under a microsecond per prompt token) inlines its short prompts, an 8B shape (tens of
-microseconds per token) next to none. Until a chunk has been measured the budget is 0: every
-prompt runs as a chunk, which is what measures it.
+So a prompt is inlined while its device time stays under one short chunk's host time:
+`budget = host_seconds / seconds_per_token` tokens. (A step packs such prompts as many as fit its token
+budget, as aggregated mode and the fixed limit do: a step capped at the budget in all, tried first,
+served the default model at 0.86x aggregated against 1.02x packed; docs/benchmarks.md.)
+Both are measured on the chunks themselves, as they run, so the rule follows the model and the device
+with no table: a 135M model (host-bound, ~1 ms per chunk, well under a microsecond per prompt token)
+inlines its short prompts, an 8B shape (tens of microseconds per token) next to none. Until a chunk
+has been measured the budget is 0: every prompt runs as a chunk, which is what measures it.
 
 What is measured where: a chunk's seconds per token are its wall time from scheduling to the step
 that found it done, averaged weighted by tokens, so the long chunks, whose step-sized reading error
@@ -53,8 +55,9 @@ class ChunkTiming:
 
 
 class InlineBudget:
-    """Prompt tokens the next decode step may carry inline (`tokens`), from measured chunks
-    (`observe`). Invariant: 0 until a chunk of at most `cap` tokens is observed; never above `cap`."""
+    """The longest uncached prompt the next decode step may take inline (`tokens`; the step packs such
+    prompts up to its token budget, as the fixed limit does), from measured chunks (`observe`).
+    Invariant: 0 until a chunk of at most `cap` tokens is observed; never above `cap`."""
 
     def __init__(self, cap: int) -> None:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:

@@ -58,7 +58,7 @@ class MultiplexedSteps:
     `ahead`: decode steps run ahead (off on the CPU, where a launch already computes the step);
     `inline_tokens`: prompts of at most this many uncached tokens computed inside decode steps, as
     many as fit in `chunk_tokens` (0: every prompt runs as a chunk); `inline_budget`, when given,
-    replaces that fixed rule by a measured one (common/multiplex/inline_budget.py)."""
+    replaces that fixed limit by a measured one (common/multiplex/inline_budget.py)."""
 
     def __init__(
         self,
@@ -101,8 +101,8 @@ class MultiplexedSteps:
         ahead: bool,
     ) -> MultiplexedSteps:
         """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms`, prompts of up to
-        `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`: as many prompt
-        tokens as the measured break-even allows, at most that many, or DEFAULT_CAP, per step)."""
+        `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`, the default: prompts
+        up to the measured break-even, at most that many or DEFAULT_CAP)."""
         lanes = len(partitions.lanes)
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
         chunk = config.max_num_batched_tokens
