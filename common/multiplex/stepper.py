@@ -183,7 +183,8 @@ class MultiplexedSteps:
         result.num_prefill_tokens += batch.num_prefill_tokens
 
     def _inline_limit(self) -> int:
-        """Prompt tokens the next decode step may carry (and the longest prompt it takes whole)."""
+        """The longest uncached prompt the next decode step takes whole (it packs such prompts up to
+        `chunk_tokens`); 0: none."""
         return self.inline_tokens if self.inline_budget is None else self.inline_budget.tokens
 
     def _advance(self, chunk: ChunkInFlight) -> None:
@@ -272,7 +273,7 @@ class MultiplexedSteps:
             self.scheduler.abort(self._held_aborts)
             self._held_aborts = set()
         updates = self.scheduler.update_from_output(chunk.seqs, output)
-        if self.inline_budget is not None:
+        if self.inline_budget is not None and chunk.tokens > 0:  # a chunk computes a token at least
             chunk.host_seconds += time.perf_counter() - done_at
             self._observe(chunk.timing(done_at))
         return updates
@@ -286,7 +287,8 @@ class MultiplexedSteps:
         after = budget.tokens
         if (before == 0) != (after == 0) or not before / 2 <= after <= 2 * before:
             log.info(
-                "inline budget %d -> %d prompt tokens a step (chunk of %d: host %.2f ms, %.2f ms to done)",
+                "inline budget %d -> %d tokens, the longest prompt inlined"
+                " (chunk of %d: host %.2f ms, %.2f ms to done)",
                 before,
                 after,
                 timing.tokens,
