@@ -174,6 +174,10 @@ class BareFront(RouterFronts):
         super().__init__(*fronts_args)
         self.kind, self.step_ms = kind, step_ms
 
+    def ttft_totals(self) -> None:
+        """A bare front keeps no metrics."""
+        return None
+
     def start(self, n: int) -> None:
         if n != 1:
             raise ValueError(f"--bare-http runs one front, got --api-servers {n}")

@@ -16,6 +16,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+TTFT_METRIC = "pdserve_time_to_first_token_seconds"
+
 
 def cpu_list(text: str) -> list[int]:
     """`0`, `0-7` or `0,2,4-6` as a list of CPU numbers (argparse type)."""
@@ -84,6 +86,22 @@ class RouterFronts:
 
     def cpu_seconds(self) -> list[float]:
         return cpu_seconds(self.pids)
+
+    def ttft_totals(self) -> tuple[float, int] | None:
+        """The fronts' own time to first token so far, summed over them (/metrics answers for all):
+        (seconds, requests). It runs from a sequence's arrival stamp (its request parsed, validated and
+        planned) to its first token taken in the request's task, so the client's TTFT less this is the
+        HTTP intake, the admission work and the response write."""
+        with urllib.request.urlopen(f"{self.url}/metrics") as r:
+            text = r.read().decode()
+        total, count = 0.0, 0
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name.startswith(TTFT_METRIC + "_sum"):
+                total += float(value)
+            elif name.startswith(TTFT_METRIC + "_count"):
+                count += int(float(value))
+        return total, count
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -22,7 +22,9 @@ Reported: output tokens/s (completed requests' tokens over the wall time), SSE c
 chunk (above 1 when a front coalesced tokens for a client that fell behind), requests/s, and the
 fronts' CPU use summed over all of them (1.0 = one core busy) and their CPU time per token and per
 completed request, and the clients' time to first token (p50 / p99 / mean ms): with `--step-ms 0`
-the firehose workers answer at once, so it is what the fronts (and the client's own event loop) add.
+the firehose workers answer at once, so it is what the fronts (and the client's own event loop) add;
+`front_ttft_ms_mean`, the fronts' own TTFT from their /metrics (a sequence's arrival stamp, after
+parsing, validation and planning, to its first token in the request's task), splits it.
 `--bare-http` puts a bare ASGI app under the same uvicorn in the router's place (benchmarks/serving/
 bare_front.py: JSON in, the same SSE chunks out, no routing or workers): the HTTP stack's floor, to
 read the router's own cost against; `--bare-http raw`, an asyncio protocol that writes the HTTP
@@ -160,12 +162,13 @@ def _measure(a: argparse.Namespace, load: Load, ctx, fronts: RouterFronts, worke
         c.start()
     time.sleep(max(0.0, start_at - time.time()))
     profiler = start_profiler(a.profile_out, fronts.pids[0], a.duration)
-    cpu0 = fronts.cpu_seconds()
+    cpu0, ttft0 = fronts.cpu_seconds(), fronts.ttft_totals()
     others = {"worker": worker_pids, "client": [c.pid for c in clients]}
     others0 = {kind: cpu_seconds(pids) for kind, pids in others.items()}
     results = [ClientResult(**out.get()) for _ in clients]
     wall = max(r.last_done for r in results) - start_at if any(r.requests for r in results) else a.duration
     cpu = [after - before for before, after in zip(cpu0, fronts.cpu_seconds(), strict=True)]
+    ttft1 = fronts.ttft_totals()
     # Workers and clients must not be what limits the run: their CPU use says whether they were.
     spent = {
         f"{kind}_cpu_cores": (sum(cpu_seconds(pids)) - sum(others0[kind])) / wall
@@ -175,7 +178,14 @@ def _measure(a: argparse.Namespace, load: Load, ctx, fronts: RouterFronts, worke
         c.join(10)
     if profiler is not None:
         profiler.wait(30)
-    return _summary(a, load, results, wall, cpu) | spent
+    return _summary(a, load, results, wall, cpu) | spent | _front_ttft(ttft0, ttft1)
+
+
+def _front_ttft(before: tuple[float, int] | None, after: tuple[float, int] | None) -> dict:
+    """The fronts' own mean TTFT over the run (RouterFronts.ttft_totals); nothing for a bare front."""
+    if before is None or after is None or after[1] <= before[1]:
+        return {}
+    return {"front_ttft_ms_mean": 1e3 * (after[0] - before[0]) / (after[1] - before[1])}
 
 
 def _summary(a: argparse.Namespace, load: Load, results: list[ClientResult], wall: float, cpu: list) -> dict:

@@ -32,6 +32,8 @@ def test_an_open_loop_run_sends_at_the_rate_and_times_first_tokens(tmp_path) -> 
     # Poisson arrivals at 40/s for 2 s: ~80 requests (p < 1e-6 outside 40-130 in all)
     assert 40 <= doc["requests_per_s"] * doc["wall_s"] <= 130
     assert 0 < doc["ttft_ms_p50"] <= doc["ttft_ms_p99"] < 2000
+    # the fronts' own share, from their /metrics: part of what the clients measured
+    assert 0 < doc["front_ttft_ms_mean"] < doc["ttft_ms_mean"]
 
 
 @pytest.mark.parametrize("kind", ["asgi", "raw"])
@@ -45,7 +47,7 @@ def test_the_bare_http_floor_streams_every_token(tmp_path, kind) -> None:
     assert bare["output_tokens_per_s"] == pytest.approx(5 * bare["requests_per_s"])
     assert bare["tokens_per_chunk"] == pytest.approx(1.0)  # one write per token, as the router's floor
     assert bare["worker_cpu_cores"] == 0  # no workers: what the front costs is HTTP and JSON alone
-    assert bare["router_cpu_us_per_request"] > 0
+    assert bare["router_cpu_us_per_request"] > 0 and "front_ttft_ms_mean" not in bare  # no metrics
     # Paced at the default --step-ms 10: a request's 5 chunks span at least 3 whole steps (the ticks
     # are shared, so the first wait may be shorter), so 8 streams finish at most 8 / 0.03 s a second.
     assert bare["requests_per_s"] <= 8 / 0.030
