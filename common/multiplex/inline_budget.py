@@ -63,6 +63,7 @@ class InlineBudget:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValueError(f"cap must be an int >= 0, got {cap!r}")
         self.cap = cap
+        self.tokens = 0  # read every decode step, so computed once per chunk observed
         self._host_seconds: float | None = None  # of a short chunk
         self._wall_seconds: float | None = None  # wall seconds and tokens of a chunk, their ratio the
         self._tokens: float | None = None  # token-weighted seconds per token
@@ -72,12 +73,8 @@ class InlineBudget:
         self._tokens = _smooth(self._tokens, chunk.tokens)
         if chunk.tokens <= self.cap:
             self._host_seconds = _smooth(self._host_seconds, chunk.host_seconds)
-
-    @property
-    def tokens(self) -> int:
-        if self._host_seconds is None or self._wall_seconds is None or self._tokens is None:
-            return 0
-        return min(self.cap, int(self._host_seconds * self._tokens / self._wall_seconds))
+        if self._host_seconds is not None:
+            self.tokens = min(self.cap, int(self._host_seconds * self._tokens / self._wall_seconds))
 
 
 def _smooth(old: float | None, new: float) -> float:

@@ -275,23 +275,22 @@ class MultiplexedSteps:
         updates = self.scheduler.update_from_output(chunk.seqs, output)
         if self.inline_budget is not None and chunk.tokens > 0:  # a chunk computes a token at least
             chunk.host_seconds += time.perf_counter() - done_at
-            self._observe(chunk.timing(done_at))
+            _observe(self.inline_budget, chunk.timing(done_at))
         return updates
 
-    def _observe(self, timing: ChunkTiming) -> None:
-        """The chunk's timing to the inline budget; a budget that moved by 2x (or to or from 0) is logged."""
-        budget = self.inline_budget
-        assert budget is not None
-        before = budget.tokens
-        budget.observe(timing)
-        after = budget.tokens
-        if (before == 0) != (after == 0) or not before / 2 <= after <= 2 * before:
-            log.info(
-                "inline budget %d -> %d tokens, the longest prompt inlined"
-                " (chunk of %d: host %.2f ms, %.2f ms to done)",
-                before,
-                after,
-                timing.tokens,
-                1e3 * timing.host_seconds,
-                1e3 * timing.wall_seconds,
-            )
+
+def _observe(budget: InlineBudget, timing: ChunkTiming) -> None:
+    """A chunk's timing to the inline budget; a budget that moved by 2x (or to or from 0) is logged."""
+    before = budget.tokens
+    budget.observe(timing)
+    after = budget.tokens
+    if (before == 0) != (after == 0) or not before / 2 <= after <= 2 * before:
+        log.info(
+            "inline budget %d -> %d tokens, the longest prompt inlined"
+            " (chunk of %d: host %.2f ms, %.2f ms to done)",
+            before,
+            after,
+            timing.tokens,
+            1e3 * timing.host_seconds,
+            1e3 * timing.wall_seconds,
+        )
