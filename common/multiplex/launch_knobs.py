@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from common.env_flags import env_int, env_switch
+from common.runner.kv_cache import activation_reserve
 
 if TYPE_CHECKING:
     from common.multiplex.partitions import SMPartitions
@@ -30,19 +31,41 @@ def share_graphs_enabled() -> bool:
     return env_switch("PDSERVE_MUX_SHARE_GRAPHS", default=True)
 
 
+def share_set_fits(free_bytes: int, set_bytes: int, keep_free: int) -> bool:
+    """Whether one more set of share graphs (`set_bytes`, as the largest set so far took) still leaves
+    `keep_free` bytes of the device free: room for a chunk launched eager on a share without graphs."""
+    return free_bytes - set_bytes >= keep_free
+
+
 def capture_share_graphs(runner: ModelRunner, partitions: SMPartitions) -> None:
-    """A set of prefill graphs per SM share. Each set holds its own activation memory (the caching
-    allocator reuses a block only on the stream that freed it), which the KV budget did not count:
-    out of memory, the remaining shares launch their chunks eager."""
+    """A set of prefill graphs per SM share, smallest share first. Each set holds its own activation
+    memory (the caching allocator reuses a block only on the stream that freed it), which the KV
+    budget did not count. Capturing stops while one more set would leave less free than one step's
+    activations (`activation_reserve`), so the shares left without graphs launch their chunks eager
+    with room to do so: on an 80-GB H100 the Qwen3-8B shape's sets once took every free byte, and
+    each eager chunk then ran out of memory (docs/benchmarks.md)."""
     graphs = runner.prefill_graphs
     if graphs is None:
         return
+    keep_free = activation_reserve(runner.config, runner.model_config)
     for lane in partitions.lanes:
         if lane.sms is None:
             continue
+        free = torch.cuda.mem_get_info(runner.device)[0]
+        if not share_set_fits(free, graphs.largest_set_bytes, keep_free):
+            log.warning(
+                "no room for prefill graphs on the %d-SM share (%.2f GiB free, a set takes %.2f, an eager"
+                " chunk needs %.2f): it and the rest launch eager",
+                lane.sms,
+                free / 2**30,
+                graphs.largest_set_bytes / 2**30,
+                keep_free / 2**30,
+            )
+            return
         try:
             graphs.capture(lane)
         except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()  # what the failed set held goes back for the eager chunks
             log.warning(
                 "no memory for prefill graphs on the %d-SM share: it and the rest launch eager", lane.sms
             )
