@@ -56,16 +56,13 @@ ENGINE_FLAGS = FlagTable(
         Flag(
             "mux_inline_prompt_tokens",
             int,
-            "with --pd-multiplex: the longest uncached prompt run inside the decode step (measured budget's"
-            " cap, default 512; with --no-mux-inline-measured a fixed limit, 0 = never)",
+            "with --pd-multiplex: the longest uncached prompt run inside the decode step (a fixed limit,"
+            " 0 = never; with --mux-inline-measured the measured budget's cap, 0 = 512)",
         ),
         Flag(
             "mux_inline_measured",
             None,
-            "with --pd-multiplex: no measured inline budget (prompts inline only up to a fixed"
-            " --mux-inline-prompt-tokens N)",
-            option="--no-mux-inline-measured",
-            switch_value=False,
+            "with --pd-multiplex: inline prompts up to a break-even measured against a chunk's host time",
         ),
     ),
 )

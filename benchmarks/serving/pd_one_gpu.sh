@@ -9,9 +9,9 @@
 # --tokenizer-from DEFAULT_MODEL_DIR --device cuda`) needs a tokenizer covering its vocabulary, which
 # --tokenizer-from gives it: without one, most sampled ids stream no text and the ITL measures nothing.
 # Env: ARMS ("agg512 agg2048 agg8192 mux": aggN is --mixed 1 --max-num-batched-tokens N; mux the
-# default multiplexed worker, which inlines prompts up to a measured break-even against a chunk; muxc
-# is mux with every prompt a chunk (--no-mux-inline-measured); muxiN is mux with a fixed limit instead:
-# prompts of up to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N), LONG_RATES
+# default multiplexed worker (every prompt a chunk); muxm is mux with --mux-inline-measured (prompts
+# inline up to a measured break-even against a chunk); muxiN is mux with a fixed limit: prompts of up
+# to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
 # MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
 # serves every rate (about 5.5 minutes per arm at the defaults): split ARMS over device calls.
@@ -27,10 +27,10 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
   case $arm in
     agg*) setup=mixed extra="--max-num-batched-tokens ${arm#agg}" ;;
     mux) setup=ipc extra="${MUX_EXTRA:-}" ;;
-    muxc) setup=ipc extra="--no-mux-inline-measured ${MUX_EXTRA:-}" ;;
-    muxi*) setup=ipc extra="--no-mux-inline-measured --mux-inline-prompt-tokens ${arm#muxi} ${MUX_EXTRA:-}" ;;
+    muxm) setup=ipc extra="--mux-inline-measured ${MUX_EXTRA:-}" ;;
+    muxi*) setup=ipc extra="--mux-inline-prompt-tokens ${arm#muxi} ${MUX_EXTRA:-}" ;;
     muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} ${MUX_EXTRA:-}" ;;
-    *) echo "unknown arm $arm (aggN, mux, muxc, muxiN or muxtN)" >&2; exit 2 ;;
+    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN or muxtN)" >&2; exit 2 ;;
   esac
   echo "== $arm"
   env OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \

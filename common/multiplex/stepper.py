@@ -101,7 +101,7 @@ class MultiplexedSteps:
         ahead: bool,
     ) -> MultiplexedSteps:
         """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms`, prompts of up to
-        `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`, the default: prompts
+        `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`: prompts
         up to the measured break-even, at most that many or DEFAULT_CAP)."""
         lanes = len(partitions.lanes)
         controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))

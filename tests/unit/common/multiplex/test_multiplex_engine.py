@@ -181,11 +181,7 @@ def test_inlined_prompts_equal_aggregated(tiny_model_dirs, monkeypatch, ahead, m
     prompts = _prompts(2)  # 3 to 101 tokens: the first (3) and the prefix hits' rest fit 24
     plain = _llm(tiny_model_dirs["qwen3"])
     mux = _llm(
-        tiny_model_dirs["qwen3"],
-        pd_multiplex=True,
-        async_scheduling=ahead,
-        mux_inline_prompt_tokens=24,
-        mux_inline_measured=False,
+        tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead, mux_inline_prompt_tokens=24
     )
     assert mux.engine.multiplexer.mixed_ahead == mixed_ahead
     for every in (1, 2):
@@ -197,9 +193,7 @@ def test_inlined_prompts_equal_aggregated(tiny_model_dirs, monkeypatch, ahead, m
 
 
 def test_inlining_leaves_long_prompts_and_idle_engines_to_chunks(tiny_model_dirs):
-    mux = _llm(
-        tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8, mux_inline_measured=False
-    )
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8)
     engine = mux.engine
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     engine.step()  # nothing decodes: b's short prompt is a chunk of its own, waited for
@@ -215,9 +209,7 @@ def test_inlining_leaves_long_prompts_and_idle_engines_to_chunks(tiny_model_dirs
 
 
 def test_short_prompts_waiting_together_ride_in_one_decode_step(tiny_model_dirs):
-    mux = _llm(
-        tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8, mux_inline_measured=False
-    )
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8)
     engine = mux.engine
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     engine.step()  # b's prompt (nothing decodes yet)
@@ -241,7 +233,7 @@ def test_a_measured_inline_budget_gives_the_same_tokens(tiny_model_dirs, ahead):
     short prompts do, and the tokens stay the aggregated engine's."""
     prompts = _prompts(3)
     plain = _llm(tiny_model_dirs["qwen3"])
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead)  # measured: the default
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead, mux_inline_measured=True)
     budget = mux.engine.multiplexer.inline_budget
     assert budget is not None and budget.tokens == 0 and budget.cap == DEFAULT_CAP
     for every in (1, 2):
