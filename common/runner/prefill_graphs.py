@@ -111,7 +111,7 @@ class PrefillGraphs:
         self.out: torch.Tensor | None = None  # every graph writes its hidden states here
         self._pool = None  # one memory pool for every graph: no two of them ever run at once
         self._ready: set[int | None] = set()  # lane keys whose every bucket is captured
-        self.set_bytes: dict[int | None, int] = {}  # lane key -> device memory its set took
+        self.largest_set_bytes = 0  # the most device memory one captured set took: what another will
 
     @classmethod
     def capture_for(cls, runner: ModelRunner) -> PrefillGraphs:
@@ -145,11 +145,6 @@ class PrefillGraphs:
     def _forward(self, bucket: int) -> torch.Tensor:
         return packed_forward(self.model, self.backend, self.dev, bucket, self.prev_tokens, self.max_seq_len)
 
-    @property
-    def largest_set_bytes(self) -> int:
-        """The most device memory one captured set took (0 before any): what another set will take."""
-        return max(self.set_bytes.values(), default=0)
-
     def has_lane(self, key: int | None) -> bool:
         """Whether a whole set was captured for `key` (None: the whole device)."""
         return key in self._ready
@@ -171,7 +166,8 @@ class PrefillGraphs:
             raise
         self._ready.add(key)
         torch.cuda.synchronize()
-        self.set_bytes[key] = torch.cuda.memory_reserved(self.packed.device) - before
+        grown = torch.cuda.memory_reserved(self.packed.device) - before
+        self.largest_set_bytes = max(self.largest_set_bytes, grown)
         logger.info(
             "captured prefill CUDA graphs (SMs %s) for %d token buckets up to %d",
             "all" if key is None else key,
