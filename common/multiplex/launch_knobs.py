@@ -4,6 +4,7 @@ whether each SM share replays prefill graphs of its own (`PDSERVE_MUX_SHARE_GRAP
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,7 +13,9 @@ from common.env_flags import env_int, env_switch
 from common.runner.kv_cache import activation_reserve
 
 if TYPE_CHECKING:
-    from common.multiplex.partitions import SMPartitions
+    from common.config import EngineConfig
+    from common.model_config import ModelConfig
+    from common.multiplex.partitions import PrefillLane, SMPartitions
     from common.runner.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -37,25 +40,39 @@ def share_set_fits(free_bytes: int, set_bytes: int, keep_free: int) -> bool:
     return free_bytes - set_bytes >= keep_free
 
 
+def eager_chunk_room(config: EngineConfig, model_config: ModelConfig) -> int:
+    """Device memory kept free for chunks launched eager on shares without graphs: one step's
+    activations (`activation_reserve`) and half as much again. The half is for what the caching
+    allocator cannot hand back (blocks split between the shares' streams) and memory outside PyTorch
+    that grows once serving starts: on an 80-GB H100 the Qwen3-8B shape ran out with 0.68 GiB reserved
+    but unusable and 2.48 GiB free at start-up against a 1.93-GiB reserve (2026-12-05)."""
+    reserve = activation_reserve(config, model_config)
+    return reserve + reserve // 2
+
+
+def largest_share_first(lanes: Iterable[PrefillLane]) -> list[PrefillLane]:
+    """The SM-share lanes (not the whole device's), largest share first: the order sets are captured in."""
+    shares = [lane for lane in lanes if lane.sms is not None]
+    return sorted(shares, key=lambda lane: lane.sms or 0, reverse=True)
+
+
 def capture_share_graphs(runner: ModelRunner, partitions: SMPartitions) -> None:
-    """A set of prefill graphs per SM share, smallest share first. Each set holds its own activation
-    memory (the caching allocator reuses a block only on the stream that freed it), which the KV
-    budget did not count. Capturing stops while one more set would leave less free than one step's
-    activations (`activation_reserve`), so the shares left without graphs launch their chunks eager
-    with room to do so: on an 80-GB H100 the Qwen3-8B shape's sets once took every free byte, and
-    each eager chunk then ran out of memory (docs/benchmarks.md)."""
+    """A set of prefill graphs per SM share, largest share first: under load chunks run on the largest
+    shares (a mean of 105-112 of 132 SMs on the H100 in every arm measured), so those get graphs
+    before memory runs short. Each set holds its own activation memory (the caching allocator reuses
+    a block only on the stream that freed it), which the KV budget did not count. Capturing stops
+    while one more set would leave less free than `eager_chunk_room`, so the shares left without
+    graphs launch their chunks eager with room to do so."""
     graphs = runner.prefill_graphs
     if graphs is None:
         return
-    keep_free = activation_reserve(runner.config, runner.model_config)
-    for lane in partitions.lanes:
-        if lane.sms is None:
-            continue
+    keep_free = eager_chunk_room(runner.config, runner.model_config)
+    for lane in largest_share_first(partitions.lanes):
         free = torch.cuda.mem_get_info(runner.device)[0]
         if not share_set_fits(free, graphs.largest_set_bytes, keep_free):
             log.warning(
-                "no room for prefill graphs on the %d-SM share (%.2f GiB free, a set takes %.2f, an eager"
-                " chunk needs %.2f): it and the rest launch eager",
+                "no room for prefill graphs on the %d-SM share (%.2f GiB free, a set takes %.2f, eager"
+                " chunks keep %.2f): it and the smaller shares launch eager",
                 lane.sms,
                 free / 2**30,
                 graphs.largest_set_bytes / 2**30,
@@ -67,6 +84,7 @@ def capture_share_graphs(runner: ModelRunner, partitions: SMPartitions) -> None:
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()  # what the failed set held goes back for the eager chunks
             log.warning(
-                "no memory for prefill graphs on the %d-SM share: it and the rest launch eager", lane.sms
+                "no memory for prefill graphs on the %d-SM share: it and the smaller shares launch eager",
+                lane.sms,
             )
             return

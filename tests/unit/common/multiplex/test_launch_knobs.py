@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from common.config import EngineConfig
 from common.model_config import ModelConfig
-from common.multiplex.launch_knobs import share_set_fits
+from common.multiplex.launch_knobs import eager_chunk_room, largest_share_first, share_set_fits
+from common.multiplex.partitions import InlineLane
 from common.runner.kv_cache import activation_reserve
 from common.tools.random_model import PRESETS
 
@@ -18,16 +19,27 @@ def test_a_set_is_captured_only_while_an_eager_chunk_keeps_its_room():
     assert not share_set_fits(free_bytes=GIB // 2, set_bytes=0, keep_free=GIB)  # no set yet, no room
 
 
-def test_the_h100_8b_case_keeps_room_for_an_eager_chunk(tiny_model_dirs):
-    """The Qwen3-8B shape on an 80-GB H100 (2026-12-05): six share sets of ~1.3 GiB took the 7.9 GiB
-    left beside the KV cache and every eager chunk ran out of memory; the rule stops while an eager
-    chunk's reserve (about 2 GiB for 8,192 tokens of that shape) is still free."""
+def test_sets_are_captured_for_the_largest_share_first():
+    lanes = [InlineLane(sms=32), InlineLane(sms=112), InlineLane(sms=None), InlineLane(sms=64)]
+    assert [lane.sms for lane in largest_share_first(lanes)] == [112, 64, 32]
+
+
+def test_the_h100_8b_case_keeps_room_for_eager_chunks(tiny_model_dirs):
+    """The Qwen3-8B shape on an 80-GB H100 (2026-12-05): with sets of 1.16 GiB captured smallest share
+    first until 2.48 GiB stayed free (an eager chunk's reserve being 1.93), the two largest shares ran
+    their chunks eager and one ran out of memory (0.68 GiB reserved but unusable). Largest first, with
+    half a reserve more kept free, the three largest shares get sets and 3.6 GiB stay free."""
     eight_b = ModelConfig.from_dict(dict(PRESETS["qwen3-8b"], torch_dtype="bfloat16"))
     config = EngineConfig(model=str(tiny_model_dirs["qwen3"]), max_num_batched_tokens=8192)
-    keep = activation_reserve(config, eight_b)
-    assert 1.5 * GIB < keep < 3 * GIB
-    free, captured = int(6.2 * GIB), 0
-    while share_set_fits(free, int(1.3 * GIB), keep):
-        free -= int(1.3 * GIB)
-        captured += 1
-    assert 0 < captured < 6 and free >= keep
+    reserve = activation_reserve(config, eight_b)
+    assert 1.8 * GIB < reserve < 2.0 * GIB
+    keep = eager_chunk_room(config, eight_b)
+    assert keep == reserve + reserve // 2
+    free, set_bytes = int(7.12 * GIB), int(1.16 * GIB)
+    captured = []
+    for share in (112, 96, 80, 64, 48, 32):
+        if not share_set_fits(free, set_bytes, keep):
+            break
+        free -= set_bytes
+        captured.append(share)
+    assert captured == [112, 96, 80] and free > 3.5 * GIB
