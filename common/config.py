@@ -54,8 +54,8 @@ class EngineConfig:
     itl_target_ms: float = 30.0  # multiplexed mode: the decode inter-token gap the SM split holds
     # Multiplexed mode: waiting prompts may run inside the decode step (mixed rows, as many as fit in
     # max_num_batched_tokens, as aggregated mode packs them) instead of as chunks on the prefill share,
-    # whose launch costs a host-bound model a decode step. mux_inline_measured (opt-in until its A/B
-    # against chunks-only runs on the real model and the 8B shape in one device call): a prompt is
+    # whose launch costs a host-bound model a decode step. mux_inline_measured (opt-in: on one H100
+    # it lost goodput to chunks-only on the real model and the 8B shape, docs/benchmarks.md): a prompt is
     # inlined while its uncached tokens stay under the measured break-even against a chunk's host time
     # (common/multiplex/inline_budget.py), at most mux_inline_prompt_tokens (0: DEFAULT_CAP, 512);
     # without it, prompts of at most mux_inline_prompt_tokens are (0: never, the default).
