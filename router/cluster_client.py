@@ -26,6 +26,7 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
+from common.net.readable import Readable
 from common.net.sockets import SocketOptions, Sockets, last_endpoint, open_async_sockets
 from common.wire.cache_messages import Snapshot
 from common.wire.messages import (
@@ -155,20 +156,25 @@ class ClusterClient:
     # ---- inbox ---------------------------------------------------------------------------------
 
     async def _inbox_loop(self) -> None:
-        """Wait until the inbox is readable, then take what is there (up to INBOX_BATCH) without
-        suspending: one event-loop wakeup per batch instead of a future per message. Token messages
+        """Wait until the inbox is readable (common/net/readable.py: its descriptor registered once, not
+        a poller per wait), then take what is there (up to INBOX_BATCH) without suspending: one event-loop wakeup per batch instead of a future per message. Token messages
         are routed synchronously; the loop yields between batches so request tasks keep up."""
         assert self._inbox is not None
         drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._inbox.underlying)
-        while True:
-            await self._inbox.poll()  # waits for POLLIN, the default (pyzmq's stub omits `flags`)
-            for _ in range(INBOX_BATCH):
-                try:
-                    data = drain.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                await self._take(data)
-            await asyncio.sleep(0)
+        readable = Readable(drain)
+        readable.open()
+        try:
+            while True:
+                await readable.wait()
+                for _ in range(INBOX_BATCH):
+                    try:
+                        data = drain.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    await self._take(data)
+                await asyncio.sleep(0)
+        finally:
+            readable.close()
 
     async def _take(self, data: bytes) -> None:
         try:
