@@ -157,8 +157,9 @@ class ClusterClient:
 
     async def _inbox_loop(self) -> None:
         """Wait until the inbox is readable (common/net/readable.py: its descriptor registered once, not
-        a poller per wait), then take what is there (up to INBOX_BATCH) without suspending: one event-loop wakeup per batch instead of a future per message. Token messages
-        are routed synchronously; the loop yields between batches so request tasks keep up."""
+        a poller per wait), then take what is there (up to INBOX_BATCH) without suspending: one
+        event-loop wakeup per batch instead of a future per message. Token messages are routed
+        synchronously; the loop yields between batches so request tasks keep up."""
         assert self._inbox is not None
         drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._inbox.underlying)
         readable = Readable(drain)
