@@ -14,6 +14,7 @@ sleep, and the loop's callback only wakes the waiter, which looks again.
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import zmq
 
@@ -30,8 +31,8 @@ class Readable:
 
     def open(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._fd = self._sock.getsockopt(zmq.FD)
-        self._loop.add_reader(self._fd, self._wake)
+        fd = self._fd = cast(int, self._sock.getsockopt(zmq.FD))
+        self._loop.add_reader(fd, self._wake)
 
     def close(self) -> None:
         if self._loop is not None and self._fd is not None:
@@ -44,7 +45,7 @@ class Readable:
         """Return once a message can be received without blocking (at once if one can now)."""
         if self._loop is None:
             raise RuntimeError("Readable.open() first")
-        while not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while not cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._waiter = self._loop.create_future()
             try:
                 await self._waiter
