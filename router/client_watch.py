@@ -24,7 +24,8 @@ class ClientWatch:
     After a CancelledError, `disconnected` says whether the client's departure caused it."""
 
     def __init__(self, receive: Receive) -> None:
-        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()  # once: on Python 3.11 each lookup is a getpid() call
+        task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("ClientWatch must be created inside the request's task")
         self._task = task
@@ -32,7 +33,7 @@ class ClientWatch:
         self._closed = False
         self.disconnected = False
         self._waiter: asyncio.Future | None = None
-        self._start = asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._watch)
+        self._start = loop.call_later(WATCH_AFTER_S, self._watch)
 
     def _watch(self) -> None:
         self._waiter = asyncio.ensure_future(_until_disconnect(self._receive))

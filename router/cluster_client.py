@@ -96,11 +96,13 @@ class ClusterClient:
         self._streams: dict[str, RequestStream] = {}
         self._tasks: list[asyncio.Task] = []
         self.inbox_addr: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> str:
         """Bind the inbox and start the receive and liveness loops; returns the inbox address."""
+        self._loop = asyncio.get_running_loop()  # the streams' (looked up here, not per request)
         self._sockets = open_async_sockets(self._config.curve, "router")
         if self._config.curve is None:
             log.warning("no CURVE keys: any process that reaches the inbox can register as a worker")
@@ -127,7 +129,7 @@ class ClusterClient:
     # ---- requests ------------------------------------------------------------------------------
 
     def open_stream(self, request_id: str) -> RequestStream:
-        stream = self._streams[request_id] = RequestStream()
+        stream = self._streams[request_id] = RequestStream(self._loop)
         return stream
 
     def close_stream(self, request_id: str) -> None:

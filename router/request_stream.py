@@ -22,14 +22,14 @@ class StreamTimeout(Exception):
 class RequestStream:
     __slots__ = ("_items", "_waiter", "_timer", "_expired", "_loop")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._items: deque[TokenOutput | RequestFailed] = deque()
         self._waiter: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._expired = False
-        # The reader's loop, looked up once: on Python 3.11 every get_running_loop() is a getpid()
-        # system call, and a reader waits once per token.
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # The reader's loop (given, or looked up once: on Python 3.11 every get_running_loop() is a
+        # getpid() system call, and a reader waits once per token).
+        self._loop = loop
 
     def put(self, msg: TokenOutput | RequestFailed) -> None:
         self._items.append(msg)
