@@ -159,6 +159,13 @@ class Scheduler:
         else:
             batch.num_prefill_tokens += n
 
+    def recompute(self, seqs: list[Sequence]) -> None:
+        """Send these running sequences back to the head of the waiting queue, in their order, with
+        their blocks freed, to be computed again from the start (a chunk that failed before any of its
+        work counted); the others (finished, aborted) are left alone."""
+        for seq in reversed([s for s in seqs if s in self.running]):
+            self._preempt(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         seq.drop_drafts()
         self.speculator.release(seq, finished=False)

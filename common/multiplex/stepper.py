@@ -45,6 +45,7 @@ from common.multiplex.chunk import ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ControllerConfig, ShareController
 from common.multiplex.inline_budget import DEFAULT_CAP, ChunkTiming, InlineBudget
 from common.multiplex.launch_knobs import capture_share_graphs, layers_per_part, share_graphs_enabled
+from common.multiplex.memory_retry import ChunkMemoryRetries
 from common.multiplex.partitions import SMPartitions
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class MultiplexedSteps:
         self._decode_in_flight: run_ahead.InFlightStep | None = None
         self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
         self._held_aborts: set[str] = set()
+        self.memory_retries = ChunkMemoryRetries()
 
     @classmethod
     def build(
@@ -145,9 +147,9 @@ class MultiplexedSteps:
         if not self._decode(result):
             result.updates += self._resolve_decode(frozenset())
             self._last_decode_output = None  # decoding paused: the next output starts no gap
-            if self._chunk is not None:
-                while self._chunk.completion is None:
-                    self._advance(self._chunk)
+            while self._chunk is not None and self._chunk.completion is None:
+                self._advance(self._chunk)  # may abandon it (memory_retry.py)
+            if self._chunk is not None and self._chunk.completion is not None:
                 self._chunk.completion.wait()
                 result.updates += self._resolve_chunk(self._chunk)
 
@@ -173,11 +175,18 @@ class MultiplexedSteps:
             self.timings.shared_chunks += 1
             self.timings.shared_chunk_sms += share.sms
         per_part = self.layers_per_part if decoding else None
-        launch = self.runner.launch_side(batch.seqs, share, per_part)
-        chunk = ChunkInFlight(batch.seqs, launch, lane, batch.num_prefill_tokens, began)
+        chunk = ChunkInFlight(
+            batch.seqs,
+            self.runner.launch_side(batch.seqs, share, per_part),
+            lane,
+            batch.num_prefill_tokens,
+            began,
+        )
         chunk.host_seconds = time.perf_counter() - began
         self._chunk = chunk
         self._advance(chunk)
+        if self._chunk is None:
+            return  # abandoned (out of memory), its sequences waiting again: nothing was computed
         self.stats.chunks_per_lane[lane] = self.stats.chunks_per_lane.get(lane, 0) + 1
         self.timings.prefill_steps += 1
         result.num_prefill_tokens += batch.num_prefill_tokens
@@ -189,19 +198,22 @@ class MultiplexedSteps:
 
     def _advance(self, chunk: ChunkInFlight) -> None:
         """Launch the chunk's next part; once all are launched, record its completion. A part that
-        fails abandons the chunk (its sequences stay running until aborted) and re-raises."""
+        fails abandons the chunk: out of device memory, its sequences are computed again
+        (common/multiplex/memory_retry.py); otherwise they stay running until aborted and the error
+        is raised."""
         began = time.perf_counter()
         self.stats.chunk_parts += 1
         lane = self.partitions.lanes[chunk.lane]
         try:
             if chunk.launch.advance():
                 chunk.completion = lane.record()
-        except BaseException:
+        except BaseException as e:
             lane.record().wait()  # the parts already launched may still write the chunk's blocks
             self._chunk = None
             self.scheduler.abort(self._held_aborts)
             self._held_aborts = set()
-            raise
+            if not self.memory_retries.recover(e, self.scheduler, chunk.seqs):
+                raise
         finally:
             spent = time.perf_counter() - began  # host time to launch it
             self.timings.prefill_forward += spent
@@ -273,6 +285,7 @@ class MultiplexedSteps:
             self.scheduler.abort(self._held_aborts)
             self._held_aborts = set()
         updates = self.scheduler.update_from_output(chunk.seqs, output)
+        self.memory_retries.forget(chunk.seqs)
         if self.inline_budget is not None and chunk.tokens > 0:  # a chunk computes a token at least
             chunk.host_seconds += time.perf_counter() - done_at
             _observe(self.inline_budget, chunk.timing(done_at))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from common import LLM, SamplingParams
 from common.multiplex.inline_budget import DEFAULT_CAP
@@ -172,6 +173,65 @@ def test_a_failed_chunk_launch_leaves_the_engine_serving(tiny_model_dirs, monkey
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     want = _llm(tiny_model_dirs["qwen3"]).generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)
     assert mux.generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)[0]["token_ids"] == want[0]["token_ids"]
+
+
+def _forward_running_out_of_memory(monkeypatch, model, times: int) -> list[int]:
+    """Make the next `times` chunk launches in parts raise the CUDA allocator's error in their second
+    part (as an eager chunk on an 80-GB H100 did); returns the count of errors raised so far."""
+    real, raised = model.forward_in_parts, [0]
+
+    def failing(*args):
+        parts = real(*args)
+        yield next(parts)
+        if raised[0] < times:
+            raised[0] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 342.00 MiB")
+        yield from parts
+
+    monkeypatch.setattr(model, "forward_in_parts", lambda *a: failing(*a))
+    return raised
+
+
+def test_a_chunk_out_of_memory_is_computed_again_and_decoding_goes_on(tiny_model_dirs, monkeypatch):
+    """The chunk's sequences go back to the queue and are computed again; the sequence decoding beside
+    it keeps decoding; every token equals the aggregated engine's and every block comes back."""
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
+    engine = mux.engine
+    got: dict[str, list[int]] = {"a": [], "b": []}
+
+    def step() -> None:
+        for update in engine.step().updates:
+            if update.new_token_id is not None:
+                got[update.seq.request_id].append(update.new_token_id)
+
+    engine.add_request([5, 6, 7], GREEDY, request_id="b")
+    step()  # b prefilled: it decodes from the next step on, so a's chunk runs in parts
+    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1)
+    engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
+    while engine.has_unfinished:
+        step()
+    assert raised[0] == 1 and engine.multiplexer.memory_retries.recomputed == 1
+    plain = _llm(tiny_model_dirs["qwen3"]).generate([list(range(1, 40)), [5, 6, 7]], GREEDY, use_tqdm=False)
+    assert got == {"a": plain[0]["token_ids"], "b": plain[1]["token_ids"]}
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_chunk_that_keeps_running_out_of_memory_fails_the_step(tiny_model_dirs, monkeypatch):
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
+    engine = mux.engine
+    engine.add_request([5, 6, 7], GREEDY, request_id="b")
+    engine.step()
+    retries = engine.multiplexer.memory_retries.max_retries
+    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
+    engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
+    with pytest.raises(torch.OutOfMemoryError):
+        for _ in range(10 * (retries + 1)):
+            engine.step()
+    assert raised[0] == retries + 1 and engine.multiplexer.memory_retries.recomputed == retries
+    assert sorted(s.request_id for s in engine.abort(["a", "b"])) == ["a", "b"]  # as a worker's fail_all
+    while engine.has_unfinished:
+        engine.step()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
 @pytest.mark.parametrize("ahead,mixed_ahead", [(False, False), (True, False), (True, True)])

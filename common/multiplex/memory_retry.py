@@ -1,0 +1,62 @@
+"""A prefill chunk that runs out of device memory is computed again instead of failing the worker.
+
+In multiplexed mode a chunk runs on its SM share beside the decode steps; an out-of-memory error in its
+launch (the chunk's activations come from the caching allocator, which keeps each share stream's
+blocks for that stream) used to fail the engine step and with it every request the worker held: on an
+80-GB H100 two such errors failed 130 requests of the Qwen3-8B shape (docs/benchmarks.md). Nothing the
+chunk wrote counts yet (its blocks are registered only once computed), and the decode batch is
+untouched, so the chunk's sequences go back to the waiting queue with their blocks freed, the
+allocator's unused blocks go back to the device, and the chunk is scheduled again. A sequence that ran
+out `MAX_RETRIES` times lets the error through (the worker then fails its requests, retryably).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+
+from common.core.scheduler import Scheduler
+from common.core.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+# Recomputations of one sequence's prompt after its chunk ran out of memory, before the error stands.
+MAX_RETRIES = 2
+
+
+class ChunkMemoryRetries:
+    """The stepper's record of sequences recomputed after out-of-memory errors (by sequence id)."""
+
+    def __init__(self, max_retries: int = MAX_RETRIES) -> None:
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self.max_retries = max_retries
+        self._counts: dict[int, int] = {}
+        self.recomputed = 0  # chunks recomputed (for stats and tests)
+
+    def recover(self, error: BaseException, scheduler: Scheduler, seqs: list[Sequence]) -> bool:
+        """After `error` abandoned a chunk of `seqs` (held aborts already applied): True when the
+        sequences were sent back to be computed again; False when the error must stand (not an
+        out-of-memory error, or one of them has run out `max_retries` times)."""
+        if not isinstance(error, torch.OutOfMemoryError):
+            return False
+        if any(self._counts.get(s.seq_id, 0) >= self.max_retries for s in seqs):
+            self.forget(seqs)
+            return False
+        for seq in seqs:
+            self._counts[seq.seq_id] = self._counts.get(seq.seq_id, 0) + 1
+        scheduler.recompute(seqs)
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # the other streams' unused blocks, for the next attempt
+        self.recomputed += 1
+        log.warning(
+            "a prefill chunk of %d sequence(s) ran out of device memory: computing it again", len(seqs)
+        )
+        return True
+
+    def forget(self, seqs: Iterable[Sequence]) -> None:
+        """The sequences' chunk resolved (or failed for good): their counts go."""
+        for seq in seqs:
+            self._counts.pop(seq.seq_id, None)
