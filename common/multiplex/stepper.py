@@ -175,13 +175,8 @@ class MultiplexedSteps:
             self.timings.shared_chunks += 1
             self.timings.shared_chunk_sms += share.sms
         per_part = self.layers_per_part if decoding else None
-        chunk = ChunkInFlight(
-            batch.seqs,
-            self.runner.launch_side(batch.seqs, share, per_part),
-            lane,
-            batch.num_prefill_tokens,
-            began,
-        )
+        launch = self.runner.launch_side(batch.seqs, share, per_part)
+        chunk = ChunkInFlight(batch.seqs, launch, lane, batch.num_prefill_tokens, began)
         chunk.host_seconds = time.perf_counter() - began
         self._chunk = chunk
         self._advance(chunk)
