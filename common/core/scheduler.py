@@ -159,12 +159,14 @@ class Scheduler:
         else:
             batch.num_prefill_tokens += n
 
-    def recompute(self, seqs: list[Sequence]) -> None:
+    def recompute(self, seqs: list[Sequence]) -> list[Sequence]:
         """Send these running sequences back to the head of the waiting queue, in their order, with
         their blocks freed, to be computed again from the start (a chunk that failed before any of its
-        work counted); the others (finished, aborted) are left alone."""
-        for seq in reversed([s for s in seqs if s in self.running]):
+        work counted); the others (finished, aborted) are left alone. Returns those sent back."""
+        requeued = [s for s in seqs if s in self.running]
+        for seq in reversed(requeued):
             self._preempt(seq)
+        return requeued
 
     def _preempt(self, seq: Sequence) -> None:
         seq.drop_drafts()

@@ -45,11 +45,11 @@ class ChunkMemoryRetries:
         if any(self._counts.get(s.seq_id, 0) >= self.max_retries for s in seqs):
             self.forget(seqs)
             return False
-        for seq in seqs:
+        requeued = scheduler.recompute(seqs)
+        self.forget(s for s in seqs if s not in requeued)  # aborted meanwhile: nothing to count
+        for seq in requeued:
             self._counts[seq.seq_id] = self._counts.get(seq.seq_id, 0) + 1
-        scheduler.recompute(seqs)
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()  # the other streams' unused blocks, for the next attempt
+        torch.cuda.empty_cache()  # the other streams' unused blocks, for the next attempt (CPU: nothing)
         self.recomputed += 1
         log.warning(
             "a prefill chunk of %d sequence(s) ran out of device memory: computing it again", len(seqs)
