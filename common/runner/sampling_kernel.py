@@ -211,9 +211,10 @@ def _merge_when_last(
 
 
 class _Device:
-    """Per device: how many programs fill it, and the workspace of the one-launch merge (the split
-    winners and per-row counters, zero between calls), grown as needed. Calls must share one
-    stream, as the runner's do."""
+    """Per device and stream: how many programs fill the device, and the workspace of the one-launch
+    merge (the split winners and per-row counters, zero between calls), grown as needed. Launches on
+    one stream run one after another, so they never use a workspace at the same time; launches on
+    two streams (a multiplexed prefill chunk's sampling beside a decode step's) each have their own."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -235,13 +236,15 @@ class _Device:
         self.counts = torch.zeros(self.rows, dtype=torch.int32, device=self.device)
 
 
-_devices: dict[torch.device, _Device] = {}
+_devices: dict[tuple[torch.device, int], _Device] = {}
 
 
 def _device(device: torch.device) -> _Device:
-    state = _devices.get(device)
+    """The state of `device` for the current stream (one workspace per stream)."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    state = _devices.get(key)
     if state is None:
-        state = _devices[device] = _Device(device)
+        state = _devices[key] = _Device(device)
     return state
 
 

@@ -215,6 +215,40 @@ def test_a_captured_sampler_draws_afresh_at_every_replay():
     assert len({tuple(d[1:]) for d in draws}) > 1
 
 
+def _two_streams() -> tuple:
+    """Two streams whose kernels run side by side: green contexts on two SM shares where this torch
+    has them (as multiplexed mode runs a chunk beside a decode step), else two plain streams."""
+    try:
+        from common.multiplex.green_contexts import green_stream
+
+        return green_stream(64, DEVICE)[1], green_stream(56, DEVICE)[1]
+    except (ImportError, AttributeError, RuntimeError):
+        return torch.cuda.Stream(), torch.cuda.Stream()
+
+
+@pytest.mark.skipif(INTERPRET, reason="streams need a GPU")
+def test_launches_on_two_streams_at_once_draw_as_they_would_alone():
+    """A multiplexed prefill chunk samples on its lane's stream while a decode step samples on the
+    engine's: each stream merges its split winners in a workspace of its own. The two streams draw
+    from different logits and seeds, so a merge that read the other launch's winners would differ."""
+    rows, cols = 64, 1 << 20  # several splits per row, and launches long enough to overlap
+    logits = [torch.randn(rows, cols, device=DEVICE).mul(3).to(DTYPE) for _ in range(2)]
+    temps = torch.ones(rows, device=DEVICE)
+    seeds = [_seeds(rows, 11), _seeds(rows, 12)]
+    alone = [sampling_kernel.pick_tokens(logits[i], temps, seeds[i]).tolist() for i in range(2)]
+    streams = _two_streams()
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    draws: list[list[torch.Tensor]] = [[], []]
+    for _ in range(100):
+        for i, stream in enumerate(streams):
+            with torch.cuda.stream(stream):
+                draws[i].append(sampling_kernel.pick_tokens(logits[i], temps, seeds[i]))
+    torch.cuda.synchronize()
+    for i in range(2):
+        assert all(d.tolist() == alone[i] for d in draws[i]), f"stream {i} drew differently"
+
+
 def _compiled_variants() -> int:
     """Kernels Triton has compiled for `_pick_kernel` on this device (its per-device cache)."""
     return len(sampling_kernel._pick_kernel.device_caches[torch.cuda.current_device()][0])
