@@ -3,13 +3,17 @@
 `PDSERVE_DISABLE_FUSED=1` forces the eager path everywhere, for A/B benchmarks and debugging;
 `PDSERVE_DISABLE_SKINNY=1` keeps the other fused kernels but runs decode-sized projections on cuBLAS;
 `PDSERVE_SKINNY_MAX_ROWS=N` (1-16, default `SKINNY_MAX_ROWS`) sends steps of up to N rows to the
-skinny kernels, for A/B runs on other model shapes.
+skinny kernels, for A/B runs on other model shapes; `PDSERVE_DISABLE_GEMV=1` runs one-row projections
+of large weights on cuBLAS instead of the streaming GEMV kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import threading
+from collections.abc import Iterator
 
 import torch
 
@@ -36,13 +40,34 @@ def use_fused(x: torch.Tensor) -> bool:
 SKINNY_MAX_ROWS = 1
 
 # Largest weight (bytes, per rank) a skinny projection reads. The skinny kernel wins where weights are
-# small and launch overhead and fusion matter; on large weights cuBLAS's GEMV reads HBM faster.
-# Measured at one row on the H200 (`benchmarks/engine/skinny_gemm.py --sweep --rows 1`, each against
-# norm + cuBLAS + SiLU): Qwen3-0.6B's projections (4-12.6 MB) 1.16-3.02x faster on the skinny kernel;
-# Qwen3-8B's (33.6-201 MB) 0.87-0.97x, even at the sweep's best launch (2026-12-03, aff2219). A decoder
-# layer takes its fused skinny path (norms inside the projections) by its largest projection (gate/up);
-# a projection called on its own decides by its own weight.
+# small and launch overhead and fusion matter; larger weights at one row go to the streaming GEMV kernel
+# (`use_gemv`), at more rows to cuBLAS. Measured at one row on the H200 (`benchmarks/engine/skinny_gemm.py
+# --sweep --rows 1`, each against norm + cuBLAS + SiLU): Qwen3-0.6B's projections (4-12.6 MB) 1.16-3.02x
+# faster on the skinny kernel; Qwen3-8B's (33.6-201 MB) 0.87-0.97x, even at the sweep's best launch
+# (2026-12-03, aff2219). A decoder layer takes its fused skinny path (norms inside the projections) by
+# its largest projection (gate/up); a projection called on its own decides by its own weight.
 SKINNY_MAX_WEIGHT_BYTES = 16 << 20
+
+
+_side = threading.local()
+
+
+@contextlib.contextmanager
+def beside_the_engine_stream() -> Iterator[None]:
+    """Projections launched inside run on a side stream at the same time as the engine stream's
+    (a multiplexed prefill chunk, common/runner/side_launch.py). The skinny and GEMV kernels merge
+    their split parts through arrival counters shared by every launch on a device, which two
+    launches at once would corrupt, so here one-row projections (a prompt whose prefix was all
+    cached leaves one row) take cuBLAS."""
+    _side.depth = getattr(_side, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _side.depth -= 1
+
+
+def _on_engine_stream() -> bool:
+    return not getattr(_side, "depth", 0)
 
 
 @functools.cache
@@ -65,7 +90,35 @@ def use_skinny(x: torch.Tensor, weight_bytes: int) -> bool:
         and weight_bytes <= SKINNY_MAX_WEIGHT_BYTES
         and use_fused(x)
         and _skinny_enabled()
+        and _on_engine_stream()
     )
+
+
+@functools.cache
+def gemv_enabled() -> bool:
+    """False under `PDSERVE_DISABLE_GEMV=1` (read once)."""
+    return not env_switch("PDSERVE_DISABLE_GEMV", default=False)
+
+
+def use_gemv(x: torch.Tensor, weight_bytes: int) -> bool:
+    """One row on CUDA times a weight too large for the skinny kernels: the projection takes the
+    streaming GEMV kernel (common/layers/triton_gemv.py), which reads such weights faster than
+    cuBLAS and starts its reads before the kernel ahead of it ends."""
+    return (
+        x.dim() == 2
+        and x.shape[0] == 1
+        and weight_bytes > SKINNY_MAX_WEIGHT_BYTES
+        and use_fused(x)
+        and gemv_enabled()
+        and _on_engine_stream()
+    )
+
+
+def gemv():
+    """The streaming GEMV kernel (call only after `use_gemv` said yes)."""
+    from common.layers import triton_gemv
+
+    return triton_gemv
 
 
 def skinny():

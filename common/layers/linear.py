@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.layers.cpu_packed import packed_linear, use_packed
-from common.layers.fused import skinny, use_skinny
+from common.layers.fused import gemv, skinny, use_gemv, use_skinny
 from common.parallel import all_reduce, divide, tp_rank, tp_size
 
 
@@ -38,6 +38,8 @@ class LinearBase(nn.Module):
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if use_skinny(x, weight.nbytes):
         return skinny().skinny_linear(x, weight, bias)
+    if use_gemv(x, weight.nbytes):
+        return gemv().gemv(x, weight, bias)
     if use_packed(x, weight):
         return packed_linear(x, weight, bias)
     return F.linear(x, weight, bias)

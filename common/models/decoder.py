@@ -14,7 +14,7 @@ from torch import nn
 from common.layers.activation import SiluAndMul
 from common.layers.attention import Attention
 from common.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from common.layers.fused import skinny, use_fused, use_skinny
+from common.layers.fused import gemv, skinny, use_fused, use_gemv, use_skinny
 from common.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from common.layers.norm import RMSNorm
 from common.layers.rotary import RotaryEmbedding
@@ -64,6 +64,9 @@ class DecoderMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj.weight
+        if use_gemv(x, gate_up.nbytes):  # one row: SiLU*mul inside the projection
+            return self.down_proj(gemv().gemv(x, gate_up, silu_mul=True))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 

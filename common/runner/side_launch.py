@@ -27,6 +27,7 @@ import torch
 
 from common.attention.context import ForwardContext, set_forward_context
 from common.core.sequence import Sequence
+from common.layers.fused import beside_the_engine_stream
 from common.multiplex.partitions import PrefillLane
 from common.runner.inputs import prepare_step
 from common.runner.step_handle import StepHandle
@@ -57,7 +58,8 @@ class SideLaunch:
         first = self._parts is None
         if first:
             self._parts = self._launch()
-        with torch.inference_mode(), self.lane.activate() if first else self.lane.resume():
+        lane = self.lane.activate() if first else self.lane.resume()
+        with torch.inference_mode(), lane, beside_the_engine_stream():
             self.handle = next(self._parts)
         return self.handle is not None
 

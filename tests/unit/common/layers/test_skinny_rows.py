@@ -1,4 +1,4 @@
-"""Which steps and weights take the skinny projection kernels (host side only)."""
+"""Which steps and weights take the skinny projection kernels or the GEMV kernel (host side only)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,35 @@ def test_large_weights_leave_the_skinny_kernels_for_cublas(monkeypatch) -> None:
     assert fused.use_skinny(row, fused.SKINNY_MAX_WEIGHT_BYTES)
     assert not fused.use_skinny(row, fused.SKINNY_MAX_WEIGHT_BYTES + 1)
     assert not fused.use_skinny(torch.zeros(fused.SKINNY_MAX_ROWS + 1, 8), 1024)
+
+
+def test_one_row_on_large_weights_takes_the_gemv_kernel(monkeypatch) -> None:
+    monkeypatch.setattr(fused, "use_fused", lambda x: True)
+    row, large = torch.zeros(1, 8), fused.SKINNY_MAX_WEIGHT_BYTES + 1
+    assert fused.use_gemv(row, large)
+    assert not fused.use_gemv(row, fused.SKINNY_MAX_WEIGHT_BYTES)  # the skinny kernels' weights
+    assert not fused.use_gemv(torch.zeros(2, 8), large)  # two rows: cuBLAS's tiles
+    assert not fused.use_gemv(torch.zeros(8), large)
+    monkeypatch.setattr(fused, "use_fused", lambda x: False)
+    assert not fused.use_gemv(row, large)  # the CPU
+
+
+def test_the_gemv_kernel_can_be_turned_off(monkeypatch) -> None:
+    monkeypatch.setattr(fused, "use_fused", lambda x: True)
+    monkeypatch.setenv("PDSERVE_DISABLE_GEMV", "1")
+    fused.gemv_enabled.cache_clear()
+    try:
+        assert not fused.use_gemv(torch.zeros(1, 8), fused.SKINNY_MAX_WEIGHT_BYTES + 1)
+    finally:
+        fused.gemv_enabled.cache_clear()
+
+
+def test_a_side_stream_launch_keeps_one_row_off_the_split_kernels(monkeypatch) -> None:
+    """Their arrival counters are shared per device: a chunk beside the decode step takes cuBLAS."""
+    monkeypatch.setattr(fused, "use_fused", lambda x: True)
+    row, large = torch.zeros(1, 8), fused.SKINNY_MAX_WEIGHT_BYTES + 1
+    with fused.beside_the_engine_stream():
+        with fused.beside_the_engine_stream():
+            assert not fused.use_gemv(row, large)
+        assert not fused.use_skinny(row, 1024)
+    assert fused.use_gemv(row, large) and fused.use_skinny(row, 1024)

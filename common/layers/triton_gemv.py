@@ -1,0 +1,199 @@
+"""One-row projections over large weights (8B-class decode at batch 1) as one streaming Triton kernel.
+
+At one row a projection is a matrix-vector product: its time is the weight's bytes over the rate at
+which the kernel keeps HBM busy. cuBLAS's GEMVs read the Qwen3-8B shape's weights (34-201 MB) at
+2.7-3.8 TB/s on the H200 against a 4.16 TB/s copy (docs/benchmarks.md), and its kernels cannot start
+their reads before the kernel ahead of them ends. Here each program owns `block_n` output columns and
+one part of the inner dimension, issues its first weight tile's loads before it waits for the
+previous kernel (programmatic dependent launch, common/layers/pdl.py; weights are no kernel's
+output), and streams the weight once with an evict-first hint so it does not push the activations
+out of L2. Split parts merge in the same launch (the last to arrive adds them in split order:
+deterministic, common/layers/split_arrival.py). With `silu_mul` the weight is a merged [gate; up]
+projection and each program writes SiLU(gate) * up for its columns.
+
+The skinny kernels (triton_skinny.py) stay the path for small weights, where fusing the norms pays
+more than the read rate; which weights take this kernel is `use_gemv` (fused.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from common.layers.pdl import pdl_enabled, pdl_wait
+from common.layers.split_arrival import ArrivalCounters, arrive, depart
+
+
+@dataclass(frozen=True)
+class GemvLaunch:
+    """`block_n` output columns per program, `block_k` of the inner dimension per load, the inner
+    dimension cut into `split_k` parts (0: chosen from the shape), warps and pipeline stages."""
+
+    block_n: int = 4
+    block_k: int = 2048
+    split_k: int = 0
+    num_warps: int = 8
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"GemvLaunch.{name} must be a power of two, got {value}")
+        if self.split_k < 0:
+            raise ValueError(f"GemvLaunch.split_k must be >= 0, got {self.split_k}")
+
+
+def launch_for(silu_mul: bool) -> GemvLaunch:
+    """The sweep's best (`benchmarks/engine/gemv_sweep.py --sweep`, Qwen3-8B shape, H100): 8 warps,
+    8,192 weight elements per load and no split where the column blocks alone fill the device; the
+    merged gate/up tile loads two rows of each half over 4,096 columns."""
+    return GemvLaunch(block_n=2, block_k=4096) if silu_mul else GemvLaunch()
+
+
+# Programs to aim for when the split is chosen from the shape: several per SM of an H100/H200.
+_TARGET_PROGRAMS = 1024
+_MAX_SPLIT = 16
+
+
+def split_for(n: int, k: int, launch: GemvLaunch) -> int:
+    """Inner-dimension parts: enough programs to fill the GPU, each part at least one `block_k` tile."""
+    if launch.split_k:
+        return launch.split_k
+    blocks, split = triton.cdiv(n, launch.block_n), 1
+    while blocks * split < _TARGET_PROGRAMS and split < _MAX_SPLIT and k // (2 * split) >= launch.block_k:
+        split *= 2
+    return split
+
+
+_COUNTERS = ArrivalCounters("gemv", 1 << 16)
+
+
+@triton.jit
+def _load_tile(w_ptr, cols, col_ok, ks, k_ok, N, stride_w, SILU_MUL: tl.constexpr):
+    """Weight tile [BN, BK] (and the matching up tile with SILU_MUL), streamed: evicted first."""
+    mask = col_ok[:, None] & k_ok[None, :]
+    offs = cols[:, None] * stride_w + ks[None, :]
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+    wu = w
+    if SILU_MUL:
+        wu = tl.load(w_ptr + N * stride_w + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+    return w, wu
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    ticket_ptr,
+    N,
+    stride_w,
+    K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    K_PER_SPLIT: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SILU_MUL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    cols = pid * BN + tl.arange(0, BN)
+    col_ok = cols < N
+    ks = split * K_PER_SPLIT + tl.arange(0, BK)
+    w, wu = _load_tile(w_ptr, cols, col_ok, ks, ks < K, N, stride_w, SILU_MUL)
+    pdl_wait(PDL)  # the input row is the previous kernel's output
+    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+    acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    acc_up = tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+    for kk in range(BK, K_PER_SPLIT, BK):
+        ks = split * K_PER_SPLIT + kk + tl.arange(0, BK)
+        w, wu = _load_tile(w_ptr, cols, col_ok, ks, ks < K, N, stride_w, SILU_MUL)
+        x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        acc_up += tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+    last = True
+    if SPLIT_K > 1:  # partials to scratch; the last program to arrive at this column block adds them
+        lane = tl.arange(0, BN)
+        tl.store(part_ptr + (pid * SPLIT_K + split) * 2 * BN + lane, acc)
+        tl.store(part_ptr + (pid * SPLIT_K + split) * 2 * BN + BN + lane, acc_up)
+        last = arrive(ticket_ptr + pid, SPLIT_K)
+        if last:
+            acc = tl.zeros([BN], dtype=tl.float32)
+            acc_up = tl.zeros([BN], dtype=tl.float32)
+            for s in range(0, SPLIT_K):
+                acc += tl.load(part_ptr + (pid * SPLIT_K + s) * 2 * BN + lane, cache_modifier=".cg")
+                acc_up += tl.load(part_ptr + (pid * SPLIT_K + s) * 2 * BN + BN + lane, cache_modifier=".cg")
+            depart(ticket_ptr + pid)
+    if last:
+        dt = out_ptr.dtype.element_ty
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if SILU_MUL:
+            gate = acc.to(dt).to(tl.float32)
+            y = (gate / (1.0 + tl.exp(-gate))).to(dt) * acc_up.to(dt)
+        else:
+            y = acc.to(dt)
+        tl.store(out_ptr + cols, y, mask=col_ok)
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    silu_mul: bool = False,
+    launch: GemvLaunch | None = None,
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for one row x [1, k], or with `silu_mul` (weight a merged [gate; up],
+    [2n, k]; no bias) `silu(x @ gate.T) * (x @ up.T)`, [1, n]. fp32 accumulation, rounded like the
+    eager path."""
+    if x.dim() != 2 or x.shape[0] != 1:
+        raise ValueError(f"gemv takes one row [1, k], got x of shape {tuple(x.shape)}")
+    k = x.shape[1]
+    if weight.dim() != 2 or weight.shape[1] != k or weight.stride(1) != 1:
+        raise ValueError(f"gemv: weight must be a row-major [n, {k}] matrix, got {tuple(weight.shape)}")
+    if silu_mul and weight.shape[0] % 2:
+        raise ValueError(f"gemv: silu_mul needs an even number of weight rows, got {weight.shape[0]}")
+    if silu_mul and bias is not None:
+        raise ValueError("gemv: silu_mul takes no bias")
+    n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    cfg = launch or launch_for(silu_mul)
+    split = split_for(n, k, cfg)
+    block_k = min(cfg.block_k, triton.next_power_of_2(k))
+    per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    blocks = triton.cdiv(n, cfg.block_n)
+    x = x.contiguous()
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    parts = blocks * split * 2 * cfg.block_n
+    part = torch.empty(parts, dtype=torch.float32, device=x.device) if split > 1 else out
+    pdl = pdl_enabled(x.device)
+    _gemv_kernel[(blocks, split)](
+        x,
+        weight,
+        bias if bias is not None else x,
+        out,
+        part,
+        _COUNTERS.get(x.device, blocks),
+        n,
+        weight.stride(0),
+        K=k,
+        SPLIT_K=split,
+        K_PER_SPLIT=per_split,
+        BN=cfg.block_n,
+        BK=block_k,
+        SILU_MUL=silu_mul,
+        HAS_BIAS=bias is not None,
+        PDL=pdl,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        launch_pdl=pdl,
+    )
+    return out
