@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+
+import torch
 
 from common.config import EngineConfig
 from common.core import run_ahead
@@ -14,6 +15,7 @@ from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler
 from common.core.step_records import EngineLoad, StepResult, StepTimings
 from common.device import resolve_platform
+from common.memory_retry import MemoryRetries
 from common.model_config import ModelConfig
 from common.multiplex.partitions import SMPartitions, partitions_for
 from common.multiplex.stepper import MultiplexedSteps
@@ -25,9 +27,6 @@ from common.wire.blocks import blocks_for
 from common.wire.kv_events import KVEvent
 from common.wire.sampling_params import SamplingParams
 from common.wire.token_ids import check_token_ids
-
-if TYPE_CHECKING:
-    import torch
 
 
 class LLMEngine:
@@ -77,6 +76,7 @@ class LLMEngine:
         self.async_scheduling = async_scheduling
         self.mixed_run_ahead = run_ahead.mixed_steps_enabled()
         self._in_flight: run_ahead.InFlightStep | None = None
+        self.memory_retries = MemoryRetries()  # aggregated steps (multiplexed chunks keep their own)
         self.grammars = GrammarAdmission(runner.grammar, model_config.vocab_size)
 
     def replace_speculator(self, speculator: Speculator | None) -> None:
@@ -200,7 +200,11 @@ class LLMEngine:
         # A verification launched behind the in-flight step waits for that step like a drain does.
         drained |= self._in_flight is not None and batch.num_draft_tokens > 0
         rows = run_ahead.src_rows(self._in_flight, batch.seqs) if self._in_flight is not None else None
-        handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
+        try:
+            handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
+        except torch.OutOfMemoryError as e:
+            result.updates = updates + self._recover(e, batch.seqs)
+            return result
         updates += self._resolve({s.seq_id for s in batch.seqs})
         t2 = time.perf_counter()
         if self.async_scheduling and run_ahead.launches_ahead(batch, self.scheduler, self.mixed_run_ahead):
@@ -208,6 +212,7 @@ class LLMEngine:
         else:
             updates += self.scheduler.update_from_output(batch.seqs, handle.result())
             self.timings.device_wait += handle.wait_seconds
+            self.memory_retries.forget(batch.seqs)
         result.updates = updates
         ran_ahead = self._in_flight is not None
         self.scheduler.speculator.observe_step(t0, batch, ran_ahead=ran_ahead, drained=drained)
@@ -216,11 +221,22 @@ class LLMEngine:
         result.num_decode_tokens = batch.num_decode_tokens
         return result
 
+    def _recover(self, error: torch.OutOfMemoryError, seqs: list[Sequence]) -> list[SeqUpdate]:
+        """A launch ran out of device memory: the step in flight before it still counts (its tokens
+        are applied), then the launch's sequences are computed again (common/memory_retry.py), or,
+        out of retries, the error is raised."""
+        updates = self._resolve(set())  # also waits for that step's kernels
+        self.runner.synchronize()  # the failed launch's kernels, before its blocks are freed
+        if not self.memory_retries.recover(error, self.scheduler, seqs):
+            raise error
+        return updates
+
     def _resolve(self, launched: set[int]) -> list[SeqUpdate]:
         if self._in_flight is None:
             return []
         step, self._in_flight = self._in_flight, None
         updates = run_ahead.resolve(step, self.scheduler, launched)
+        self.memory_retries.forget(step.seqs)
         self.timings.device_wait += step.handle.wait_seconds
         return updates
 

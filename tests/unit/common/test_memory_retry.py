@@ -1,0 +1,87 @@
+"""An aggregated engine step that runs out of device memory is computed again (common/memory_retry.py).
+
+On the CPU the allocator's error is raised from the model's forward; the multiplexed chunks' side of the
+same rule is tested in tests/unit/common/multiplex/test_multiplex_engine.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+PROMPTS = {"a": list(range(1, 40)), "b": [5, 6, 7]}
+
+
+def _llm(model_dir: str, **kw) -> LLM:
+    return LLM(model_dir, num_kvcache_blocks=96, kvcache_block_size=16, max_num_batched_tokens=32, **kw)
+
+
+def _forward_running_out_of_memory(monkeypatch, model, times: int) -> list[int]:
+    """The next `times` forwards raise the CUDA allocator's error; returns the count raised so far."""
+    real, raised = model.forward, [0]
+
+    def failing(*args, **kwargs):
+        if raised[0] < times:
+            raised[0] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 342.00 MiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", failing)
+    return raised
+
+
+def _collect(engine, got: dict[str, list[int]]) -> None:
+    for update in engine.step().updates:
+        if update.new_token_id is not None:
+            got[update.seq.request_id].append(update.new_token_id)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_step_out_of_memory_is_computed_again(tiny_model_dirs, monkeypatch, ahead):
+    """The failed step's sequences (one decoding, one arriving) are computed again from their tokens:
+    every token equals an undisturbed run's and every block comes back."""
+    engine = _llm(tiny_model_dirs["qwen3"], async_scheduling=ahead).engine
+    got: dict[str, list[int]] = {"a": [], "b": []}
+    engine.add_request(PROMPTS["b"], GREEDY, request_id="b")
+    for _ in range(3):
+        _collect(engine, got)  # b prefilled and decoding
+    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1)
+    engine.add_request(PROMPTS["a"], GREEDY, request_id="a")
+    while engine.has_unfinished:
+        _collect(engine, got)
+    assert raised[0] == 1 and engine.memory_retries.recomputed == 1
+    plain = _llm(tiny_model_dirs["qwen3"]).generate([PROMPTS["a"], PROMPTS["b"]], GREEDY, use_tqdm=False)
+    assert got == {"a": plain[0]["token_ids"], "b": plain[1]["token_ids"]}
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_step_that_keeps_running_out_of_memory_raises(tiny_model_dirs, monkeypatch):
+    """After `max_retries` recomputations the error stands; the worker then fails its requests, and
+    aborting them gives every block back."""
+    engine = _llm(tiny_model_dirs["qwen3"]).engine
+    retries = engine.memory_retries.max_retries
+    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
+    engine.add_request(PROMPTS["a"], GREEDY, request_id="a")
+    with pytest.raises(torch.OutOfMemoryError):
+        for _ in range(10 * (retries + 1)):
+            engine.step()
+    assert raised[0] == retries + 1 and engine.memory_retries.recomputed == retries
+    assert [s.request_id for s in engine.abort(["a"])] == ["a"]
+    while engine.has_unfinished:
+        engine.step()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_any_other_error_in_a_launch_is_raised_at_once(tiny_model_dirs, monkeypatch):
+    engine = _llm(tiny_model_dirs["qwen3"]).engine
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an illegal memory access was encountered")
+
+    monkeypatch.setattr(engine.runner.model, "forward", broken)
+    engine.add_request(PROMPTS["b"], GREEDY, request_id="b")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        engine.step()
+    assert engine.memory_retries.recomputed == 0
