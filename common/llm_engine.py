@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import time
+from typing import TYPE_CHECKING
 
-import torch
-
+from common.aggregated_steps import AggregatedSteps
 from common.config import EngineConfig
 from common.core import run_ahead
-from common.core.batch import SchedulerConfig, SeqUpdate
+from common.core.batch import SchedulerConfig
 from common.core.block_manager import BlockManager
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler
 from common.core.step_records import EngineLoad, StepResult, StepTimings
 from common.device import resolve_platform
-from common.memory_retry import MemoryRetries
 from common.model_config import ModelConfig
 from common.multiplex.partitions import SMPartitions, partitions_for
 from common.multiplex.stepper import MultiplexedSteps
@@ -28,6 +26,9 @@ from common.wire.kv_events import KVEvent
 from common.wire.sampling_params import SamplingParams
 from common.wire.token_ids import check_token_ids
 
+if TYPE_CHECKING:
+    import torch
+
 
 class LLMEngine:
     """Build with `LLMEngine.from_config(config)` (loads the model and allocates the KV cache).
@@ -35,7 +36,7 @@ class LLMEngine:
     `async_scheduling`: launch plain decode steps before the host has their predecessor's tokens
     (`common.core.run_ahead`); `speculator`: speculative decoding, composed by the scheduler;
     `partitions`: multiplexed mode (`common.multiplex`), prefill chunks on these SM shares beside the
-    decode steps (None: one batch per step, as usual)."""
+    decode steps (None: one batch per step, as usual: `common.aggregated_steps`)."""
 
     def __init__(
         self,
@@ -74,9 +75,7 @@ class LLMEngine:
             )
             self.scheduler = scheduler
         self.async_scheduling = async_scheduling
-        self.mixed_run_ahead = run_ahead.mixed_steps_enabled()
-        self._in_flight: run_ahead.InFlightStep | None = None
-        self.memory_retries = MemoryRetries()  # aggregated steps (multiplexed chunks keep their own)
+        self.aggregated = AggregatedSteps(runner, self.timings, async_scheduling)
         self.grammars = GrammarAdmission(runner.grammar, model_config.vocab_size)
 
     def replace_speculator(self, speculator: Speculator | None) -> None:
@@ -166,7 +165,7 @@ class LLMEngine:
     def _busy(self) -> bool:
         """Work for the next step besides grammar requests still being built."""
         chunk = self.multiplexer is not None and self.multiplexer.in_flight
-        return self.scheduler.has_work or self._in_flight is not None or chunk
+        return self.scheduler.has_work or self.aggregated.in_flight is not None or chunk
 
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> StepResult:
@@ -182,63 +181,7 @@ class LLMEngine:
             result = StepResult()
             self.multiplexer.step(result)
             return result
-        t0 = time.perf_counter()
-        updates: list[SeqUpdate] = []
-        drained = False
-        if self._in_flight is not None:
-            reason = run_ahead.drain_reason(self._in_flight, self.scheduler)
-            if reason is not None:
-                self.timings.drains[reason.value] = self.timings.drains.get(reason.value, 0) + 1
-                updates += self._resolve(set())
-                drained = True
-        batch = self.scheduler.schedule()
-        result = StepResult(num_preempted=len(batch.preempted))
-        if not batch.seqs:
-            result.updates = updates + self._resolve(set())
-            return result
-        t1 = time.perf_counter()
-        # A verification launched behind the in-flight step waits for that step like a drain does.
-        drained |= self._in_flight is not None and batch.num_draft_tokens > 0
-        rows = run_ahead.src_rows(self._in_flight, batch.seqs) if self._in_flight is not None else None
-        try:
-            handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
-        except torch.OutOfMemoryError as e:
-            result.updates = updates + self._recover(e, batch.seqs)
-            return result
-        updates += self._resolve({s.seq_id for s in batch.seqs})
-        t2 = time.perf_counter()
-        if self.async_scheduling and run_ahead.launches_ahead(batch, self.scheduler, self.mixed_run_ahead):
-            self._in_flight = run_ahead.start(batch.seqs, handle)
-        else:
-            updates += self.scheduler.update_from_output(batch.seqs, handle.result())
-            self.timings.device_wait += handle.wait_seconds
-            self.memory_retries.forget(batch.seqs)
-        result.updates = updates
-        ran_ahead = self._in_flight is not None
-        self.scheduler.speculator.observe_step(t0, batch, ran_ahead=ran_ahead, drained=drained)
-        self.timings.account(batch.is_decode, t0, t1, t2, time.perf_counter())
-        result.num_prefill_tokens = batch.num_prefill_tokens
-        result.num_decode_tokens = batch.num_decode_tokens
-        return result
-
-    def _recover(self, error: torch.OutOfMemoryError, seqs: list[Sequence]) -> list[SeqUpdate]:
-        """A launch ran out of device memory: the step in flight before it still counts (its tokens
-        are applied), then the launch's sequences are computed again (common/memory_retry.py), or,
-        out of retries, the error is raised."""
-        updates = self._resolve(set())  # also waits for that step's kernels
-        self.runner.synchronize()  # the failed launch's kernels, before its blocks are freed
-        if not self.memory_retries.recover(error, self.scheduler, seqs):
-            raise error
-        return updates
-
-    def _resolve(self, launched: set[int]) -> list[SeqUpdate]:
-        if self._in_flight is None:
-            return []
-        step, self._in_flight = self._in_flight, None
-        updates = run_ahead.resolve(step, self.scheduler, launched)
-        self.memory_retries.forget(step.seqs)
-        self.timings.device_wait += step.handle.wait_seconds
-        return updates
+        return self.aggregated.step(self.scheduler)
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes, if any, and the grammar threads (idempotent; also

@@ -1,4 +1,5 @@
-"""An aggregated engine step that runs out of device memory is computed again (common/memory_retry.py).
+"""An aggregated engine step that runs out of device memory is computed again (common/memory_retry.py,
+common/aggregated_steps.py).
 
 On the CPU the allocator's error is raised from the model's forward; the multiplexed chunks' side of the
 same rule is tested in tests/unit/common/multiplex/test_multiplex_engine.py."""
@@ -51,7 +52,7 @@ def test_a_step_out_of_memory_is_computed_again(tiny_model_dirs, monkeypatch, ah
     engine.add_request(PROMPTS["a"], GREEDY, request_id="a")
     while engine.has_unfinished:
         _collect(engine, got)
-    assert raised[0] == 1 and engine.memory_retries.recomputed == 1
+    assert raised[0] == 1 and engine.aggregated.memory_retries.recomputed == 1
     plain = _llm(tiny_model_dirs["qwen3"]).generate([PROMPTS["a"], PROMPTS["b"]], GREEDY, use_tqdm=False)
     assert got == {"a": plain[0]["token_ids"], "b": plain[1]["token_ids"]}
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
@@ -61,13 +62,13 @@ def test_a_step_that_keeps_running_out_of_memory_raises(tiny_model_dirs, monkeyp
     """After `max_retries` recomputations the error stands; the worker then fails its requests, and
     aborting them gives every block back."""
     engine = _llm(tiny_model_dirs["qwen3"]).engine
-    retries = engine.memory_retries.max_retries
+    retries = engine.aggregated.memory_retries.max_retries
     raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
     engine.add_request(PROMPTS["a"], GREEDY, request_id="a")
     with pytest.raises(torch.OutOfMemoryError):
         for _ in range(10 * (retries + 1)):
             engine.step()
-    assert raised[0] == retries + 1 and engine.memory_retries.recomputed == retries
+    assert raised[0] == retries + 1 and engine.aggregated.memory_retries.recomputed == retries
     assert [s.request_id for s in engine.abort(["a"])] == ["a"]
     while engine.has_unfinished:
         engine.step()
@@ -84,4 +85,4 @@ def test_any_other_error_in_a_launch_is_raised_at_once(tiny_model_dirs, monkeypa
     engine.add_request(PROMPTS["b"], GREEDY, request_id="b")
     with pytest.raises(RuntimeError, match="illegal memory access"):
         engine.step()
-    assert engine.memory_retries.recomputed == 0
+    assert engine.aggregated.memory_retries.recomputed == 0

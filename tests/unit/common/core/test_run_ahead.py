@@ -52,7 +52,7 @@ def test_run_ahead_runs_ahead_and_handles_eos(tiny_model_dirs):
     in_flight_steps = 0
     while engine.has_unfinished:
         engine.step()
-        in_flight_steps += engine._in_flight is not None
+        in_flight_steps += engine.aggregated.in_flight is not None
     assert in_flight_steps >= 8  # steady-state decode really ran ahead
     sync = LLM(tiny_model_dirs["qwen2"], num_kvcache_blocks=256, async_scheduling=False)
     expected = sync.generate([s.prompt_token_ids for s in seqs], params, use_tqdm=False)
@@ -68,7 +68,7 @@ def test_abort_while_in_flight(tiny_model_dirs):
     b = engine.add_request([5, 6, 7], params, request_id="b")
     for _ in range(5):
         engine.step()
-    assert engine._in_flight is not None
+    assert engine.aggregated.in_flight is not None
     engine.abort(["a"])
     while engine.has_unfinished:
         engine.step()
@@ -135,7 +135,7 @@ def test_transferred_requests_join_a_run_ahead_step(tiny_model_dirs):
         dec.kv_cache[:, :, dec.prompt_block_ids(seq)] = pre.kv_cache[:, :, pre.prompt_block_ids(src)]
         dec.complete_transfer(seq)
         pre.release_handoff(src)
-        in_flight_at_join.append(dec._in_flight is not None)
+        in_flight_at_join.append(dec.aggregated.in_flight is not None)
         joined.append(seq)
         for _ in range(3):
             dec.step()
@@ -158,7 +158,7 @@ def test_admissions_launch_behind_a_run_ahead_step(tiny_model_dirs, kv_blocks):
         llm = LLM(tiny_model_dirs["llama"], num_kvcache_blocks=kv_blocks, async_scheduling=async_on)
         engine, seqs, behind = llm.engine, [], 0
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            behind += engine._in_flight is not None
+            behind += engine.aggregated.in_flight is not None
             seqs.append(engine.add_request(prompt, p, f"r{i}"))
             for _ in range(2):
                 engine.step()
@@ -199,7 +199,7 @@ def test_mixed_steps_run_ahead(tiny_model_dirs, kv_blocks, switch, monkeypatch):
                 i, (prompt, p) = pending.pop(0)
                 seqs.append(engine.add_request(prompt, p, f"r{i}"))
             result = engine.step()
-            step = engine._in_flight
+            step = engine.aggregated.in_flight
             mixed_ahead += step is not None and result.num_prefill_tokens > 0
             chunks_ahead += step is not None and len(step.rows) < len(step.seqs)
         runs.append([(s.completion_token_ids, s.finish_reason) for s in seqs])
