@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from common.aggregated_steps import AggregatedSteps
 from common.config import EngineConfig
 from common.core import run_ahead
 from common.core.batch import SchedulerConfig
@@ -17,6 +16,7 @@ from common.device import resolve_platform
 from common.model_config import ModelConfig
 from common.multiplex.partitions import SMPartitions, partitions_for
 from common.multiplex.stepper import MultiplexedSteps
+from common.runner.aggregated_steps import AggregatedSteps
 from common.runner.grammar_admission import GrammarAdmission
 from common.runner.model_runner import ModelRunner
 from common.spec_decode.proposer_speculator import build_speculator
@@ -36,7 +36,7 @@ class LLMEngine:
     `async_scheduling`: launch plain decode steps before the host has their predecessor's tokens
     (`common.core.run_ahead`); `speculator`: speculative decoding, composed by the scheduler;
     `partitions`: multiplexed mode (`common.multiplex`), prefill chunks on these SM shares beside the
-    decode steps (None: one batch per step, as usual: `common.aggregated_steps`)."""
+    decode steps (None: one batch per step, as usual: `common.runner.aggregated_steps`)."""
 
     def __init__(
         self,

@@ -41,12 +41,12 @@ from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
-from common.memory_retry import MemoryRetries
 from common.multiplex.chunk import ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ControllerConfig, ShareController
 from common.multiplex.inline_budget import DEFAULT_CAP, ChunkTiming, InlineBudget
 from common.multiplex.launch_knobs import capture_share_graphs, layers_per_part, share_graphs_enabled
 from common.multiplex.partitions import SMPartitions
+from common.runner.memory_retry import MemoryRetries
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
@@ -148,7 +148,7 @@ class MultiplexedSteps:
             result.updates += self._resolve_decode(frozenset())
             self._last_decode_output = None  # decoding paused: the next output starts no gap
             while self._chunk is not None and self._chunk.completion is None:
-                self._advance(self._chunk)  # may abandon it (common/memory_retry.py)
+                self._advance(self._chunk)  # may abandon it (common/runner/memory_retry.py)
             if self._chunk is not None and self._chunk.completion is not None:
                 self._chunk.completion.wait()
                 result.updates += self._resolve_chunk(self._chunk)
@@ -194,7 +194,7 @@ class MultiplexedSteps:
     def _advance(self, chunk: ChunkInFlight) -> None:
         """Launch the chunk's next part; once all are launched, record its completion. A part that
         fails abandons the chunk: out of device memory, its sequences are computed again
-        (common/memory_retry.py); otherwise they stay running until aborted and the error
+        (common/runner/memory_retry.py); otherwise they stay running until aborted and the error
         is raised."""
         began = time.perf_counter()
         self.stats.chunk_parts += 1

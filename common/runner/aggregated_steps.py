@@ -3,7 +3,7 @@ decode steps launched ahead of their predecessor's tokens when `async_scheduling
 
 Invariants: at most one step is in flight (`in_flight`), and it is resolved (its tokens applied)
 before the next step's output is; a launch that runs out of device memory produces no step, its
-sequences are computed again (common/memory_retry.py) after the step before it was resolved and the
+sequences are computed again (common/runner/memory_retry.py) after the step before it was resolved and the
 failed launch's kernels finished. The multiplexed counterpart is common/multiplex/stepper.py.
 """
 
@@ -19,7 +19,7 @@ from common.core.batch import SeqUpdate
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
 from common.core.step_records import StepResult, StepTimings
-from common.memory_retry import MemoryRetries
+from common.runner.memory_retry import MemoryRetries
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner

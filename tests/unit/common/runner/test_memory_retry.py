@@ -1,5 +1,5 @@
-"""An aggregated engine step that runs out of device memory is computed again (common/memory_retry.py,
-common/aggregated_steps.py).
+"""An aggregated engine step that runs out of device memory is computed again (common/runner/memory_retry.py,
+common/runner/aggregated_steps.py).
 
 On the CPU the allocator's error is raised from the model's forward; the multiplexed chunks' side of the
 same rule is tested in tests/unit/common/multiplex/test_multiplex_engine.py."""
