@@ -40,3 +40,27 @@ def setup_or_skip() -> None:
     elif not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU or PDSERVE_TRITON_INTERPRET=1", allow_module_level=True)
     pytest.importorskip("triton")
+
+
+# Where a kernel test module runs and in which dtype: the interpreter on the CPU in float32 (exact
+# enough for tight tolerances), else the GPU in bf16; `marks()` is its `pytestmark`.
+DEVICE = "cpu" if ENABLED else "cuda"
+
+
+def marks() -> list:
+    import pytest
+
+    return [] if ENABLED else [pytest.mark.gpu]
+
+
+def dtype():
+    import torch
+
+    return torch.float32 if ENABLED else torch.bfloat16
+
+
+def rand(*shape: int, scale: float = 1.0):
+    """Normal values drawn on the CPU (the same on every device), times `scale`, on DEVICE in dtype()."""
+    import torch
+
+    return (torch.randn(*shape, dtype=torch.float32) * scale).to(DEVICE, dtype())

@@ -17,18 +17,13 @@ INTERPRET = triton_interpret.ENABLED
 
 from common.layers.triton_gemv import GemvLaunch, gemv, split_for  # noqa: E402
 
-pytestmark = [] if INTERPRET else [pytest.mark.gpu]
-DEVICE = "cpu" if INTERPRET else "cuda"
-DTYPE = torch.float32 if INTERPRET else torch.bfloat16
+pytestmark = triton_interpret.marks()
 TOL = dict(atol=1e-4, rtol=1e-4) if INTERPRET else dict(atol=3e-2, rtol=3e-2)
 # Small tiles cross several column blocks and loop iterations; split 3 leaves the last part partly
 # or wholly past the end of the inner dimension; block_n 16 over 50 columns leaves a ragged block.
 LAUNCHES = [GemvLaunch(16, 32, split_k=1), GemvLaunch(16, 32, split_k=3), GemvLaunch(4, 64, split_k=2)]
 LAUNCHES = LAUNCHES if INTERPRET else [None, *LAUNCHES]
-
-
-def _rand(*shape, scale=1.0):
-    return (torch.randn(*shape, dtype=torch.float32) * scale).to(DEVICE, DTYPE)
+_rand = triton_interpret.rand
 
 
 @pytest.mark.parametrize("launch", LAUNCHES)

@@ -17,18 +17,13 @@ INTERPRET = triton_interpret.ENABLED
 
 from common.layers.triton_skinny import SkinnyLaunch, skinny_linear  # noqa: E402
 
-pytestmark = [] if INTERPRET else [pytest.mark.gpu]
-DEVICE = "cpu" if INTERPRET else "cuda"
-DTYPE = torch.float32 if INTERPRET else torch.bfloat16
+pytestmark = triton_interpret.marks()
 TOL = dict(atol=1e-4, rtol=1e-4) if INTERPRET else dict(atol=3e-2, rtol=3e-2)
 # Small tiles keep the interpreter quick and make the shapes below cross several tiles and loops.
 # split_k 3 leaves the last part partly or wholly past the end of the inner dimension.
 SMALL = [SkinnyLaunch(16, 32, 4, 2, split_k=1), SkinnyLaunch(16, 32, 4, 2, split_k=3)]
 LAUNCHES = SMALL if INTERPRET else [None, *SMALL]
-
-
-def _rand(*shape, scale=1.0):
-    return (torch.randn(*shape, dtype=torch.float32) * scale).to(DEVICE, DTYPE)
+_rand = triton_interpret.rand
 
 
 def _rmsnorm(x, weight, eps):
@@ -53,7 +48,7 @@ def test_norm_prologue_and_next_residual(launch, rows, with_residual):
     x, w, g = _rand(rows, k), _rand(n, k, scale=k**-0.5), 1 + 0.1 * _rand(k)
     res = _rand(rows, k) if with_residual else None
     got = skinny_linear(x, w, residual=res, norm_weight=g, eps=eps, launch=launch)
-    summed = x if res is None else (x.float() + res.float()).to(DTYPE)
+    summed = x if res is None else (x.float() + res.float()).to(x.dtype)
     want = F.linear(_rmsnorm(summed, g, eps), w)
     if res is None:
         torch.testing.assert_close(got, want, **TOL)
