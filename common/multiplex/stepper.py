@@ -35,6 +35,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import torch
+
 from common.config import EngineConfig
 from common.core import run_ahead
 from common.core.batch import SeqUpdate
@@ -235,7 +237,14 @@ class MultiplexedSteps:
         began = time.perf_counter()
         previous = self._decode_in_flight
         rows = run_ahead.src_rows(previous, batch.seqs) if previous is not None else None
-        handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
+        try:
+            handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
+        except torch.OutOfMemoryError as e:  # as an aggregated step's (common/runner/aggregated_steps.py)
+            result.updates += self._resolve_decode(frozenset())
+            self.runner.synchronize()
+            if not self.memory_retries.recover(e, self.scheduler, batch.seqs):
+                raise
+            return True
         result.updates += self._resolve_decode(frozenset(s.seq_id for s in batch.seqs))
         ahead = self.ahead and not host_tokens
         if ahead and run_ahead.launches_ahead(batch, self.scheduler, self.mixed_ahead, decode_rows):
@@ -243,6 +252,7 @@ class MultiplexedSteps:
         else:
             result.updates += self.scheduler.update_from_output(batch.seqs, handle.result())
             self._decode_output(handle.wait_seconds)
+            self.memory_retries.forget(batch.seqs)
         self.timings.decode_forward += time.perf_counter() - began
         self.timings.decode_steps += 1
         result.num_decode_tokens += batch.num_decode_tokens
@@ -257,6 +267,7 @@ class MultiplexedSteps:
             return []
         updates = run_ahead.resolve(step, self.scheduler, set(launched))
         self._decode_output(step.handle.wait_seconds)
+        self.memory_retries.forget(step.seqs)
         return updates
 
     def _decode_output(self, wait_seconds: float) -> None:

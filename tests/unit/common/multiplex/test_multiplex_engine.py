@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
+from common.attention.context import get_forward_context
 from common.multiplex.inline_budget import DEFAULT_CAP
 from common.multiplex.partitions import InlinePartitions
 from tests.helpers.counted_run import generate_counted
@@ -307,3 +308,35 @@ def test_a_measured_inline_budget_gives_the_same_tokens(tiny_model_dirs, ahead):
 def test_inline_measured_is_checked(tiny_model_dirs):
     with pytest.raises(ValueError, match="mux_inline_measured"):
         _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_measured="yes")
+
+
+def test_a_decode_step_out_of_memory_is_computed_again(tiny_model_dirs, monkeypatch):
+    """The decode step's sequences go back to the queue (preempted by recompute) and their tokens do
+    not change; every block comes back."""
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
+    engine = mux.engine
+    got: dict[str, list[int]] = {"b": []}
+    engine.add_request([5, 6, 7], GREEDY, request_id="b")
+    for _ in range(3):  # b prefilled by a chunk, then decoding
+        for update in engine.step().updates:
+            if update.new_token_id is not None:
+                got["b"].append(update.new_token_id)
+    model, raised = engine.runner.model, [0]
+    real = model.forward
+
+    def failing(*args, **kwargs):  # decode steps call forward; chunks run forward_in_parts
+        if raised[0] == 0:
+            assert get_forward_context().meta.is_decode
+            raised[0] += 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", failing)
+    while engine.has_unfinished:
+        for update in engine.step().updates:
+            if update.new_token_id is not None:
+                got["b"].append(update.new_token_id)
+    assert raised[0] == 1 and engine.multiplexer.memory_retries.recomputed == 1
+    plain = _llm(tiny_model_dirs["qwen3"]).generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert got == {"b": plain[0]["token_ids"]}
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
