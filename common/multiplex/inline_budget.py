@@ -28,7 +28,10 @@ until such a chunk has been seen the budget stays 0.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 # Weight of the newest chunk in the running averages: a few chunks settle a changed load.
 SMOOTHING = 0.25
@@ -69,12 +72,25 @@ class InlineBudget:
         self._tokens: float | None = None  # token-weighted seconds per token
 
     def observe(self, chunk: ChunkTiming) -> None:
+        """One finished chunk's timing; a budget that moves by 2x (or to or from 0) is logged."""
+        before = self.tokens
         self._wall_seconds = _smooth(self._wall_seconds, chunk.wall_seconds)
         self._tokens = _smooth(self._tokens, chunk.tokens)
         if chunk.tokens <= self.cap:
             self._host_seconds = _smooth(self._host_seconds, chunk.host_seconds)
         if self._host_seconds is not None:
             self.tokens = min(self.cap, int(self._host_seconds * self._tokens / self._wall_seconds))
+        after = self.tokens
+        if (before == 0) != (after == 0) or not before / 2 <= after <= 2 * before:
+            log.info(
+                "inline budget %d -> %d tokens, the longest prompt inlined"
+                " (chunk of %d: host %.2f ms, %.2f ms to done)",
+                before,
+                after,
+                chunk.tokens,
+                1e3 * chunk.host_seconds,
+                1e3 * chunk.wall_seconds,
+            )
 
 
 def _smooth(old: float | None, new: float) -> float:

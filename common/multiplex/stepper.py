@@ -30,7 +30,6 @@ no new owner writes a block before the in-flight step is done with it.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -45,15 +44,13 @@ from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
 from common.multiplex.chunk import ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ControllerConfig, ShareController
-from common.multiplex.inline_budget import DEFAULT_CAP, ChunkTiming, InlineBudget
+from common.multiplex.inline_budget import DEFAULT_CAP, InlineBudget
 from common.multiplex.launch_knobs import capture_share_graphs, layers_per_part, share_graphs_enabled
 from common.multiplex.partitions import SMPartitions
 from common.runner.memory_retry import MemoryRetries
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
-
-log = logging.getLogger(__name__)
 
 
 class MultiplexedSteps:
@@ -294,22 +291,5 @@ class MultiplexedSteps:
         self.memory_retries.forget(chunk.seqs)
         if self.inline_budget is not None and chunk.tokens > 0:  # a chunk computes a token at least
             chunk.host_seconds += time.perf_counter() - done_at
-            _observe(self.inline_budget, chunk.timing(done_at))
+            self.inline_budget.observe(chunk.timing(done_at))
         return updates
-
-
-def _observe(budget: InlineBudget, timing: ChunkTiming) -> None:
-    """A chunk's timing to the inline budget; a budget that moved by 2x (or to or from 0) is logged."""
-    before = budget.tokens
-    budget.observe(timing)
-    after = budget.tokens
-    if (before == 0) != (after == 0) or not before / 2 <= after <= 2 * before:
-        log.info(
-            "inline budget %d -> %d tokens, the longest prompt inlined"
-            " (chunk of %d: host %.2f ms, %.2f ms to done)",
-            before,
-            after,
-            timing.tokens,
-            1e3 * timing.host_seconds,
-            1e3 * timing.wall_seconds,
-        )
