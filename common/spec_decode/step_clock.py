@@ -14,8 +14,11 @@ if TYPE_CHECKING:
 
 # Weight of the newest step in a size's moving average of observed step times.
 _STEP_EMA = 0.2
-# An observed step this many times slower than the current estimate is a one-off and is not learned.
+# An observed step this many times slower than the current estimate is a one-off and is not learned,
+# unless _OUTLIER_RUN of a size in a row are: then the estimate was wrong (a draft model whose own
+# proposals cost several replays) and the size's estimate becomes the latest observation.
 _OUTLIER_FACTOR = 3.0
+_OUTLIER_RUN = 3
 # The host's share of a synchronous verification step beyond its replay, modelled as a per-step part
 # (schedule, propose, launch, read back: learned, this is its prior) plus a per-row part (sampling
 # rows and accepting drafts: fixed). Learning only a per-row rate blew up the estimate of long
@@ -43,6 +46,7 @@ class StepClock:
         self.verify: dict[int, float] = {}
         self.host_per_step = _PRIOR_HOST_SECONDS_PER_STEP
         self._verifications = 0  # verification steps observed (what `_best_rates` was computed at)
+        self._outliers: dict[tuple[bool, int], int] = {}  # (verify, size) -> slow steps in a row
         self._rates_key: tuple[int, float] | None = None
         self._best_rates: list[float] = []
 
@@ -56,12 +60,20 @@ class StepClock:
         size = self.costs.padded(rows)
         table = self.verify if verify else self.plain
         current = self.verify_cost(rows) if verify else self.plain_cost(rows)
+        wrong = False  # the estimate, not the step: slow every time
         if seconds > _OUTLIER_FACTOR * current:
-            return  # a one-off (a draft model's first prefill of a prompt, a collector pause)
-        table[size] = seconds if size not in table else (1 - _STEP_EMA) * table[size] + _STEP_EMA * seconds
+            run = self._outliers.get((verify, size), 0) + 1
+            self._outliers[verify, size] = run
+            if run < _OUTLIER_RUN:
+                return  # a one-off (a draft model's first prefill of a prompt, a collector pause)
+            wrong = True
+        self._outliers.pop((verify, size), None)
+        weight = 1.0 if wrong or size not in table else _STEP_EMA
+        table[size] = (1 - weight) * table.get(size, 0.0) + weight * seconds
         if verify:
             extra = max(0.0, seconds - self.costs.cost(rows) - _HOST_SECONDS_PER_ROW * rows)
-            self.host_per_step = (1 - _STEP_EMA) * self.host_per_step + _STEP_EMA * extra
+            weight = 1.0 if wrong else _STEP_EMA
+            self.host_per_step = (1 - weight) * self.host_per_step + weight * extra
             self._verifications += 1
 
     def can_pay(self, num_rows: int) -> bool:

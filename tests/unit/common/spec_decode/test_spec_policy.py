@@ -136,6 +136,31 @@ def test_one_off_slow_steps_are_not_learned():
     assert clock.plain_cost(1) == 2.0
 
 
+def test_steps_slow_every_time_are_learned_and_speculation_that_does_not_pay_stops():
+    """A draft model's proposals can make every verification cost several replays: past the
+    one-off filter (3x the estimate), a run of such steps replaces the estimate."""
+    seq = Acceptance()
+    for _ in range(3):
+        seq.record(_LEN, 4, 2)
+    clock = StepClock(StepCosts((1, 8, 16), (1.0, 1.0, 1.0)))
+    clock.host_per_step = 0.0
+    assert choose_drafts(clock, 1, [_wanted(seq, 4)])
+    clock.observe(verify=False, rows=1, seconds=1.0)
+    for _ in range(2):  # one-offs so far: not learned
+        clock.observe(verify=True, rows=5, seconds=9.0)
+    assert clock.verify_cost(5) == 1.0 + 15e-6 * 5 and choose_drafts(clock, 1, [_wanted(seq, 4)])
+    clock.observe(verify=True, rows=5, seconds=9.0)  # the third in a row: the estimate was wrong
+    assert clock.verify_cost(5) == 9.0 and clock.host_per_step > 7.0
+    assert choose_drafts(clock, 1, [_wanted(seq, 4)]) == []
+
+
+def test_a_slow_run_broken_by_a_normal_step_stays_one_offs():
+    clock = StepClock(StepCosts((1, 8), (1.0, 1.0)))
+    for seconds in (9.0, 9.0, 1.0, 9.0, 9.0):
+        clock.observe(verify=False, rows=1, seconds=seconds)
+    assert clock.plain_cost(1) == 1.0
+
+
 def _verify_rate(clock: StepClock, num_rows: int, chosen: list[tuple[Acceptance, int]]) -> float:
     rows = num_rows + sum(c for _, c in chosen)
     return (num_rows + sum(sum(draft_gains(s.rate(_LEN), c)) for s, c in chosen)) / clock.verify_cost(rows)
