@@ -82,13 +82,20 @@ def test_the_likeliest_sequences_speculate_when_not_all_fit():
     assert choose_drafts(clock, 2, wanted) == []
 
 
-def test_observed_host_time_stops_speculation_that_does_not_pay():
+def _speculating_at_flat_cost() -> tuple[Acceptance, StepClock]:
+    """A sequence with half its drafts accepted, on a clock where every step size costs the same and
+    the host adds nothing yet: its drafts pay."""
     seq = Acceptance()
     for _ in range(3):
         seq.record(_LEN, 4, 2)
     clock = StepClock(StepCosts((1, 8, 16), (1.0, 1.0, 1.0)))
     clock.host_per_step = 0.0
     assert choose_drafts(clock, 1, [_wanted(seq, 4)])
+    return seq, clock
+
+
+def test_observed_host_time_stops_speculation_that_does_not_pay():
+    seq, clock = _speculating_at_flat_cost()
     for _ in range(10):  # verification steps really take 3x a plain one (the host's share)
         clock.observe(verify=True, rows=5, seconds=3.0)
         clock.observe(verify=False, rows=1, seconds=1.0)
@@ -139,12 +146,7 @@ def test_one_off_slow_steps_are_not_learned():
 def test_steps_slow_every_time_are_learned_and_speculation_that_does_not_pay_stops():
     """A draft model's proposals can make every verification cost several replays: past the
     one-off filter (3x the estimate), a run of such steps replaces the estimate."""
-    seq = Acceptance()
-    for _ in range(3):
-        seq.record(_LEN, 4, 2)
-    clock = StepClock(StepCosts((1, 8, 16), (1.0, 1.0, 1.0)))
-    clock.host_per_step = 0.0
-    assert choose_drafts(clock, 1, [_wanted(seq, 4)])
+    seq, clock = _speculating_at_flat_cost()
     clock.observe(verify=False, rows=1, seconds=1.0)
     for _ in range(2):  # one-offs so far: not learned
         clock.observe(verify=True, rows=5, seconds=9.0)
