@@ -25,6 +25,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from benchmarks.engine.skinny_gemm import SHAPES, _time_us  # noqa: E402
+from benchmarks.engine.skinny_gemm import projections as skinny_projections  # noqa: E402
 from common.layers import triton_ops  # noqa: E402
 from common.layers.triton_gemv import GemvLaunch, gemv  # noqa: E402
 
@@ -32,15 +33,10 @@ _COLD_BYTES = 512 << 20
 
 
 def projections(model: str) -> list[tuple[str, int, int, bool]]:
-    """(name, weight rows, inner dim, silu_mul) per projection, the LM head last."""
-    hidden, q, kv, inter = SHAPES[model]
-    return [
-        ("qkv", q + 2 * kv, hidden, False),
-        ("o_proj", hidden, q, False),
-        ("gate_up+silu", 2 * inter, hidden, True),
-        ("down", hidden, inter, False),
-        ("lm_head", 151_936, hidden, False),
-    ]
+    """(name, weight rows, inner dim, silu_mul) per projection (skinny_gemm.py's, without the norm the
+    skinny kernel fuses), the LM head last."""
+    layers = [(name.replace("+norm", ""), n, k, mlp) for name, n, k, mlp in skinny_projections(model)]
+    return [*layers, ("lm_head", 151_936, SHAPES[model][0], False)]  # Qwen3's vocabulary
 
 
 @triton.jit
