@@ -19,7 +19,7 @@ from common.core.batch import SeqUpdate
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
 from common.core.step_records import StepResult, StepTimings
-from common.runner.memory_retry import MemoryRetries
+from common.runner.memory_retry import MAX_RETRIES, MemoryRetries
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
@@ -35,7 +35,9 @@ class AggregatedSteps:
         self.async_scheduling = async_scheduling
         self.mixed_run_ahead = run_ahead.mixed_steps_enabled()
         self.in_flight: run_ahead.InFlightStep | None = None
-        self.memory_retries = MemoryRetries()
+        # Under tensor parallelism the other ranks may wait inside the failed launch's collectives, so
+        # there the error stands (no retry) as it did before retries existed.
+        self.memory_retries = MemoryRetries(0 if runner.tp is not None else MAX_RETRIES)
 
     def step(self, scheduler: Scheduler) -> StepResult:
         t0 = time.perf_counter()

@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from common import LLM, SamplingParams
+from common.core.step_records import StepTimings
+from common.runner.aggregated_steps import AggregatedSteps
+from common.runner.memory_retry import MAX_RETRIES
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = {"a": list(range(1, 40)), "b": [5, 6, 7]}
@@ -86,3 +89,14 @@ def test_any_other_error_in_a_launch_is_raised_at_once(tiny_model_dirs, monkeypa
     with pytest.raises(RuntimeError, match="illegal memory access"):
         engine.step()
     assert engine.aggregated.memory_retries.recomputed == 0
+
+
+def test_tensor_parallel_engines_do_not_retry(tiny_model_dirs):
+    """The other ranks may wait inside the failed launch's collectives: the error stands at once."""
+    runner = _llm(tiny_model_dirs["qwen3"]).engine.runner
+    assert AggregatedSteps(runner, StepTimings(), False).memory_retries.max_retries == MAX_RETRIES
+    runner.tp = object()  # what a rank-0 runner of a tensor-parallel group holds
+    try:
+        assert AggregatedSteps(runner, StepTimings(), False).memory_retries.max_retries == 0
+    finally:
+        runner.tp = None  # the engine's close stops its ranks through it
