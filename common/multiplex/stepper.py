@@ -238,7 +238,7 @@ class MultiplexedSteps:
             handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
         except torch.OutOfMemoryError as e:  # as an aggregated step's (common/runner/aggregated_steps.py)
             result.updates += self._resolve_decode(frozenset())
-            self.runner.synchronize()
+            self.runner.platform.synchronize()
             if not self.memory_retries.recover(e, self.scheduler, batch.seqs):
                 raise
             return True

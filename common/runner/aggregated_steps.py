@@ -85,7 +85,7 @@ class AggregatedSteps:
         are applied), then the launch's sequences are computed again, or, out of retries, the error
         is raised."""
         updates = self._resolve(scheduler, set())  # also waits for that step's kernels
-        self.runner.synchronize()  # the failed launch's kernels, before its blocks are freed
+        self.runner.platform.synchronize()  # the failed launch's kernels, before its blocks are freed
         if not self.memory_retries.recover(error, scheduler, seqs):
             raise error
         return updates

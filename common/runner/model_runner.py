@@ -107,11 +107,6 @@ class ModelRunner:
             raise
         return runner
 
-    def synchronize(self) -> None:
-        """Wait for every kernel launched on this runner's device (nothing to wait for on the CPU)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (idempotent; a no-op for a single rank)."""
         if self.tp is not None:

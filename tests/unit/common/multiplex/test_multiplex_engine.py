@@ -15,6 +15,7 @@ from common.attention.context import get_forward_context
 from common.multiplex.inline_budget import DEFAULT_CAP
 from common.multiplex.partitions import InlinePartitions
 from tests.helpers.counted_run import generate_counted
+from tests.helpers.out_of_memory import forward_running_out_of_memory
 from tests.helpers.staggered import run_staggered
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -321,17 +322,11 @@ def test_a_decode_step_out_of_memory_is_computed_again(tiny_model_dirs, monkeypa
         for update in engine.step().updates:
             if update.new_token_id is not None:
                 got["b"].append(update.new_token_id)
-    model, raised = engine.runner.model, [0]
-    real = model.forward
 
-    def failing(*args, **kwargs):  # decode steps call forward; chunks run forward_in_parts
-        if raised[0] == 0:
-            assert get_forward_context().meta.is_decode
-            raised[0] += 1
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
-        return real(*args, **kwargs)
+    def in_a_decode_step() -> None:  # decode steps call forward; chunks run forward_in_parts
+        assert get_forward_context().meta.is_decode
 
-    monkeypatch.setattr(model, "forward", failing)
+    raised = forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1, check=in_a_decode_step)
     while engine.has_unfinished:
         for update in engine.step().updates:
             if update.new_token_id is not None:

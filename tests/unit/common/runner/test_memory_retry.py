@@ -13,6 +13,7 @@ from common import LLM, SamplingParams
 from common.core.step_records import StepTimings
 from common.runner.aggregated_steps import AggregatedSteps
 from common.runner.memory_retry import MAX_RETRIES
+from tests.helpers.out_of_memory import forward_running_out_of_memory
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = {"a": list(range(1, 40)), "b": [5, 6, 7]}
@@ -20,20 +21,6 @@ PROMPTS = {"a": list(range(1, 40)), "b": [5, 6, 7]}
 
 def _llm(model_dir: str, **kw) -> LLM:
     return LLM(model_dir, num_kvcache_blocks=96, kvcache_block_size=16, max_num_batched_tokens=32, **kw)
-
-
-def _forward_running_out_of_memory(monkeypatch, model, times: int) -> list[int]:
-    """The next `times` forwards raise the CUDA allocator's error; returns the count raised so far."""
-    real, raised = model.forward, [0]
-
-    def failing(*args, **kwargs):
-        if raised[0] < times:
-            raised[0] += 1
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 342.00 MiB")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(model, "forward", failing)
-    return raised
 
 
 def _collect(engine, got: dict[str, list[int]]) -> None:
@@ -51,7 +38,7 @@ def test_a_step_out_of_memory_is_computed_again(tiny_model_dirs, monkeypatch, ah
     engine.add_request(PROMPTS["b"], GREEDY, request_id="b")
     for _ in range(3):
         _collect(engine, got)  # b prefilled and decoding
-    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1)
+    raised = forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1)
     engine.add_request(PROMPTS["a"], GREEDY, request_id="a")
     while engine.has_unfinished:
         _collect(engine, got)
@@ -66,7 +53,7 @@ def test_a_step_that_keeps_running_out_of_memory_raises(tiny_model_dirs, monkeyp
     aborting them gives every block back."""
     engine = _llm(tiny_model_dirs["qwen3"]).engine
     retries = engine.aggregated.memory_retries.max_retries
-    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
+    raised = forward_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
     engine.add_request(PROMPTS["a"], GREEDY, request_id="a")
     with pytest.raises(torch.OutOfMemoryError):
         for _ in range(10 * (retries + 1)):
