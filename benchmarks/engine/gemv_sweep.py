@@ -1,8 +1,8 @@
-"""One-row projections of large weights: the streaming GEMV kernel against cuBLAS (GPU only).
+"""Few-row projections of large weights: the streaming GEMV kernel against cuBLAS (GPU only).
 
-python benchmarks/engine/gemv_sweep.py [--models qwen3-8b] [--sweep] [--quick]
+python benchmarks/engine/gemv_sweep.py [--models qwen3-8b] [--rows 1 2 4] [--sweep] [--quick]
 
-Per projection of the model shape (rows 1): cuBLAS (`F.linear`, + SiLU*mul for gate/up), the skinny
+Per projection of the model shape and row count: cuBLAS (`F.linear`, + SiLU*mul for gate/up), the skinny
 kernel at its own launch where it fits, and `common/layers/triton_gemv.gemv` at its default launch
 or, with `--sweep`, at every launch of the grid below (the best is printed). Each case is timed
 inside a CUDA graph over weight copies larger than L2 (as skinny_gemm.py does), so the weights come
@@ -27,7 +27,7 @@ import triton.language as tl  # noqa: E402
 from benchmarks.engine.skinny_gemm import SHAPES, _time_us  # noqa: E402
 from benchmarks.engine.skinny_gemm import projections as skinny_projections  # noqa: E402
 from common.layers import triton_ops  # noqa: E402
-from common.layers.triton_gemv import GemvLaunch, gemv  # noqa: E402
+from common.layers.triton_gemv import GemvLaunch, gemv, launch_for  # noqa: E402
 
 _COLD_BYTES = 512 << 20
 
@@ -57,12 +57,12 @@ def read_ceiling() -> tuple[float, float]:
     return src.nbytes / read_us / 1e6, 2 * src.nbytes / copy_us / 1e6
 
 
-def case(n: int, k: int, silu: bool):
-    """(cuBLAS fn, gemv fn factory, calls, weight bytes) for one [n, k] projection at one row."""
+def case(n: int, k: int, silu: bool, rows: int):
+    """(cuBLAS fn, gemv fn factory, calls, weight bytes) for one [n, k] projection at `rows` rows."""
     nbytes = n * k * 2
     copies = max(2, _COLD_BYTES // nbytes)
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5 for _ in range(copies)]
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
 
     def cublas(i):
         out = F.linear(x, ws[i % copies])
@@ -75,7 +75,8 @@ def case(n: int, k: int, silu: bool):
     got = ours(None)(0).float()
     err = ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
     if err > 0.02:
-        raise SystemExit(f"gemv disagrees with cuBLAS on [{n}, {k}] silu={silu}: relative error {err:.4f}")
+        where = f"{rows} x [{n}, {k}] silu={silu}"
+        raise SystemExit(f"gemv disagrees with cuBLAS on {where}: relative error {err:.4f}")
     return cublas, ours, copies, nbytes
 
 
@@ -91,17 +92,18 @@ def grid(k: int, quick: bool):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["qwen3-8b"], choices=sorted(SHAPES))
+    p.add_argument("--rows", type=int, nargs="+", default=[1], help="rows per step (1 to MAX_ROWS)")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--quick", action="store_true", help="with --sweep: the split chosen from the shape only")
     args = p.parse_args()
     read, copy = read_ceiling()
     print(f"read ceiling: {read:.2f} TB/s (Triton sum over 1 GiB); copy {copy:.2f} TB/s (read + written)")
-    print("| model | projection | weight MB | cuBLAS us | TB/s | gemv us | TB/s | speedup | launch |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for model in args.models:
+    print("| model | rows | projection | weight MB | cuBLAS us | TB/s | gemv us | TB/s | speedup | launch |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for model, rows in itertools.product(args.models, args.rows):
         for name, n, k, silu in projections(model):
-            cublas, ours, calls, nbytes = case(n, k, silu)
-            best, best_us = GemvLaunch(), _time_us(ours(None), calls)
+            cublas, ours, calls, nbytes = case(n, k, silu, rows)
+            best, best_us = launch_for(silu), _time_us(ours(None), calls)
             for launch in grid(k, args.quick) if args.sweep and name != "lm_head" else ():
                 try:
                     us = _time_us(ours(launch), calls)
@@ -112,7 +114,8 @@ def main() -> None:
                     best, best_us = launch, us
             c_us = _time_us(cublas, calls)
             print(
-                f"| {model} | {name} | {nbytes / 1e6:.1f} | {c_us:.2f} | {nbytes / c_us / 1e6:.2f} | "
+                f"| {model} | {rows} | {name} | {nbytes / 1e6:.1f} | {c_us:.2f} | "
+                f"{nbytes / c_us / 1e6:.2f} | "
                 f"{best_us:.2f} | {nbytes / best_us / 1e6:.2f} | {c_us / best_us:.2f}x | {best} |",
                 flush=True,
             )

@@ -3,8 +3,9 @@
 `PDSERVE_DISABLE_FUSED=1` forces the eager path everywhere, for A/B benchmarks and debugging;
 `PDSERVE_DISABLE_SKINNY=1` keeps the other fused kernels but runs decode-sized projections on cuBLAS;
 `PDSERVE_SKINNY_MAX_ROWS=N` (1-16, default `SKINNY_MAX_ROWS`) sends steps of up to N rows to the
-skinny kernels, for A/B runs on other model shapes; `PDSERVE_DISABLE_GEMV=1` runs one-row projections
-of large weights on cuBLAS instead of the streaming GEMV kernel.
+skinny kernels, for A/B runs on other model shapes; `PDSERVE_DISABLE_GEMV=1` runs few-row projections
+of large weights on cuBLAS instead of the streaming GEMV kernel, and `PDSERVE_GEMV_MAX_ROWS=N` (1 to
+`GEMV_ROWS_LIMIT`, default `GEMV_MAX_ROWS`) sends steps of up to N rows to it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ SKINNY_MAX_ROWS = 1
 # (2026-12-03, aff2219). A decoder layer takes its fused skinny path (norms inside the projections) by
 # its largest projection (gate/up); a projection called on its own decides by its own weight.
 SKINNY_MAX_WEIGHT_BYTES = 16 << 20
+
+# Rows the streaming GEMV kernel can take in one launch (common/layers/triton_gemv.py multiplies each
+# weight tile with every row in turn; past a few rows a tensor-core GEMM is the better tool), and the
+# rows per step up to which it is used by default.
+GEMV_ROWS_LIMIT = 4
+GEMV_MAX_ROWS = 1
 
 
 _side = threading.local()
@@ -100,16 +107,24 @@ def gemv_enabled() -> bool:
     return not env_switch("PDSERVE_DISABLE_GEMV", default=False)
 
 
+@functools.cache
+def gemv_max_rows() -> int:
+    """`PDSERVE_GEMV_MAX_ROWS` when set (validated against the kernel's GEMV_ROWS_LIMIT), else GEMV_MAX_ROWS;
+    0 under `PDSERVE_DISABLE_GEMV=1`."""
+    if not gemv_enabled():
+        return 0
+    return env_int("PDSERVE_GEMV_MAX_ROWS", GEMV_MAX_ROWS, low=1, high=GEMV_ROWS_LIMIT)
+
+
 def use_gemv(x: torch.Tensor, weight_bytes: int) -> bool:
-    """One row on CUDA times a weight too large for the skinny kernels: the projection takes the
-    streaming GEMV kernel (common/layers/triton_gemv.py), which reads such weights faster than
-    cuBLAS and starts its reads before the kernel ahead of it ends."""
+    """A step of up to `gemv_max_rows()` rows on CUDA times a weight too large for the skinny kernels:
+    the projection takes the streaming GEMV kernel (common/layers/triton_gemv.py), which reads such
+    weights faster than cuBLAS and starts its reads before the kernel ahead of it ends."""
     return (
         x.dim() == 2
-        and x.shape[0] == 1
+        and x.shape[0] <= gemv_max_rows()
         and weight_bytes > SKINNY_MAX_WEIGHT_BYTES
         and use_fused(x)
-        and gemv_enabled()
         and _on_engine_stream()
     )
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from common.layers.fused import gemv_enabled
+from common.layers.fused import gemv_max_rows
 from common.layers.pdl import pdl_enabled, pdl_wait
 from common.layers.triton_qkv import qkv_rope_store  # noqa: F401  (re-exported: ops().qkv_rope_store)
 
@@ -55,10 +55,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else out
-    # One row: the projection after it may be the streaming GEMV (triton_gemv.py), whose weight reads
-    # then start while this kernel runs. Larger steps keep plain launches (PDL cost ~1.5% at 64
+    # A few rows: the projection after it may be the streaming GEMV (triton_gemv.py), whose weight
+    # reads then start while this kernel runs. Larger steps keep plain launches (PDL cost ~1.5% at 64
     # rows, common/layers/pdl.py).
-    pdl = rows == 1 and gemv_enabled() and pdl_enabled(x.device)
+    pdl = 0 < rows <= gemv_max_rows() and pdl_enabled(x.device)
     if rows:
         _rmsnorm_kernel[(rows,)](
             x,

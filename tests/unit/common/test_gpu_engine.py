@@ -31,22 +31,54 @@ def test_one_row_steps_through_the_gemv_match_transformers_bf16(qwen3_dir, monke
     """Every one-row projection on the streaming GEMV (the 0.6B shape's weights are under the skinny
     kernels' limit, so the limit is lowered): batch-1 decode steps, CUDA graphs with PDL, the norm
     before each projection launched with PDL too, must compute what transformers does."""
+    calls = _route_projections_to_the_gemv(monkeypatch, max_rows=1)
+    _assert_logits_match_transformers(qwen3_dir)
+    assert (1, True) in calls and (1, False) in calls  # gate/up with SiLU*mul, and the plain projections
+
+
+def test_steps_of_several_rows_through_the_gemv_match_cublas(qwen3_dir, monkeypatch):
+    """Decode steps of 3 sequences (a 4-row graph, one row padding) on the GEMV compute what cuBLAS
+    computes for them: the same logits within bf16 tolerance, step by step up to the first token that
+    differs (a near-tie may round either way)."""
+    prompts = random_prompts(3, 40, 300, seed=5)
+    calls = _route_projections_to_the_gemv(monkeypatch, max_rows=0)  # 0: no step takes it
+    want, want_logits = _greedy_with_logits(small_gpu_llm(qwen3_dir), prompts)
+    assert not calls
+    _route_projections_to_the_gemv(monkeypatch, max_rows=4)
+    got, got_logits = _greedy_with_logits(small_gpu_llm(qwen3_dir), prompts)
+    assert {rows for rows, _ in calls} >= {4}
+    steps = _steps_until_divergence(want, got, len(want_logits))
+    assert steps >= 4
+    for x, y in zip(want_logits[:steps], got_logits[:steps], strict=True):
+        assert ((x - y).norm(dim=-1) / x.norm(dim=-1)).max().item() < 2e-2
+
+
+def _route_projections_to_the_gemv(monkeypatch, max_rows: int) -> list[tuple[int, bool]]:
+    """Projections of steps up to `max_rows` rows go to the GEMV, whatever their weight's size;
+    returns the list its calls (rows, silu_mul) are recorded in."""
     from common.layers import fused, linear, triton_gemv
     from common.models import decoder
 
-    calls = []
+    calls: list[tuple[int, bool]] = []
 
     class Counting:
-        def gemv(self, *args, **kwargs):
-            calls.append(kwargs.get("silu_mul", False))
-            return triton_gemv.gemv(*args, **kwargs)
+        def gemv(self, x, *args, **kwargs):
+            calls.append((x.shape[0], kwargs.get("silu_mul", False)))
+            return triton_gemv.gemv(x, *args, **kwargs)
 
     monkeypatch.setattr(fused, "SKINNY_MAX_WEIGHT_BYTES", 0)
-    monkeypatch.setattr(fused, "gemv_enabled", lambda: True)
+    monkeypatch.setattr(fused, "gemv_max_rows", lambda: max_rows)
     for module in (linear, decoder):
         monkeypatch.setattr(module, "gemv", Counting)
-    _assert_logits_match_transformers(qwen3_dir)
-    assert True in calls and False in calls  # gate/up with SiLU*mul, and the plain projections
+    return calls
+
+
+def _steps_until_divergence(a: list[list[int]], b: list[list[int]], steps: int) -> int:
+    """Logit steps that saw the same tokens in both runs: up to and including the first difference."""
+    first = next(
+        (i for i in range(GREEDY.max_tokens) if any(x[i] != y[i] for x, y in zip(a, b, strict=True))), None
+    )
+    return steps if first is None else first + 1
 
 
 def _assert_logits_match_transformers(model_dir: str) -> None:
@@ -95,11 +127,7 @@ def test_cuda_graphs_match_eager(qwen3_dir, monkeypatch):
     b, _ = _greedy_with_logits(graphs, exact)
     b_pad, b_logits = _greedy_with_logits(graphs, padded)
     assert a == b
-    same_prefix = next(
-        (i for i in range(GREEDY.max_tokens) if any(x[i] != y[i] for x, y in zip(a_pad, b_pad, strict=True))),
-        None,
-    )
-    steps = len(a_logits) if same_prefix is None else same_prefix + 1
+    steps = _steps_until_divergence(a_pad, b_pad, len(a_logits))
     assert steps >= 4
     for x, y in zip(a_logits[:steps], b_logits[:steps], strict=True):
         assert ((x - y).norm(dim=-1) / x.norm(dim=-1)).max().item() < 2e-2

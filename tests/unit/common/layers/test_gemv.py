@@ -1,4 +1,5 @@
-"""The streaming one-row GEMV (common/layers/triton_gemv.py) against `F.linear` and the eager MLP input.
+"""The streaming GEMV (common/layers/triton_gemv.py, 1 to MAX_ROWS rows) against `F.linear` and the eager
+MLP input.
 
 Runs on a CUDA machine (marked `gpu`, bf16) and on the CPU under the Triton interpreter when
 `PDSERVE_TRITON_INTERPRET=1` (fp32). Anywhere else the module skips.
@@ -15,7 +16,7 @@ from tests.helpers import triton_interpret
 triton_interpret.setup_or_skip()
 INTERPRET = triton_interpret.ENABLED
 
-from common.layers.triton_gemv import GemvLaunch, gemv, split_for  # noqa: E402
+from common.layers.triton_gemv import MAX_ROWS, GemvLaunch, gemv, split_for  # noqa: E402
 
 pytestmark = triton_interpret.marks()
 TOL = dict(atol=1e-4, rtol=1e-4) if INTERPRET else dict(atol=3e-2, rtol=3e-2)
@@ -26,28 +27,35 @@ LAUNCHES = LAUNCHES if INTERPRET else [None, *LAUNCHES]
 _rand = triton_interpret.rand
 
 
+# 3 rows run in a 4-row tile whose last row is masked.
+ROWS = [1, 2, 3, MAX_ROWS]
+
+
+@pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("launch", LAUNCHES)
 @pytest.mark.parametrize("n,k,bias", [(48, 64, False), (50, 200, True), (64, 96, False)])
-def test_projection_matches_linear(launch, n, k, bias):
+def test_projection_matches_linear(launch, n, k, bias, rows):
     torch.manual_seed(n + k)
-    x, w = _rand(1, k), _rand(n, k, scale=k**-0.5)
+    x, w = _rand(rows, k), _rand(n, k, scale=k**-0.5)
     b = _rand(n) if bias else None
     torch.testing.assert_close(gemv(x, w, b, launch=launch), F.linear(x, w, b), **TOL)
 
 
+@pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("launch", LAUNCHES)
-def test_silu_mul_epilogue_matches_the_mlp_input(launch):
+def test_silu_mul_epilogue_matches_the_mlp_input(launch, rows):
     torch.manual_seed(3)
     n, k = 40, 96
-    x, w = _rand(1, k), _rand(2 * n, k, scale=k**-0.5)
+    x, w = _rand(rows, k), _rand(2 * n, k, scale=k**-0.5)
     gate, up = F.linear(x, w).chunk(2, dim=-1)
     torch.testing.assert_close(gemv(x, w, silu_mul=True, launch=launch), F.silu(gate) * up, **TOL)
 
 
-def test_repeated_split_launches_agree_exactly():
+@pytest.mark.parametrize("rows", [1, MAX_ROWS])
+def test_repeated_split_launches_agree_exactly(rows):
     """The arrival counters are back at zero after each launch and the merge order is fixed."""
     torch.manual_seed(4)
-    x, w = _rand(1, 128), _rand(64, 128, scale=128**-0.5)
+    x, w = _rand(rows, 128), _rand(64, 128, scale=128**-0.5)
     launch = GemvLaunch(16, 32, split_k=4)
     first = gemv(x, w, launch=launch)
     assert all(torch.equal(first, gemv(x, w, launch=launch)) for _ in range(3))
@@ -63,8 +71,10 @@ def test_the_split_fills_the_device_but_keeps_whole_tiles():
 
 def test_bad_inputs_are_named():
     x, w = _rand(1, 64), _rand(32, 64)
-    with pytest.raises(ValueError, match="one row"):
-        gemv(_rand(2, 64), w)
+    with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows"):
+        gemv(_rand(MAX_ROWS + 1, 64), w)
+    with pytest.raises(ValueError, match=f"1 to {MAX_ROWS} rows"):
+        gemv(_rand(64), w)
     with pytest.raises(ValueError, match="row-major"):
         gemv(x, _rand(32, 48))
     with pytest.raises(ValueError, match="even number"):

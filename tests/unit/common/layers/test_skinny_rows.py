@@ -45,20 +45,33 @@ def test_one_row_on_large_weights_takes_the_gemv_kernel(monkeypatch) -> None:
     row, large = torch.zeros(1, 8), fused.SKINNY_MAX_WEIGHT_BYTES + 1
     assert fused.use_gemv(row, large)
     assert not fused.use_gemv(row, fused.SKINNY_MAX_WEIGHT_BYTES)  # the skinny kernels' weights
-    assert not fused.use_gemv(torch.zeros(2, 8), large)  # two rows: cuBLAS's tiles
+    assert not fused.use_gemv(torch.zeros(fused.GEMV_MAX_ROWS + 1, 8), large)  # cuBLAS's tiles
     assert not fused.use_gemv(torch.zeros(8), large)
     monkeypatch.setattr(fused, "use_fused", lambda x: False)
     assert not fused.use_gemv(row, large)  # the CPU
 
 
-def test_the_gemv_kernel_can_be_turned_off(monkeypatch) -> None:
-    monkeypatch.setattr(fused, "use_fused", lambda x: True)
-    monkeypatch.setenv("PDSERVE_DISABLE_GEMV", "1")
+def _gemv_rows_under(monkeypatch, **env: str) -> int:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     fused.gemv_enabled.cache_clear()
+    fused.gemv_max_rows.cache_clear()
     try:
-        assert not fused.use_gemv(torch.zeros(1, 8), fused.SKINNY_MAX_WEIGHT_BYTES + 1)
+        return fused.gemv_max_rows()
     finally:
         fused.gemv_enabled.cache_clear()
+        fused.gemv_max_rows.cache_clear()
+
+
+def test_the_gemv_kernel_can_be_turned_off(monkeypatch) -> None:
+    assert _gemv_rows_under(monkeypatch, PDSERVE_DISABLE_GEMV="1", PDSERVE_GEMV_MAX_ROWS="4") == 0
+
+
+def test_the_gemv_rows_come_from_the_environment_within_the_kernel_limit(monkeypatch) -> None:
+    assert _gemv_rows_under(monkeypatch) == fused.GEMV_MAX_ROWS
+    assert _gemv_rows_under(monkeypatch, PDSERVE_GEMV_MAX_ROWS="3") == 3
+    with pytest.raises(ValueError, match="PDSERVE_GEMV_MAX_ROWS"):
+        _gemv_rows_under(monkeypatch, PDSERVE_GEMV_MAX_ROWS=str(fused.GEMV_ROWS_LIMIT + 1))
 
 
 def test_a_side_stream_launch_keeps_one_row_off_the_split_kernels(monkeypatch) -> None:
