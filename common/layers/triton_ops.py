@@ -55,10 +55,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     rows, n = x.shape
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(out) if residual is not None else out
-    # A few rows: the projection after it may be the streaming GEMV (triton_gemv.py), whose weight
-    # reads then start while this kernel runs. Larger steps keep plain launches (PDL cost ~1.5% at 64
-    # rows, common/layers/pdl.py).
-    pdl = 0 < rows <= gemv_max_rows() and pdl_enabled(x.device)
+    # One row: the projection after it may be the streaming GEMV (triton_gemv.py), whose weight reads
+    # then start while this kernel runs. Larger steps keep plain launches (PDL cost ~1.5% at 64
+    # rows, common/layers/pdl.py; steps of 2-4 rows, which the GEMV may take too, keep them so that a
+    # model whose weights never take it runs those steps exactly as before).
+    pdl = rows == 1 and gemv_max_rows() > 0 and pdl_enabled(x.device)
     if rows:
         _rmsnorm_kernel[(rows,)](
             x,
