@@ -50,10 +50,14 @@ SKINNY_MAX_ROWS = 1
 SKINNY_MAX_WEIGHT_BYTES = 16 << 20
 
 # Rows the streaming GEMV kernel can take in one launch (common/layers/triton_gemv.py multiplies each
-# weight tile with every row in turn; past a few rows a tensor-core GEMM is the better tool), and the
-# rows per step up to which it is used by default.
+# weight tile with every row in turn), and the rows per step up to which it is used by default. On the
+# Qwen3-8B shape (H100, 2026-12-05, benchmarks/engine/floors.py --batches 1 2 4, PDSERVE_GEMV_MAX_ROWS 4
+# against 1, two rounds): batch 2 decodes in 6.068 ms against cuBLAS's 6.43 (0.944x), batch 1 as
+# before, but batch 4 takes 8.0 ms against 6.67 at the default launch (the per-row products, not the
+# reads, bound it there), so 3-4 rows stay opt-in. Models whose weights all fit the skinny kernels
+# (the default model, Qwen3-0.6B) never take this kernel.
 GEMV_ROWS_LIMIT = 4
-GEMV_MAX_ROWS = 1
+GEMV_MAX_ROWS = 2
 
 
 _side = threading.local()

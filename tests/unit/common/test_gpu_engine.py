@@ -44,7 +44,7 @@ def test_steps_of_several_rows_through_the_gemv_match_cublas(qwen3_dir, monkeypa
     calls = _route_projections_to_the_gemv(monkeypatch, max_rows=0)  # 0: no step takes it
     want, want_logits = _greedy_with_logits(small_gpu_llm(qwen3_dir), prompts)
     assert not calls
-    _route_projections_to_the_gemv(monkeypatch, max_rows=4)
+    calls = _route_projections_to_the_gemv(monkeypatch, max_rows=4)
     got, got_logits = _greedy_with_logits(small_gpu_llm(qwen3_dir), prompts)
     assert {rows for rows, _ in calls} >= {4}
     steps = _steps_until_divergence(want, got, len(want_logits))
