@@ -40,13 +40,14 @@ def use_fused(x: torch.Tensor) -> bool:
 # 0.615-0.621 ms against 0.985 ms with PDSERVE_DISABLE_SKINNY=1; 64 rows are unaffected (within 1%).
 SKINNY_MAX_ROWS = 1
 
-# Largest weight (bytes, per rank) a skinny projection reads. The skinny kernel wins where weights are
-# small and launch overhead and fusion matter; larger weights at one row go to the streaming GEMV kernel
-# (`use_gemv`), at more rows to cuBLAS. Measured at one row on the H200 (`benchmarks/engine/skinny_gemm.py
-# --sweep --rows 1`, each against norm + cuBLAS + SiLU): Qwen3-0.6B's projections (4-12.6 MB) 1.16-3.02x
-# faster on the skinny kernel; Qwen3-8B's (33.6-201 MB) 0.87-0.97x, even at the sweep's best launch
-# (2026-12-03, aff2219). A decoder layer takes its fused skinny path (norms inside the projections) by
-# its largest projection (gate/up); a projection called on its own decides by its own weight.
+# Largest weight (bytes, per rank) a skinny projection reads. The skinny kernel wins where weights are small
+# and launch overhead and fusion matter; larger weights in steps of up to GEMV_MAX_ROWS rows go to the
+# streaming GEMV kernel (`use_gemv`), at more rows to cuBLAS. Measured at one row on the H200
+# (`benchmarks/engine/skinny_gemm.py --sweep --rows 1`, each against norm + cuBLAS + SiLU): Qwen3-0.6B's
+# projections (4-12.6 MB) 1.16-3.02x faster on the skinny kernel; Qwen3-8B's (33.6-201 MB) 0.87-0.97x, even
+# at the sweep's best launch (2026-12-03, aff2219). A decoder layer takes its fused skinny path (norms
+# inside the projections) by its largest projection (gate/up); a projection called on its own decides by its
+# own weight.
 SKINNY_MAX_WEIGHT_BYTES = 16 << 20
 
 # Rows the streaming GEMV kernel can take in one launch (common/layers/triton_gemv.py multiplies each

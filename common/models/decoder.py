@@ -65,7 +65,7 @@ class DecoderMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj.weight
-        if use_gemv(x, gate_up.nbytes):  # one row: SiLU*mul inside the projection
+        if use_gemv(x, gate_up.nbytes):  # a few rows: SiLU*mul inside the projection
             return self.down_proj(gemv().gemv(x, gate_up, silu_mul=True))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
