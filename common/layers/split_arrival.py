@@ -37,6 +37,20 @@ def depart(counter_ptr):
     tl.store(counter_ptr, 0)
 
 
+# Inner-dimension parts a split projection kernel cuts its work into, at most.
+MAX_SPLIT = 16
+
+
+def split_to_fill(n: int, k: int, block_n: int, block_k: int, target_programs: int) -> int:
+    """Inner-dimension parts for an [n, k] weight read in [block_n, block_k] tiles: doubled until the
+    column blocks times the parts reach `target_programs` (enough weight loads in flight to fill the
+    GPU), at most MAX_SPLIT, and never so far that a part would hold less than one `block_k` tile."""
+    blocks, split = triton.cdiv(n, block_n), 1
+    while blocks * split < target_programs and split < MAX_SPLIT and k // (2 * split) >= block_k:
+        split *= 2
+    return split
+
+
 class ArrivalCounters:
     """Zeroed int32 arrival counters per device, one buffer per kernel family.
 

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from common.layers.fused import GEMV_ROWS_LIMIT
 from common.layers.pdl import pdl_enabled, pdl_wait
-from common.layers.split_arrival import ArrivalCounters, arrive, depart
+from common.layers.split_arrival import ArrivalCounters, arrive, depart, split_to_fill
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,13 @@ def launch_for(silu_mul: bool) -> GemvLaunch:
 
 # Programs to aim for when the split is chosen from the shape: several per SM of an H100/H200.
 _TARGET_PROGRAMS = 1024
-_MAX_SPLIT = 16
 
 
 def split_for(n: int, k: int, launch: GemvLaunch) -> int:
     """Inner-dimension parts: enough programs to fill the GPU, each part at least one `block_k` tile."""
     if launch.split_k:
         return launch.split_k
-    blocks, split = triton.cdiv(n, launch.block_n), 1
-    while blocks * split < _TARGET_PROGRAMS and split < _MAX_SPLIT and k // (2 * split) >= launch.block_k:
-        split *= 2
-    return split
+    return split_to_fill(n, k, launch.block_n, launch.block_k, _TARGET_PROGRAMS)
 
 
 _COUNTERS = ArrivalCounters("gemv", 1 << 16)

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from common.layers.pdl import pdl_enabled, pdl_wait
 from common.layers.skinny_tiles import FMA_MAX_ROWS, accumulate, load_input, weights
-from common.layers.split_arrival import ArrivalCounters, arrive, depart
+from common.layers.split_arrival import ArrivalCounters, arrive, depart, split_to_fill
 
 # The kernel takes up to 16 rows (tl.dot pads to 16); the engine sends it SKINNY_MAX_ROWS (fused.py).
 _MAX_ROWS = 16
@@ -50,7 +50,6 @@ class SkinnyLaunch:
 
 # Programs to aim for: about four per SM of an H200 keeps enough weight loads in flight.
 _TARGET_PROGRAMS = 528
-_MAX_SPLIT = 16
 
 
 def launch_for(n: int, k: int, rows: int) -> SkinnyLaunch:
@@ -67,11 +66,7 @@ def split_for(n: int, k: int, launch: SkinnyLaunch) -> int:
     """Inner-dimension parts: enough programs to fill the GPU, each part whole `block_k` tiles."""
     if launch.split_k:
         return launch.split_k
-    blocks = triton.cdiv(n, launch.block_n)
-    split = 1
-    while blocks * split < _TARGET_PROGRAMS and split < _MAX_SPLIT and k // (2 * split) >= launch.block_k:
-        split *= 2
-    return split
+    return split_to_fill(n, k, launch.block_n, launch.block_k, _TARGET_PROGRAMS)
 
 
 # Arrival counters of the split programs, one per column block (common/layers/split_arrival.py).
