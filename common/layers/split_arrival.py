@@ -17,6 +17,8 @@ Imported only where Triton is (the kernels' modules), never on a CPU-only machin
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import triton
 import triton.language as tl
@@ -41,12 +43,28 @@ def depart(counter_ptr):
 MAX_SPLIT = 16
 
 
-def split_to_fill(n: int, k: int, block_n: int, block_k: int, target_programs: int) -> int:
-    """Inner-dimension parts for an [n, k] weight read in [block_n, block_k] tiles: doubled until the
-    column blocks times the parts reach `target_programs` (enough weight loads in flight to fill the
-    GPU), at most MAX_SPLIT, and never so far that a part would hold less than one `block_k` tile."""
-    blocks, split = triton.cdiv(n, block_n), 1
-    while blocks * split < target_programs and split < MAX_SPLIT and k // (2 * split) >= block_k:
+class SplitLaunch(Protocol):
+    """A split projection kernel's launch: its tile and a fixed split (0: chosen from the shape)."""
+
+    @property
+    def block_n(self) -> int: ...
+
+    @property
+    def block_k(self) -> int: ...
+
+    @property
+    def split_k(self) -> int: ...
+
+
+def split_to_fill(n: int, k: int, launch: SplitLaunch, target_programs: int) -> int:
+    """Inner-dimension parts for an [n, k] weight read in [block_n, block_k] tiles: the launch's own
+    split when it fixes one, else doubled until the column blocks times the parts reach
+    `target_programs` (enough weight loads in flight to fill the GPU), at most MAX_SPLIT, and never so
+    far that a part would hold less than one `block_k` tile."""
+    if launch.split_k:
+        return launch.split_k
+    blocks, split = triton.cdiv(n, launch.block_n), 1
+    while blocks * split < target_programs and split < MAX_SPLIT and k // (2 * split) >= launch.block_k:
         split *= 2
     return split
 

@@ -67,10 +67,8 @@ _TARGET_PROGRAMS = 1024
 
 
 def split_for(n: int, k: int, launch: GemvLaunch) -> int:
-    """Inner-dimension parts: enough programs to fill the GPU, each part at least one `block_k` tile."""
-    if launch.split_k:
-        return launch.split_k
-    return split_to_fill(n, k, launch.block_n, launch.block_k, _TARGET_PROGRAMS)
+    """Inner-dimension parts: enough programs to fill the GPU (split_arrival.split_to_fill)."""
+    return split_to_fill(n, k, launch, _TARGET_PROGRAMS)
 
 
 _COUNTERS = ArrivalCounters("gemv", 1 << 16)

@@ -63,10 +63,8 @@ def launch_for(n: int, k: int, rows: int) -> SkinnyLaunch:
 
 
 def split_for(n: int, k: int, launch: SkinnyLaunch) -> int:
-    """Inner-dimension parts: enough programs to fill the GPU, each part whole `block_k` tiles."""
-    if launch.split_k:
-        return launch.split_k
-    return split_to_fill(n, k, launch.block_n, launch.block_k, _TARGET_PROGRAMS)
+    """Inner-dimension parts: enough programs to fill the GPU (split_arrival.split_to_fill)."""
+    return split_to_fill(n, k, launch, _TARGET_PROGRAMS)
 
 
 # Arrival counters of the split programs, one per column block (common/layers/split_arrival.py).
