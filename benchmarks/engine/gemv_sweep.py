@@ -117,7 +117,7 @@ def main() -> None:
         for name, n, k, silu in projections(model):
             cublas, ours, calls, nbytes = case(n, k, silu, rows)
             default_us = _time_us(ours(None), calls)
-            default = launch_for(silu, rows)
+            default = launch_for(silu)
             bests = {default.reduce_once: (default, default_us)}
             for launch in grid(k, args.quick, rows, silu) if args.sweep and name != "lm_head" else ():
                 try:

@@ -61,14 +61,11 @@ class GemvLaunch:
 MAX_ROWS = GEMV_ROWS_LIMIT
 
 
-def launch_for(silu_mul: bool, rows: int = 1) -> GemvLaunch:
+def launch_for(silu_mul: bool) -> GemvLaunch:
     """The sweep's best (`benchmarks/engine/gemv_sweep.py --sweep`, Qwen3-8B shape, H100) at 1 row: 8
     warps, 8,192 weight elements per load and no split where the column blocks alone fill the device;
-    the merged gate/up tile loads two rows of each half over 4,096 columns. The same at 2 rows
-    (0.94-1.13x cuBLAS). At 3-4 rows the products are summed once per program, over tiles whose
-    per-lane sums fit 64 floats a thread."""
-    if rows > 2:
-        return GemvLaunch(block_n=2 if silu_mul else 4, block_k=1024, reduce_once=True)
+    the merged gate/up tile loads two rows of each half over 4,096 columns. Used at every row count
+    (at 2 rows 0.94-1.13x cuBLAS); the `reduce_once` launches are not measured yet."""
     return GemvLaunch(block_n=2, block_k=4096) if silu_mul else GemvLaunch()
 
 
@@ -235,7 +232,7 @@ def gemv(
     if silu_mul and bias is not None:
         raise ValueError("gemv: silu_mul takes no bias")
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    cfg = launch or launch_for(silu_mul, m)
+    cfg = launch or launch_for(silu_mul)
     split = split_for(n, k, cfg)
     block_k = min(cfg.block_k, triton.next_power_of_2(k))
     per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
