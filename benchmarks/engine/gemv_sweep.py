@@ -88,7 +88,7 @@ def grid(k: int, quick: bool, rows: int, silu: bool):
     lanes = [(1, 4096), (2, 2048), (4, 1024), (8, 512), (2, 1024), (4, 512), (1, 2048), (2, 512)]
     splits, warps = ((0,), (8,)) if quick else ((1, 2, 4, 8), (4, 8))
     floats = triton.next_power_of_2(rows) * (2 if silu else 1)
-    for (bn, bk), once in dict.fromkeys([*((t, False) for t in tiles), *((t, True) for t in lanes)]):
+    for (bn, bk), once in [*((t, False) for t in tiles), *((t, True) for t in lanes)]:
         if once and bn * bk * floats > 64 * 256:
             continue
         for split, num_warps in itertools.product(splits, warps):
