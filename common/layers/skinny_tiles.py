@@ -48,14 +48,25 @@ def _product(x, w, acc, BM: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def weights(w_ptr, cols, col_ok, ks, k_ok, N, stride_w, SILU_MUL: tl.constexpr):
-    """Weight tile [BN, BK] of columns `cols` over `ks`, and with SILU_MUL the matching up tile."""
+def weights(w_ptr, cols, col_ok, ks, k_ok, N, stride_w, SILU_MUL: tl.constexpr, STREAM: tl.constexpr = False):
+    """Weight tile [BN, BK] of columns `cols` over `ks`, and with SILU_MUL the matching up tile.
+    STREAM: each tile is read once (a GEMV), so it leaves L2 first and the cache keeps what is reused."""
     mask = col_ok[:, None] & k_ok[None, :]
-    w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=mask, other=0.0)
+    offs = cols[:, None] * stride_w + ks[None, :]
+    w = _load(w_ptr + offs, mask, STREAM)
     wu = w
     if SILU_MUL:
-        wu = tl.load(w_ptr + (cols + N)[:, None] * stride_w + ks[None, :], mask=mask, other=0.0)
+        wu = _load(w_ptr + N * stride_w + offs, mask, STREAM)
     return w, wu
+
+
+@triton.jit
+def _load(ptrs, mask, STREAM: tl.constexpr):
+    if STREAM:
+        tile = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        tile = tl.load(ptrs, mask=mask, other=0.0)
+    return tile
 
 
 @triton.jit

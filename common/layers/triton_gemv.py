@@ -28,6 +28,7 @@ import triton.language as tl
 
 from common.layers.fused import GEMV_ROWS_LIMIT
 from common.layers.pdl import pdl_enabled, pdl_wait
+from common.layers.skinny_tiles import weights
 from common.layers.split_arrival import ArrivalCounters, arrive, depart, split_to_fill
 
 
@@ -79,18 +80,6 @@ def split_for(n: int, k: int, launch: GemvLaunch) -> int:
 
 
 _COUNTERS = ArrivalCounters("gemv", 1 << 16)
-
-
-@triton.jit
-def _load_tile(w_ptr, cols, col_ok, ks, k_ok, N, stride_w, SILU_MUL: tl.constexpr):
-    """Weight tile [BN, BK] (and the matching up tile with SILU_MUL), streamed: evicted first."""
-    mask = col_ok[:, None] & k_ok[None, :]
-    offs = cols[:, None] * stride_w + ks[None, :]
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
-    wu = w
-    if SILU_MUL:
-        wu = tl.load(w_ptr + N * stride_w + offs, mask=mask, other=0.0, eviction_policy="evict_first")
-    return w, wu
 
 
 @triton.jit
@@ -162,7 +151,7 @@ def _gemv_kernel(
     cols = pid * BN + tl.arange(0, BN)
     col_ok = cols < N
     ks = split * K_PER_SPLIT + tl.arange(0, BK)
-    w, wu = _load_tile(w_ptr, cols, col_ok, ks, ks < K, N, stride_w, SILU_MUL)
+    w, wu = weights(w_ptr, cols, col_ok, ks, ks < K, N, stride_w, SILU_MUL, True)
     pdl_wait(PDL)  # the input rows are the previous kernel's output
     acc = _add_tile(_zeros(BM, BN, BK, REDUCE_ONCE), w, x_ptr, stride_x, M, ks, ks < K, BM, REDUCE_ONCE)
     acc_up = acc
@@ -172,7 +161,7 @@ def _gemv_kernel(
         )
     for kk in range(BK, K_PER_SPLIT, BK):
         ks = split * K_PER_SPLIT + kk + tl.arange(0, BK)
-        w, wu = _load_tile(w_ptr, cols, col_ok, ks, ks < K, N, stride_w, SILU_MUL)
+        w, wu = weights(w_ptr, cols, col_ok, ks, ks < K, N, stride_w, SILU_MUL, True)
         acc = _add_tile(acc, w, x_ptr, stride_x, M, ks, ks < K, BM, REDUCE_ONCE)
         if SILU_MUL:
             acc_up = _add_tile(acc_up, wu, x_ptr, stride_x, M, ks, ks < K, BM, REDUCE_ONCE)
