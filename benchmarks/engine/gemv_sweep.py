@@ -2,8 +2,8 @@
 
 python benchmarks/engine/gemv_sweep.py [--models qwen3-8b] [--rows 1 2 4] [--sweep] [--quick]
 
-Per projection of the model shape and row count: cuBLAS (`F.linear`, + SiLU*mul for gate/up), the skinny
-kernel at its own launch where it fits, and `common/layers/triton_gemv.gemv` at its default launch
+Per projection of the model shape and row count: cuBLAS (`F.linear`, + SiLU*mul for gate/up) and
+`common/layers/triton_gemv.gemv` at its default launch
 or, with `--sweep`, at every launch of `grid` (per-tile sums and sums once per program; the best is
 printed). Each case is timed
 inside a CUDA graph over weight copies larger than L2 (as skinny_gemm.py does), so the weights come
