@@ -177,7 +177,8 @@ def _gemv_kernel(
         tile = rows[:, None] * BN + tl.arange(0, BN)[None, :]
         mine = part_ptr + (pid * SPLIT_K + split) * 2 * BM * BN + tile
         tl.store(mine, acc)
-        tl.store(mine + BM * BN, acc_up)
+        if SILU_MUL:
+            tl.store(mine + BM * BN, acc_up)
         last = arrive(ticket_ptr + pid, SPLIT_K)
         if last:
             acc = tl.zeros([BM, BN], dtype=tl.float32)
@@ -185,7 +186,8 @@ def _gemv_kernel(
             for s in range(0, SPLIT_K):
                 theirs = part_ptr + (pid * SPLIT_K + s) * 2 * BM * BN + tile
                 acc += tl.load(theirs, cache_modifier=".cg")
-                acc_up += tl.load(theirs + BM * BN, cache_modifier=".cg")
+                if SILU_MUL:
+                    acc_up += tl.load(theirs + BM * BN, cache_modifier=".cg")
             depart(ticket_ptr + pid)
     if last:
         dt = out_ptr.dtype.element_ty
