@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -133,13 +134,21 @@ def main() -> None:
         f"{rates['copy_bytes_per_s'] / 1e12:.2f} TB/s"
     )
     b1 = result["decode"][str(args.batches[0])]
+    shape = args.random_model or Path(model).name
     print(
-        f"engine H200 {args.random_model or 'model'}-shape: TPOT b{args.batches[0]} {b1['ms']:.2f} ms "
+        f"engine {gpu_tag()} {shape}-shape: TPOT b{args.batches[0]} {b1['ms']:.2f} ms "
         f"(floor {b1['floor_ms']:.2f} ms), prefill {share:.0%} of roofline"
     )
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2))
     llm.close()
+
+
+def gpu_tag() -> str:
+    """The GPU's model as the summary lines name it (H200, H100), else its full name."""
+    name = torch.cuda.get_device_name()
+    found = re.search(r"\b[A-Z]\d{2,3}\b", name)
+    return found.group(0) if found else name.replace(" ", "-")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@ python benchmarks/engine/gemv_sweep.py [--models qwen3-8b] [--rows 1 2 4] [--swe
 
 Per projection of the model shape and row count: cuBLAS (`F.linear`, + SiLU*mul for gate/up) and
 `common/layers/triton_gemv.gemv` at its default launch
-or, with `--sweep`, at every launch of `grid` (per-tile sums and sums once per program; the best is
-printed). Each case is timed
+or, with `--sweep`, at every launch of the grid below (the best is printed). Each case is timed
 inside a CUDA graph over weight copies larger than L2 (as skinny_gemm.py does), so the weights come
 from HBM and consecutive calls overlap as a model's kernels do under PDL. The first line is the read
 ceiling: a Triton kernel that only sums 1 GiB, and a device-to-device copy of 1 GiB (read + written).
@@ -81,20 +80,13 @@ def case(n: int, k: int, silu: bool, rows: int):
     return cublas, ours, copies, nbytes
 
 
-def grid(k: int, quick: bool, rows: int, silu: bool):
-    """Launches to try: per-tile sums at the tiles below, and sums once per program (`reduce_once`)
-    at every tile whose per-lane products fit 64 floats a thread at 8 warps (128 at 4 warps)."""
+def grid(k: int, quick: bool):
     tiles = [(4, 1024), (8, 1024), (4, 2048), (8, 2048), (16, 512), (2, 4096)]
-    lanes = [(1, 4096), (2, 2048), (4, 1024), (8, 512), (2, 1024), (4, 512), (1, 2048), (2, 512)]
-    splits, warps = ((0,), (8,)) if quick else ((1, 2, 4, 8), (4, 8))
-    floats = triton.next_power_of_2(rows) * (2 if silu else 1)
-    for (bn, bk), once in [*((t, False) for t in tiles), *((t, True) for t in lanes)]:
-        if once and bn * bk * floats > 64 * 256:
+    splits = (0,) if quick else (1, 2, 4, 8)
+    for (bn, bk), split, warps, stages in itertools.product(tiles, splits, (4, 8), (2,)):
+        if split and k // split < bk:
             continue
-        for split, num_warps in itertools.product(splits, warps):
-            if split and k // split < bk:
-                continue
-            yield GemvLaunch(bn, bk, split, num_warps, 2, reduce_once=once)
+        yield GemvLaunch(bn, bk, split, warps, stages)
 
 
 def main() -> None:
@@ -102,38 +94,29 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["qwen3-8b"], choices=sorted(SHAPES))
     p.add_argument("--rows", type=int, nargs="+", default=[1], help="rows per step (1 to MAX_ROWS)")
     p.add_argument("--sweep", action="store_true")
-    p.add_argument(
-        "--quick", action="store_true", help="with --sweep: the split chosen from the shape and 8 warps only"
-    )
+    p.add_argument("--quick", action="store_true", help="with --sweep: the split chosen from the shape only")
     args = p.parse_args()
     read, copy = read_ceiling()
     print(f"read ceiling: {read:.2f} TB/s (Triton sum over 1 GiB); copy {copy:.2f} TB/s (read + written)")
-    print(
-        "| model | rows | projection | weight MB | cuBLAS us | TB/s | default us | per-tile best us "
-        "| once best us | best TB/s | best vs cuBLAS | best launch |"
-    )
-    print("| --- " * 12 + "|")
+    print("| model | rows | projection | weight MB | cuBLAS us | TB/s | gemv us | TB/s | speedup | launch |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for model, rows in itertools.product(args.models, args.rows):
         for name, n, k, silu in projections(model):
             cublas, ours, calls, nbytes = case(n, k, silu, rows)
-            default_us = _time_us(ours(None), calls)
-            default = launch_for(silu)
-            bests = {default.reduce_once: (default, default_us)}
-            for launch in grid(k, args.quick, rows, silu) if args.sweep and name != "lm_head" else ():
+            best, best_us = launch_for(silu), _time_us(ours(None), calls)
+            for launch in grid(k, args.quick) if args.sweep and name != "lm_head" else ():
                 try:
                     us = _time_us(ours(launch), calls)
                 except Exception as exc:  # a launch the compiler rejects (registers, shared memory)
                     print(f"  {launch}: {type(exc).__name__}", file=sys.stderr)
                     continue
-                if launch.reduce_once not in bests or us < bests[launch.reduce_once][1]:
-                    bests[launch.reduce_once] = (launch, us)
-            best, best_us = min(bests.values(), key=lambda b: b[1])
-            per_tile, once = (f"{bests[m][1]:.2f}" if m in bests else "-" for m in (False, True))
+                if us < best_us:
+                    best, best_us = launch, us
             c_us = _time_us(cublas, calls)
             print(
                 f"| {model} | {rows} | {name} | {nbytes / 1e6:.1f} | {c_us:.2f} | "
-                f"{nbytes / c_us / 1e6:.2f} | {default_us:.2f} | {per_tile} | {once} | "
-                f"{nbytes / best_us / 1e6:.2f} | {c_us / best_us:.2f}x | {best} |",
+                f"{nbytes / c_us / 1e6:.2f} | "
+                f"{best_us:.2f} | {nbytes / best_us / 1e6:.2f} | {c_us / best_us:.2f}x | {best} |",
                 flush=True,
             )
 

@@ -35,19 +35,13 @@ from common.layers.split_arrival import ArrivalCounters, arrive, depart, split_t
 @dataclass(frozen=True)
 class GemvLaunch:
     """`block_n` output columns per program, `block_k` of the inner dimension per load, the inner
-    dimension cut into `split_k` parts (0: chosen from the shape), warps and pipeline stages.
-
-    `reduce_once`: each thread keeps its products per row, column and inner-dimension lane in
-    registers ([rows, block_n, block_k] floats) and the lanes are summed across threads once, after the
-    last tile; otherwise each tile's products are summed across threads at once, row by row (one
-    cross-warp reduction per row and tile, which bounds steps of several rows)."""
+    dimension cut into `split_k` parts (0: chosen from the shape), warps and pipeline stages."""
 
     block_n: int = 4
     block_k: int = 2048
     split_k: int = 0
     num_warps: int = 8
     num_stages: int = 2
-    reduce_once: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -63,10 +57,9 @@ MAX_ROWS = GEMV_ROWS_LIMIT
 
 
 def launch_for(silu_mul: bool) -> GemvLaunch:
-    """The sweep's best (`benchmarks/engine/gemv_sweep.py --sweep`, Qwen3-8B shape, H100) at 1 row: 8
-    warps, 8,192 weight elements per load and no split where the column blocks alone fill the device;
-    the merged gate/up tile loads two rows of each half over 4,096 columns. Used at every row count
-    (at 2 rows 0.94-1.13x cuBLAS); the `reduce_once` launches are not measured yet."""
+    """The sweep's best (`benchmarks/engine/gemv_sweep.py --sweep`, Qwen3-8B shape, H100): 8 warps,
+    8,192 weight elements per load and no split where the column blocks alone fill the device; the
+    merged gate/up tile loads two rows of each half over 4,096 columns."""
     return GemvLaunch(block_n=2, block_k=4096) if silu_mul else GemvLaunch()
 
 
@@ -95,34 +88,6 @@ def _accumulate(acc, w, x_ptr, stride_x, M, ks, k_ok, BM: tl.constexpr):
 
 
 @triton.jit
-def _lane_products(acc3, w, x_ptr, stride_x, M, ks, k_ok, BM: tl.constexpr):
-    """acc3 + x[r, ks] * w for every row r < M, kept per lane [BM, BN, BK]: no sum across threads."""
-    rows = tl.arange(0, BM)
-    mask = (rows < M)[:, None] & k_ok[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=mask, other=0.0).to(tl.float32)
-    return acc3 + x[:, None, :] * w.to(tl.float32)[None, :, :]
-
-
-@triton.jit
-def _add_tile(acc, w, x_ptr, stride_x, M, ks, k_ok, BM: tl.constexpr, REDUCE_ONCE: tl.constexpr):
-    """One weight tile into the accumulator: per lane [BM, BN, BK] or summed at once [BM, BN]."""
-    if REDUCE_ONCE:
-        acc = _lane_products(acc, w, x_ptr, stride_x, M, ks, k_ok, BM)
-    else:
-        acc = _accumulate(acc, w, x_ptr, stride_x, M, ks, k_ok, BM)
-    return acc
-
-
-@triton.jit
-def _zeros(BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, REDUCE_ONCE: tl.constexpr):
-    if REDUCE_ONCE:
-        acc = tl.zeros([BM, BN, BK], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-    return acc
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -144,7 +109,6 @@ def _gemv_kernel(
     SILU_MUL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PDL: tl.constexpr,
-    REDUCE_ONCE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -153,24 +117,16 @@ def _gemv_kernel(
     ks = split * K_PER_SPLIT + tl.arange(0, BK)
     w, wu = weights(w_ptr, cols, col_ok, ks, ks < K, N, stride_w, SILU_MUL, True)
     pdl_wait(PDL)  # the input rows are the previous kernel's output
-    acc = _add_tile(_zeros(BM, BN, BK, REDUCE_ONCE), w, x_ptr, stride_x, M, ks, ks < K, BM, REDUCE_ONCE)
+    acc = _accumulate(tl.zeros([BM, BN], dtype=tl.float32), w, x_ptr, stride_x, M, ks, ks < K, BM)
     acc_up = acc
     if SILU_MUL:
-        acc_up = _add_tile(
-            _zeros(BM, BN, BK, REDUCE_ONCE), wu, x_ptr, stride_x, M, ks, ks < K, BM, REDUCE_ONCE
-        )
+        acc_up = _accumulate(tl.zeros([BM, BN], dtype=tl.float32), wu, x_ptr, stride_x, M, ks, ks < K, BM)
     for kk in range(BK, K_PER_SPLIT, BK):
         ks = split * K_PER_SPLIT + kk + tl.arange(0, BK)
         w, wu = weights(w_ptr, cols, col_ok, ks, ks < K, N, stride_w, SILU_MUL, True)
-        acc = _add_tile(acc, w, x_ptr, stride_x, M, ks, ks < K, BM, REDUCE_ONCE)
+        acc = _accumulate(acc, w, x_ptr, stride_x, M, ks, ks < K, BM)
         if SILU_MUL:
-            acc_up = _add_tile(acc_up, wu, x_ptr, stride_x, M, ks, ks < K, BM, REDUCE_ONCE)
-    if REDUCE_ONCE:  # the lanes' sums, across threads, once per program
-        acc = tl.sum(acc, axis=2)
-        if SILU_MUL:
-            acc_up = tl.sum(acc_up, axis=2)
-        else:
-            acc_up = acc
+            acc_up = _accumulate(acc_up, wu, x_ptr, stride_x, M, ks, ks < K, BM)
     rows = tl.arange(0, BM)
     last = True
     if SPLIT_K > 1:  # partials to scratch; the last program to arrive at this column block adds them
@@ -255,7 +211,6 @@ def gemv(
         SILU_MUL=silu_mul,
         HAS_BIAS=bias is not None,
         PDL=pdl,
-        REDUCE_ONCE=cfg.reduce_once,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
