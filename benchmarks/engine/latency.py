@@ -44,6 +44,8 @@ def decode_tpot(llm: LLM, context: int, tokens: int, rows: int = 1) -> float:
         engine.step()
         steps += 1
     _sync(llm)
+    if steps == 0:
+        raise ValueError(f"decode_tokens: {tokens} tokens leave no step to time after the warm-up steps")
     return (time.perf_counter() - t0) / steps
 
 
