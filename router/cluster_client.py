@@ -128,8 +128,9 @@ class ClusterClient:
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def open_stream(self, request_id: str) -> RequestStream:
-        stream = self._streams[request_id] = RequestStream(self._loop)
+    def open_stream(self, request_id: str, wake_every: int = 1) -> RequestStream:
+        """The request's message stream; `wake_every`: see RequestStream."""
+        stream = self._streams[request_id] = RequestStream(self._loop, wake_every)
         return stream
 
     def close_stream(self, request_id: str) -> None:

@@ -156,7 +156,7 @@ class RequestLifecycle:
         route = self.planner.plan(seq.prompt_token_ids, seq.sampling.max_tokens, excluded)
         self.metrics.disagg_decisions.inc(decision=route.decision.kind)
         wire_id = seq.request_id if attempt == 0 else f"{seq.request_id}~retry{attempt}"
-        stream = self.cluster.open_stream(wire_id)
+        stream = self.cluster.open_stream(wire_id, self.config.stream_interval)
         if self._limit(seq) is not None:
             stream.expire_after(self._remaining(seq))
         now = self._clock()

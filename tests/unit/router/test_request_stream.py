@@ -61,3 +61,52 @@ def test_updates_merge_into_one_chunk_until_a_finish() -> None:
     with_lp = SequenceUpdate("x", [3], [{"logprob": -1.0, "top": []}])
     assert not a.can_merge(with_lp)  # text-only and logprob updates are not mixed
     assert with_lp.merged(with_lp).logprobs == [{"logprob": -1.0, "top": []}] * 2
+
+
+def test_wake_every_k_wakes_for_the_first_token_every_k_tokens_the_finish_and_failures() -> None:
+    async def taken(s: RequestStream, *batches: tuple[TokenOutput | RequestFailed, ...]) -> list:
+        """Put each batch of messages while one reader waits: whether it was awake after each batch,
+        and the indexes (or types) it got."""
+        reader = asyncio.ensure_future(s.get_batch())
+        await asyncio.sleep(0)
+        awake = []
+        for batch in batches:
+            for msg in batch:
+                s.put(msg)
+            await asyncio.sleep(0)
+            awake.append(reader.done())
+        got = [m.index if isinstance(m, TokenOutput) else "failed" for m in reader.result()]
+        return [awake, got]
+
+    async def main():
+        s = RequestStream(wake_every=3)
+        assert await taken(s, (_tok(0),)) == [[True], [0]]  # the first token: at once
+        assert await taken(s, (_tok(1), _tok(2)), (_tok(3),)) == [[False, True], [1, 2, 3]]
+        finish = TokenOutput("r", "w", 5, [9], "stop", 3, 0)
+        assert await taken(s, (_tok(4),), (finish,)) == [[False, True], [4, 5]]  # the last: at once
+        failed = RequestFailed("r", "w", "gone", True)
+        assert await taken(s, (_tok(6),), (failed,)) == [[False, True], [6, "failed"]]
+        several = TokenOutput("r", "w", 7, [1, 2, 3], None, 3, 0)  # tokens count, not messages
+        assert await taken(s, (several,)) == [[True], [7]]
+
+    asyncio.run(main())
+    with pytest.raises(ValueError, match="wake_every"):
+        RequestStream(wake_every=0)
+
+
+def test_a_first_token_after_later_ones_is_not_held_behind_the_interval() -> None:
+    """A stream whose decode tokens arrived before the prefill's index 0 still shows index 0 at once."""
+
+    async def main():
+        s = RequestStream(wake_every=4)
+        s.put(_tok(1))  # out of order: held (not the first token)
+        reader = asyncio.ensure_future(s.get_batch())
+        await asyncio.sleep(0)
+        assert [m.index for m in await reader] == [1]  # a reader that comes finds what is there
+        reader = asyncio.ensure_future(s.get_batch())
+        await asyncio.sleep(0)
+        s.put(_tok(0))
+        await asyncio.sleep(0)
+        assert reader.done() and [m.index for m in reader.result()] == [0]
+
+    asyncio.run(main())
