@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -43,6 +43,7 @@ from router.token_stream import (
     SequenceOutput,
     SequenceUpdate,
     TokenReorderBuffer,
+    joined,
     trim_replayed,
 )
 from router.tokenizer import ModelTokenizer
@@ -252,10 +253,12 @@ class RequestLifecycle:
         return ready, None
 
     def _updates(
-        self, seq: SequenceRequest, output: SequenceOutput, outs: Iterable[TokenOutput]
+        self, seq: SequenceRequest, output: SequenceOutput, outs: list[TokenOutput]
     ) -> list[SequenceUpdate]:
         """Apply in-order outputs; consecutive updates are merged into one where they can be."""
         updates: list[SequenceUpdate] = []
+        if len(outs) > 1 and output.takes_joined:
+            outs = joined(outs)
         for out in outs:
             update = self._apply(seq, output, out)
             if updates and updates[-1].can_merge(update):

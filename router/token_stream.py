@@ -128,6 +128,13 @@ class SequenceOutput:
     def text(self) -> str:
         return self._detok.text
 
+    @property
+    def takes_joined(self) -> bool:
+        """Whether applying consecutive messages joined (`joined`) gives what applying them one by one
+        does: not while a stop string may end the text inside them (the tokens past it would count)
+        or while min_tokens decides, per message, whether stop strings count."""
+        return not self._detok.has_stop_strings and self.num_generated >= self._min_tokens
+
     def apply(self, out: TokenOutput) -> SequenceUpdate:
         if self.finish_reason is not None:
             return SequenceUpdate("", [], None, self.finish_reason)
@@ -159,6 +166,39 @@ class SequenceOutput:
         self.finish_reason = finish
         by_worker = finish is not None and finish == out.finish_reason and delta.stop is None
         return SequenceUpdate(text, tokens, logprobs, finish, by_worker)
+
+
+def joined(outs: list[TokenOutput]) -> list[TokenOutput]:
+    """Runs of consecutive in-order messages as one message each: one `SequenceOutput.apply` and one
+    detokenizer pass for what a reader took at once (a stream that gathers --stream-interval tokens).
+    A message joins the one before it only if it carries nothing but tokens, and neither is the first
+    token (index 0 carries the prompt's counts and marks the first token's time)."""
+    runs: list[list[TokenOutput]] = []
+    for out in outs:
+        if runs and _joins(runs[-1][-1], out):
+            runs[-1].append(out)
+        else:
+            runs.append([out])
+    return [run[0] if len(run) == 1 else _join(run) for run in runs]
+
+
+def _joins(before: TokenOutput, out: TokenOutput) -> bool:
+    return (
+        before.index != 0
+        and out.index != 0
+        and before.finish_reason is None
+        and not out.timings
+        and not out.kv_transfer_bytes
+        and not out.kv_transfer_seconds
+        and (before.logprobs is None) == (out.logprobs is None)
+    )
+
+
+def _join(run: list[TokenOutput]) -> TokenOutput:
+    first = run[0]
+    logprobs = None if first.logprobs is None else [lp for m in run for lp in m.logprobs or ()]
+    token_ids = [t for m in run for t in m.token_ids]
+    return replace(first, token_ids=token_ids, logprobs=logprobs, finish_reason=run[-1].finish_reason)
 
 
 class ReplayMismatch(Exception):

@@ -111,6 +111,10 @@ class IncrementalDetokenizer:
         self.stopped: str | None = None
 
     @property
+    def has_stop_strings(self) -> bool:
+        return bool(self._stops)
+
+    @property
     def text(self) -> str:
         """Everything returned so far."""
         if len(self._parts) > 1:

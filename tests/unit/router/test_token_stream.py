@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from common.wire.detokenizer import IncrementalDetokenizer
+from common.wire.logprobs import TokenLogprob
 from common.wire.messages import TokenOutput
 from common.wire.sampling_params import SamplingParams
-from router.token_stream import SequenceOutput, TokenReorderBuffer
+from router.token_stream import SequenceOutput, TokenReorderBuffer, joined
 
 
 def _out(index: int, tokens: list[int], finish: str | None = None, worker: str = "d") -> TokenOutput:
@@ -64,3 +67,79 @@ def test_sequence_output_stop_string_and_min_tokens(tokenizer) -> None:
             break
     assert update.finish_reason == "stop" and not update.finished_by_worker
     assert text == " x STOP y "  # the first STOP came before min_tokens
+
+
+def _apply_all(output: SequenceOutput, outs: list[TokenOutput]) -> tuple[str, list[int], str | None, bool]:
+    """What a client ends up with: the updates' text and tokens, the finish and who finished it."""
+    text, tokens, finish, by_worker = "", [], None, False
+    for out in outs:
+        u = output.apply(out)
+        text, tokens, finish, by_worker = (
+            text + u.text,
+            tokens + u.token_ids,
+            u.finish_reason,
+            u.finished_by_worker,
+        )
+        if finish is not None:
+            break
+    return text, tokens, finish, by_worker
+
+
+@pytest.mark.parametrize("byte_table", [False, True])
+@pytest.mark.parametrize(
+    ("sampling", "finish"),
+    [
+        ({"max_tokens": 50}, None),
+        ({"max_tokens": 7}, None),
+        ({"max_tokens": 50}, "stop"),
+        ({"max_tokens": 50}, "length"),
+    ],
+)
+def test_joined_messages_apply_as_the_messages_one_by_one(tokenizer, byte_table, sampling, finish) -> None:
+    ids = tokenizer.encode(" naïve café 東京 🙂 ok", add_special_tokens=False)  # characters split over tokens
+    outs = [_out(0, ids[:1])] + [_out(i, [t]) for i, t in enumerate(ids[1:], start=1)]
+    if finish is not None:
+        outs[-1] = _out(len(ids) - 1, [ids[-1]], finish)
+    table = tokenizer.byte_table if byte_table else None
+
+    def output() -> SequenceOutput:
+        return SequenceOutput(
+            IncrementalDetokenizer(tokenizer.backend, byte_table=table), SamplingParams(**sampling)
+        )
+
+    merged = joined(outs)
+    assert [m.index for m in merged] == [0, 1]  # the first token alone, the rest as one
+    assert _apply_all(output(), merged) == _apply_all(output(), outs)
+
+
+def test_joined_keeps_apart_what_carries_more_than_tokens() -> None:
+    timed = TokenOutput("r", "d", 3, [13], None, 3, 0, timings={"decode_admission": 0.1})
+    moved = TokenOutput("r", "d", 5, [15], None, 3, 0, kv_transfer_bytes=64)
+    with_logprobs = TokenOutput("r", "d", 6, [16], None, 3, 0, logprobs=[TokenLogprob(-0.5)])
+    outs = [
+        _out(1, [11]),
+        _out(2, [12]),
+        timed,
+        _out(4, [14]),
+        moved,
+        with_logprobs,
+        _out(7, [17], "stop"),
+        _out(8, [18]),
+    ]
+    runs = joined(outs)
+    assert [(m.index, m.token_ids, m.finish_reason) for m in runs] == [
+        (1, [11, 12], None),
+        (3, [13, 14], None),  # stage timings start a message of their own; plain tokens join it
+        (5, [15], None),
+        (6, [16], None),  # logprobs do not join a message without them
+        (7, [17], "stop"),
+        (8, [18], None),  # nothing joins a finished message
+    ]
+
+
+def test_a_stop_string_or_min_tokens_keeps_messages_apart(tokenizer) -> None:
+    assert not _output(tokenizer, max_tokens=9, stop=["x"]).takes_joined
+    pending = _output(tokenizer, max_tokens=9, min_tokens=2)
+    assert not pending.takes_joined
+    pending.apply(_out(0, [5, 6]))
+    assert pending.takes_joined and _output(tokenizer, max_tokens=9).takes_joined
