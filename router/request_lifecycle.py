@@ -257,10 +257,9 @@ class RequestLifecycle:
     ) -> list[SequenceUpdate]:
         """Apply in-order outputs; consecutive updates are merged into one where they can be."""
         updates: list[SequenceUpdate] = []
-        if len(outs) > 1 and output.takes_joined:
-            outs = joined(outs)
-        for out in outs:
-            update = self._apply(seq, output, out)
+        runs = joined(outs) if len(outs) > 1 and output.takes_joined else [[out] for out in outs]
+        for run in runs:
+            update = self._apply(seq, output, run)
             if updates and updates[-1].can_merge(update):
                 updates[-1] = updates[-1].merged(update)
             else:
@@ -285,13 +284,13 @@ class RequestLifecycle:
                 outs.append(new)
         return outs
 
-    def _apply(self, seq: SequenceRequest, output: SequenceOutput, out: TokenOutput) -> SequenceUpdate:
-        if out.index == 0:
+    def _apply(self, seq: SequenceRequest, output: SequenceOutput, run: list[TokenOutput]) -> SequenceUpdate:
+        if run[0].index == 0:
             output.first_token_at = self._clock()
             self.metrics.ttft.observe(output.first_token_at - seq.arrival)
         elif output.first_decode_at is None:
             output.first_decode_at = self._clock()
-        return output.apply(out)
+        return output.apply_run(run)
 
     async def _abort(self, dispatch: _Dispatch) -> None:
         for worker_id in dispatch.workers:

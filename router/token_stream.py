@@ -136,23 +136,34 @@ class SequenceOutput:
         return not self._detok.has_stop_strings and self.num_generated >= self._min_tokens
 
     def apply(self, out: TokenOutput) -> SequenceUpdate:
+        return self.apply_run([out])
+
+    def apply_run(self, run: list[TokenOutput]) -> SequenceUpdate:
+        """Apply consecutive in-order messages as one: a run of `joined` (or a single message)."""
         if self.finish_reason is not None:
             return SequenceUpdate("", [], None, self.finish_reason)
+        out = run[0]  # only a run's first message carries more than tokens (`joined`)
         if out.index == 0:
             self.num_prompt_tokens, self.cached_tokens = out.num_prompt_tokens, out.cached_tokens
-        if out.timings:
+        if out.timings:  # each worker reports once; a retry's repeat is ignored
             for stage, seconds in out.timings.items():
-                self.timings.setdefault(
-                    stage, seconds
-                )  # each worker reports once; a retry's repeat is ignored
+                self.timings.setdefault(stage, seconds)
         self.kv_transfer_bytes += out.kv_transfer_bytes
         self.kv_transfer_seconds += out.kv_transfer_seconds
+        if len(run) == 1:
+            return self._extend(out.token_ids, out.logprobs, out.finish_reason)
+        logprobs = None if out.logprobs is None else [lp for m in run for lp in m.logprobs or ()]
+        return self._extend([t for m in run for t in m.token_ids], logprobs, run[-1].finish_reason)
+
+    def _extend(
+        self, token_ids: list[int], all_logprobs: list[TokenLogprob] | None, finish: FinishReason | None
+    ) -> SequenceUpdate:
         room = self._max_tokens - self.num_generated
-        tokens = out.token_ids[:room]
-        logprobs = out.logprobs[: len(tokens)] if out.logprobs is not None else None
+        tokens = token_ids[:room]
+        logprobs = all_logprobs[: len(tokens)] if all_logprobs is not None else None
         self.token_ids.extend(tokens)
-        finish = out.finish_reason
-        if len(out.token_ids) > room or (finish is None and self.num_generated >= self._max_tokens):
+        by_worker_finish = finish
+        if len(token_ids) > room or (finish is None and self.num_generated >= self._max_tokens):
             finish = FinishReason.LENGTH  # the router enforces max_tokens even if a worker overshoots
         text_tokens = tokens
         if finish == FinishReason.STOP and tokens and tokens[-1] in self._stop_token_ids:
@@ -164,13 +175,13 @@ class SequenceOutput:
         elif finish is not None:
             text += self._detok.finish().text
         self.finish_reason = finish
-        by_worker = finish is not None and finish == out.finish_reason and delta.stop is None
+        by_worker = finish is not None and finish == by_worker_finish and delta.stop is None
         return SequenceUpdate(text, tokens, logprobs, finish, by_worker)
 
 
-def joined(outs: list[TokenOutput]) -> list[TokenOutput]:
-    """Runs of consecutive in-order messages as one message each: one `SequenceOutput.apply` and one
-    detokenizer pass for what a reader took at once (a stream that gathers --stream-interval tokens).
+def joined(outs: list[TokenOutput]) -> list[list[TokenOutput]]:
+    """Consecutive in-order messages in runs, each applied as one (`SequenceOutput.apply_run`: one
+    detokenizer pass for what a reader took at once, e.g. a stream gathering --stream-interval tokens).
     A message joins the one before it only if it carries nothing but tokens, and neither is the first
     token (index 0 carries the prompt's counts and marks the first token's time)."""
     runs: list[list[TokenOutput]] = []
@@ -179,7 +190,7 @@ def joined(outs: list[TokenOutput]) -> list[TokenOutput]:
             runs[-1].append(out)
         else:
             runs.append([out])
-    return [run[0] if len(run) == 1 else _join(run) for run in runs]
+    return runs
 
 
 def _joins(before: TokenOutput, out: TokenOutput) -> bool:
@@ -192,13 +203,6 @@ def _joins(before: TokenOutput, out: TokenOutput) -> bool:
         and not out.kv_transfer_seconds
         and (before.logprobs is None) == (out.logprobs is None)
     )
-
-
-def _join(run: list[TokenOutput]) -> TokenOutput:
-    first = run[0]
-    logprobs = None if first.logprobs is None else [lp for m in run for lp in m.logprobs or ()]
-    token_ids = [t for m in run for t in m.token_ids]
-    return replace(first, token_ids=token_ids, logprobs=logprobs, finish_reason=run[-1].finish_reason)
 
 
 class ReplayMismatch(Exception):

@@ -69,11 +69,11 @@ def test_sequence_output_stop_string_and_min_tokens(tokenizer) -> None:
     assert text == " x STOP y "  # the first STOP came before min_tokens
 
 
-def _apply_all(output: SequenceOutput, outs: list[TokenOutput]) -> tuple[str, list[int], str | None, bool]:
+def _apply_all(output: SequenceOutput, runs: list[list[TokenOutput]]) -> tuple[str, list, str | None, bool]:
     """What a client ends up with: the updates' text and tokens, the finish and who finished it."""
     text, tokens, finish, by_worker = "", [], None, False
-    for out in outs:
-        u = output.apply(out)
+    for run in runs:
+        u = output.apply_run(run)
         text, tokens, finish, by_worker = (
             text + u.text,
             tokens + u.token_ids,
@@ -107,9 +107,9 @@ def test_joined_messages_apply_as_the_messages_one_by_one(tokenizer, byte_table,
             IncrementalDetokenizer(tokenizer.backend, byte_table=table), SamplingParams(**sampling)
         )
 
-    merged = joined(outs)
-    assert [m.index for m in merged] == [0, 1]  # the first token alone, the rest as one
-    assert _apply_all(output(), merged) == _apply_all(output(), outs)
+    runs = joined(outs)
+    assert [run[0].index for run in runs] == [0, 1]  # the first token alone, the rest as one run
+    assert _apply_all(output(), runs) == _apply_all(output(), [[out] for out in outs])
 
 
 def test_joined_keeps_apart_what_carries_more_than_tokens() -> None:
@@ -127,13 +127,13 @@ def test_joined_keeps_apart_what_carries_more_than_tokens() -> None:
         _out(8, [18]),
     ]
     runs = joined(outs)
-    assert [(m.index, m.token_ids, m.finish_reason) for m in runs] == [
-        (1, [11, 12], None),
-        (3, [13, 14], None),  # stage timings start a message of their own; plain tokens join it
-        (5, [15], None),
-        (6, [16], None),  # logprobs do not join a message without them
-        (7, [17], "stop"),
-        (8, [18], None),  # nothing joins a finished message
+    assert [[m.index for m in run] for run in runs] == [
+        [1, 2],
+        [3, 4],  # stage timings start a run of their own; plain tokens join it
+        [5],
+        [6],  # logprobs do not join a message without them
+        [7],
+        [8],  # nothing joins a finished message
     ]
 
 
