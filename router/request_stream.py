@@ -8,9 +8,10 @@ The request's deadline is one timer per request (not per message) that wakes the
 
 With `wake_every` = K > 1 (the router's --stream-interval) a put wakes the reader only once K tokens
 are pending, or for a message that must not wait: a request's first token (index 0), its last
-message, a failure. Waking the request's task is most of the router's CPU per token, so holding the
-tokens here, not in the formatter after the task has run, is what makes K save CPU; the client sees
-the same chunks either way (one per K tokens, the first and the last at once).
+message, a failure. Waking the request's task, and the work it then does per message, is a third to
+a half of the router's CPU per token (docs/benchmarks.md), so holding the tokens here, not in the
+formatter after the task has run, is what makes K save CPU; the client sees the same chunks either
+way (one per K tokens, the first and the last at once).
 """
 
 from __future__ import annotations
