@@ -135,9 +135,6 @@ class SequenceOutput:
         or while min_tokens decides, per message, whether stop strings count."""
         return not self._detok.has_stop_strings and self.num_generated >= self._min_tokens
 
-    def apply(self, out: TokenOutput) -> SequenceUpdate:
-        return self.apply_run([out])
-
     def apply_run(self, run: list[TokenOutput]) -> SequenceUpdate:
         """Apply consecutive in-order messages as one: a run of `joined` (or a single message)."""
         if self.finish_reason is not None:
@@ -162,7 +159,7 @@ class SequenceOutput:
         tokens = token_ids[:room]
         logprobs = all_logprobs[: len(tokens)] if all_logprobs is not None else None
         self.token_ids.extend(tokens)
-        by_worker_finish = finish
+        worker_finish = finish
         if len(token_ids) > room or (finish is None and self.num_generated >= self._max_tokens):
             finish = FinishReason.LENGTH  # the router enforces max_tokens even if a worker overshoots
         text_tokens = tokens
@@ -175,7 +172,7 @@ class SequenceOutput:
         elif finish is not None:
             text += self._detok.finish().text
         self.finish_reason = finish
-        by_worker = finish is not None and finish == by_worker_finish and delta.stop is None
+        by_worker = finish is not None and finish == worker_finish and delta.stop is None
         return SequenceUpdate(text, tokens, logprobs, finish, by_worker)
 
 

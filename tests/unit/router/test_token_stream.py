@@ -41,9 +41,9 @@ def _output(tokenizer, **sampling) -> SequenceOutput:
 def test_sequence_output_counts_and_truncates_at_max_tokens(tokenizer) -> None:
     ids = tokenizer.encode(" a b c d e", add_special_tokens=False)
     out = _output(tokenizer, max_tokens=3)
-    first = out.apply(_out(0, ids[:1]))
+    first = out.apply_run([_out(0, ids[:1])])
     assert first.finish_reason is None and (out.num_prompt_tokens, out.cached_tokens) == (3, 16)
-    last = out.apply(_out(1, ids[1:]))  # a worker overshooting max_tokens
+    last = out.apply_run([_out(1, ids[1:])])  # a worker overshooting max_tokens
     assert last.finish_reason == "length" and not last.finished_by_worker
     assert out.num_generated == 3 and out.text == " a b c"
 
@@ -52,7 +52,7 @@ def test_sequence_output_worker_finish_and_stop_token_text(tokenizer) -> None:
     dot = tokenizer.encode(".", add_special_tokens=False)[0]
     ids = tokenizer.encode(" end", add_special_tokens=False) + [dot]
     out = _output(tokenizer, max_tokens=10, stop_token_ids=[dot])
-    update = out.apply(_out(0, ids, "stop"))
+    update = out.apply_run([_out(0, ids, "stop")])
     assert update.finished_by_worker and update.text == " end" and out.num_generated == len(ids)
 
 
@@ -61,7 +61,7 @@ def test_sequence_output_stop_string_and_min_tokens(tokenizer) -> None:
     out = _output(tokenizer, max_tokens=50, stop=["STOP"], min_tokens=3)
     text = ""
     for i, t in enumerate(ids):
-        update = out.apply(_out(i, [t]))
+        update = out.apply_run([_out(i, [t])])
         text += update.text
         if update.finish_reason:
             break
@@ -141,5 +141,5 @@ def test_a_stop_string_or_min_tokens_keeps_messages_apart(tokenizer) -> None:
     assert not _output(tokenizer, max_tokens=9, stop=["x"]).takes_joined
     pending = _output(tokenizer, max_tokens=9, min_tokens=2)
     assert not pending.takes_joined
-    pending.apply(_out(0, [5, 6]))
+    pending.apply_run([_out(0, [5, 6])])
     assert pending.takes_joined and _output(tokenizer, max_tokens=9).takes_joined
