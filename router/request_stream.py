@@ -62,11 +62,6 @@ class RequestStream:
             self._timer.cancel()
             self._timer = None
 
-    async def get(self) -> TokenOutput | RequestFailed:
-        await self._wait()
-        self._pending = 0
-        return self._items.popleft()
-
     async def get_batch(self) -> list[TokenOutput | RequestFailed]:
         """Every message that has arrived, waiting for the first one if there is none yet."""
         await self._wait()
