@@ -63,7 +63,7 @@ def test_outputs_from_unknown_workers_are_dropped(model_dir, tokenizer) -> None:
         p0 = h.worker("p0")
         await p0._push.send(encode(TokenOutput("req-x", "ghost", 0, [7], None, 1, 0)))  # not registered
         await p0._push.send(encode(TokenOutput("req-x", "p0", 0, [8], None, 1, 0)))
-        first = await asyncio.wait_for(queue.get(), timeout=5)
+        [first] = await asyncio.wait_for(queue.get_batch(), timeout=5)
         assert first.worker_id == "p0" and first.token_ids == [8] and queue.empty()
 
     _run(model_dir, tokenizer, specs, check)

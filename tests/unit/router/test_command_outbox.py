@@ -73,7 +73,7 @@ def test_an_undeliverable_request_command_fails_its_request(model_dir, tokenizer
             stream = cluster.open_stream("r1")
             assert await cluster.send("m0", GenerateRequest("r1", [1, 2], SamplingParams(), None))
             cluster._outbox.remove("m0")  # as if the worker's socket went away before the turn ended
-            failed = await asyncio.wait_for(stream.get(), 5)
+            [failed] = await asyncio.wait_for(stream.get_batch(), 5)
             assert isinstance(failed, RequestFailed) and failed.retryable
             assert (failed.request_id, failed.worker_id) == ("r1", "m0")
 
