@@ -32,6 +32,7 @@ from router.protocol import ChatCompletionRequest, CompletionRequest, new_id, no
 from router.request_builder import GenerationPlan
 from router.request_lifecycle import SequenceRequest
 from router.route_planner import RETRY_AFTER
+from router.unsupported_fields import refuse_unsupported
 
 if TYPE_CHECKING:
     from router.server import Router
@@ -72,10 +73,12 @@ class GenerationRoutes:
     async def _serve(self, scope: Scope, receive: Receive, send: Send, model: type[BaseModel]) -> None:
         router = self.router
         state = scope["state"]
+        given = state.pop(PARSED_BODY)
         try:
-            body = model.model_validate(state.pop(PARSED_BODY))
+            body = model.model_validate(given)
         except ValidationError as e:
             raise from_validation_errors(e.errors()) from None
+        refuse_unsupported(given, chat=model is ChatCompletionRequest)
         _check_model(router, body.model)  # type: ignore[attr-defined]
         max_model_len = router.registry.max_model_len()  # None: no open path (503 once the body is checked)
         plan = await _plan(router, body, max_model_len)

@@ -146,6 +146,10 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool = False
     top_logprobs: Int64 | None = None
     add_generation_prompt: bool = True
+    # vLLM's extensions: leave the last (assistant) message open for the model to continue, and extra
+    # variables for the chat template (e.g. Qwen3's enable_thinking).
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     tools: list[Any] | None = None
 
 

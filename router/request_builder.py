@@ -1,7 +1,8 @@
 """From a validated OpenAI request to what the cluster runs: prompts as token ids + SamplingParams.
 
 Everything a client can get wrong is answered here with a 400 naming the field: sampling values (via
-SamplingParams), prompt token ids outside the vocabulary, roles or content the template cannot take,
+SamplingParams), prompt token ids outside the vocabulary, roles or content the template cannot take
+(or a final message it does not reproduce, for continue_final_message),
 prompts that do not fit the context window, and structured-output schemas, regexes and grammars
 that llguidance refuses. Defaults follow vLLM: max_tokens is 16 for
 completions and "the rest of the context window" for chat; sampling fields a request leaves out take
@@ -24,7 +25,7 @@ from common.wire.structured_output import GuidedRequest
 from common.wire.token_ids import check_token_ids
 from router.errors import APIError, bad_request, from_value_error, shorten
 from router.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
-from router.tokenizer import ChatTemplateError, ModelTokenizer
+from router.tokenizer import CHAT_TEMPLATE_ARGUMENTS, ChatTemplateError, FinalMessageError, ModelTokenizer
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 MAX_TOP_LOGPROBS = 20
@@ -55,10 +56,6 @@ class RequestBuilder:
         self.defaults = defaults or GenerationDefaults()
 
     def completion(self, req: CompletionRequest, max_model_len: int | None) -> GenerationPlan:
-        if req.echo:
-            raise bad_request("echo is not supported", param="echo")
-        if req.suffix:
-            raise bad_request("suffix is not supported", param="suffix")
         if isinstance(req.prompt, str):
             self._check_text_length(len(req.prompt), max_model_len)
         elif req.prompt and all(isinstance(p, str) for p in req.prompt):
@@ -70,8 +67,6 @@ class RequestBuilder:
         return self._plan(req, prompts, max_tokens, req.logprobs, max_model_len)
 
     def chat(self, req: ChatCompletionRequest, max_model_len: int | None) -> GenerationPlan:
-        if req.tools:
-            raise bad_request("tools are not supported", param="tools")
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
@@ -105,10 +100,18 @@ class RequestBuilder:
             | ({"name": m.name} if m.name else {})
             for m in req.messages
         ]
+        template_vars = _template_vars(req.chat_template_kwargs)
+        if req.continue_final_message and req.add_generation_prompt:
+            message = "continue_final_message needs add_generation_prompt set to false"
+            raise bad_request(message, param="continue_final_message")
         try:
-            return self.tokenizer.encode_chat(messages, add_generation_prompt=req.add_generation_prompt)
+            return self.tokenizer.encode_chat(
+                messages, req.add_generation_prompt, req.continue_final_message, **template_vars
+            )
         except ChatTemplateError as e:
             raise bad_request(str(e), param="messages") from None
+        except FinalMessageError as e:
+            raise bad_request(str(e), param="continue_final_message") from None
 
     def _completion_prompts(self, prompt: str | list) -> list[list[int]]:
         # The shape is checked (router/protocol.py): a list's first item tells which kind it is.
@@ -183,6 +186,18 @@ class RequestBuilder:
             )
         except ValueError as e:
             raise from_value_error(e) from None
+
+
+def _template_vars(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat_template_kwargs` as template variables; the names the request sets through its own
+    fields are refused (a 400), not silently replaced."""
+    taken = sorted(set(kwargs or ()) & CHAT_TEMPLATE_ARGUMENTS)
+    if taken:
+        raise bad_request(
+            f"chat_template_kwargs cannot set {', '.join(taken)} (request fields of their own)",
+            param="chat_template_kwargs",
+        )
+    return kwargs or {}
 
 
 def _grammar(req: _GenerationRequest) -> str | None:

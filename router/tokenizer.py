@@ -30,8 +30,17 @@ from common.wire.byte_level import ByteLevelTable
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
+# The rendering arguments of their own (ModelTokenizer.apply_chat_template): extra template variables
+# (a request's chat_template_kwargs) cannot take these names.
+CHAT_TEMPLATE_ARGUMENTS = frozenset({"messages", "add_generation_prompt", "continue_final_message"})
+
+
 class ChatTemplateError(ValueError):
     """The chat template refused the conversation (raise_exception) or failed to render."""
+
+
+class FinalMessageError(ValueError):
+    """continue_final_message was asked for a conversation whose last message it cannot leave open."""
 
 
 @dataclass(frozen=True)
@@ -102,27 +111,53 @@ class ModelTokenizer:
         return self.backend.decode([token_id], skip_special_tokens=False)
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **kwargs: Any,
     ) -> str:
-        """Render the conversation to prompt text, as transformers' apply_chat_template(tokenize=False)."""
+        """Render the conversation to prompt text, as transformers' apply_chat_template(tokenize=False)
+        with the same arguments: `kwargs` are extra template variables, and `continue_final_message`
+        ends the text right after the last message's content (no end-of-turn), for the model to go on
+        with it."""
         if self.chat_template is None:
             raise ChatTemplateError("this model has no chat template; use /v1/completions")
         if self._compiled is None:
             self._compiled = _compile(self.chat_template)
         variables = {"tools": None, "documents": None, **self.special.as_template_vars(), **kwargs}
         try:
-            return self._compiled.render(
+            text = self._compiled.render(
                 messages=list(messages), add_generation_prompt=add_generation_prompt, **variables
             )
         except jinja2.TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from None
+        return _open_final_message(text, messages) if continue_final_message else text
 
     def encode_chat(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **kwargs: Any,
     ) -> list[int]:
-        return self.encode(
-            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
-        )
+        text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message, **kwargs)
+        return self.encode(text, add_special_tokens=False)
+
+
+def _open_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:
+    """`text` cut right after the last message's content (where the template rendered it last); the
+    content stripped of surrounding whitespace if the template stripped it."""
+    final = messages[-1].get("content") if messages else None
+    if not isinstance(final, str) or not final.strip():
+        raise FinalMessageError("continue_final_message needs a last message with text to continue")
+    for content in (final, final.strip()):
+        end = text.rfind(content)
+        if end >= 0:
+            return text[: end + len(content)]
+    raise FinalMessageError(
+        "continue_final_message: the chat template does not render the last message's text"
+    )
 
 
 class _GenerationTracker(jinja2.ext.Extension):

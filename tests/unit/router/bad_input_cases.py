@@ -75,7 +75,13 @@ WRONG_TYPES = {
     "timeout": "soon",
 }
 WRONG_TYPES_CMPL = WRONG_TYPES | {"prompt": 5, "logprobs": "1"}
-WRONG_TYPES_CHAT = WRONG_TYPES | {"messages": "hi", "logprobs": "yes", "top_logprobs": "2"}
+WRONG_TYPES_CHAT = WRONG_TYPES | {
+    "messages": "hi",
+    "logprobs": "yes",
+    "top_logprobs": "2",
+    "continue_final_message": "yes",
+    "chat_template_kwargs": ["enable_thinking"],
+}
 
 
 def wrong_type_cases() -> list[Case]:
@@ -182,6 +188,34 @@ RANGES = [
     cmpl("echo unsupported", param="echo", echo=True),
     cmpl("suffix unsupported", param="suffix", suffix="x"),
     chat("tools unsupported", param="tools", tools=[{"type": "function"}]),
+    chat("tool_choice required", param="tool_choice", tool_choice="required"),
+    chat("functions unsupported", param="functions", functions=[{"name": "f"}]),
+    chat("a request's chat_template", param="chat_template", chat_template="{{ messages }}"),
+    cmpl("best_of 2", param="best_of", best_of=2),
+    chat("use_beam_search", param="use_beam_search", use_beam_search=True),
+    cmpl("include_stop_str_in_output", param="include_stop_str_in_output", include_stop_str_in_output=True),
+    cmpl("prompt_logprobs", param="prompt_logprobs", prompt_logprobs=1),
+    chat(
+        "continue_final_message with add_generation_prompt",
+        param="continue_final_message",
+        continue_final_message=True,
+    ),
+    Case(
+        "continue_final_message of an empty message",
+        CHAT,
+        {
+            "messages": MSGS + [{"role": "assistant", "content": ""}],
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        },
+        400,
+        "continue_final_message",
+    ),
+    chat(
+        "chat_template_kwargs naming messages",
+        param="chat_template_kwargs",
+        chat_template_kwargs={"messages": []},
+    ),
     chat("response_format type not a string", param="response_format", response_format={"type": 5}),
 ]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from router.tokenizer import ChatTemplateError, ModelTokenizer, SpecialTokens
+from router.tokenizer import ChatTemplateError, FinalMessageError, ModelTokenizer, SpecialTokens
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}],
@@ -39,6 +39,44 @@ def test_chat_template_matches_transformers(tokenizer, hf_tokenizer, messages, a
     if isinstance(expected_ids, dict):  # transformers versions differ in what tokenize=True returns
         expected_ids = expected_ids["input_ids"]
     assert tokenizer.encode_chat(messages, add_generation_prompt) == list(expected_ids)
+
+
+OPEN_ENDED = [
+    [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "  Well, \n"}],  # stripped by some
+]
+
+
+@pytest.mark.parametrize("messages", OPEN_ENDED)
+def test_continue_final_message_matches_transformers(tokenizer, hf_tokenizer, messages) -> None:
+    expected = hf_tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=False, continue_final_message=True
+    )
+    assert tokenizer.apply_chat_template(messages, False, continue_final_message=True) == expected
+    assert not expected.endswith(tokenizer.special.eos_token or "<none>")
+
+
+def test_template_variables_match_transformers(tokenizer, hf_tokenizer) -> None:
+    """Extra variables reach the template as transformers passes them (a request's chat_template_kwargs)."""
+    template = "{% if shout %}{{ messages[0].content | upper }}{% else %}{{ messages[0].content }}{% endif %}"
+    messages = [{"role": "user", "content": "quiet"}]
+    for shout in (True, False):
+        expected = hf_tokenizer.apply_chat_template(
+            messages, tokenize=False, chat_template=template, shout=shout
+        )
+        assert _tiny(template).apply_chat_template(messages, shout=shout) == expected
+
+
+def test_continue_final_message_refusals() -> None:
+    tok = _tiny("{% for m in messages %}[{{ m.content | trim }}]{% endfor %}")
+    with pytest.raises(FinalMessageError, match="last message with text"):
+        tok.apply_chat_template([{"role": "assistant", "content": "  "}], False, continue_final_message=True)
+    assert tok.apply_chat_template([{"role": "assistant", "content": " go "}], False, True) == "[go"
+    hiding = _tiny("{% for m in messages %}[hidden]{% endfor %}")
+    with pytest.raises(FinalMessageError, match="does not render"):
+        hiding.apply_chat_template(
+            [{"role": "assistant", "content": "go"}], False, continue_final_message=True
+        )
 
 
 @pytest.mark.parametrize("text", ["Hello world", "  spaces  ", "世界 😀", "<|im_start|>user\nhi<|im_end|>"])

@@ -1,0 +1,67 @@
+"""Request fields this server does not implement, refused when a request sets them to change the answer.
+
+The request models ignore fields they do not know (router/protocol.py): OpenAI's clients send fields
+that make no difference here (`user`, `store`, `metadata`, `service_tier`, ...). But a field that would
+change the output, ignored, answers a question the client did not ask: `best_of=4` would return the
+first sample, not the best of four, and `include_stop_str_in_output=true` would drop the stop string.
+Those are refused with a 400 naming the field, unless their value is the one that changes nothing
+(as vLLM does for what its engine lacks). One table for both endpoints; it reads the parsed JSON body,
+before the models drop the unknown keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from router.errors import bad_request
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+def _false(value: Any) -> bool:
+    return value is None or value is False
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == ""
+
+
+def _no_tool_call(value: Any) -> bool:
+    """`tool_choice` / `function_call` values that ask for no tool: what an answer without tools is."""
+    return value is None or value in ("none", "auto")
+
+
+def _single(value: Any) -> bool:
+    return value is None or (type(value) is int and value == 1)
+
+
+# field -> whether a value leaves the answer as this server computes it. Both endpoints.
+_SHARED: dict[str, Callable[[Any], bool]] = {
+    "best_of": _single,
+    "use_beam_search": _false,
+    "include_stop_str_in_output": _false,
+    "prompt_logprobs": _unset,
+    "allowed_token_ids": _empty,
+    "bad_words": _empty,
+    "truncate_prompt_tokens": _unset,
+}
+_COMPLETION = _SHARED | {"echo": _false, "suffix": _empty}
+_CHAT = _SHARED | {
+    "echo": _false,
+    "tools": _empty,
+    "functions": _empty,
+    "tool_choice": _no_tool_call,
+    "function_call": _no_tool_call,
+    "chat_template": _unset,  # the model's own template renders every conversation
+}
+
+
+def refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
+    """Raise a 400 naming the first field of `body` (a parsed request) that asks for what this server
+    does not do."""
+    for name, leaves_answer in (_CHAT if chat else _COMPLETION).items():
+        if name in body and not leaves_answer(body[name]):
+            raise bad_request(f"{name} is not supported", param=name)
