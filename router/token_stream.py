@@ -31,6 +31,10 @@ class TokenReorderBuffer:
     def push(self, msg: TokenOutput) -> list[TokenOutput]:
         if self.closed or msg.index < self.next_index:
             return []
+        if msg.index == self.next_index and not self._pending:  # in order, as nearly every message is
+            self.next_index += len(msg.token_ids)
+            self.closed = msg.finish_reason is not None
+            return [msg]
         existing = self._pending.get(msg.index)
         if existing is None or (not existing.token_ids and msg.token_ids):
             self._pending[msg.index] = msg
