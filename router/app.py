@@ -1,4 +1,5 @@
-"""The router's HTTP API: OpenAI-compatible generation, health, metrics, debug views.
+"""The router's HTTP API: OpenAI-compatible generation, vLLM's /tokenize and /detokenize, health,
+metrics, debug views.
 
 Every response carries `X-Request-Id` (the client's, or a generated one; router/request_id.py).
 Answers, by case: 400 invalid request (OpenAI error JSON, naming the field), 401 missing or wrong API
@@ -39,6 +40,7 @@ from router.protocol import (
 )
 from router.request_id import RequestIdMiddleware
 from router.status_views import debug_index, health_report, refresh_worker_gauges
+from router.tokenize_routes import add_tokenize_routes
 
 if TYPE_CHECKING:
     from router.server import Router
@@ -68,6 +70,7 @@ def create_app(router: Router) -> ASGIApp:
     install_error_handlers(api)
     _document_generation_routes(api)
     _add_status_routes(api, router)
+    add_tokenize_routes(api, router, ERROR_RESPONSES)
     app: ASGIApp = GenerationRoutes(api, router)
     app = BodyGuard(app, max_bytes=router.config.max_body_bytes)
     app = InflightGate(app, router.inflight, router.config.admission_wait_s)

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from router.errors import APIError
 
 JSON_BODY_PATH_PREFIX = "/v1/"
+JSON_BODY_ROUTES = frozenset({"/tokenize", "/detokenize"})  # vLLM's, outside /v1/
 PARSED_BODY = "json_body"  # key in scope["state"]
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # any \uD800-\uDFFF escape, paired or not
 
@@ -64,7 +65,10 @@ class BodyGuard:
 def accept_json_body(scope: Scope, body: bytes) -> APIError | None:
     """Why this request's body is unacceptable, or None (also None for requests that take no JSON).
     An accepted JSON body is kept, parsed, in scope["state"][PARSED_BODY]."""
-    if scope.get("method") != "POST" or not scope.get("path", "").startswith(JSON_BODY_PATH_PREFIX):
+    path = scope.get("path", "")
+    if scope.get("method") != "POST" or not (
+        path.startswith(JSON_BODY_PATH_PREFIX) or path in JSON_BODY_ROUTES
+    ):
         return None
     media_error = _content_type_error(_header(scope, b"content-type"))
     if media_error is not None:

@@ -79,7 +79,7 @@ class GenerationRoutes:
         except ValidationError as e:
             raise from_validation_errors(e.errors()) from None
         refuse_unsupported(given, chat=model is ChatCompletionRequest)
-        _check_model(router, body.model)  # type: ignore[attr-defined]
+        check_model(router, body.model)  # type: ignore[attr-defined]
         max_model_len = router.registry.max_model_len()  # None: no open path (503 once the body is checked)
         plan = await _plan(router, body, max_model_len)
         _check_capacity(router, max_model_len)
@@ -120,7 +120,8 @@ async def _plan(router: Router, body: BaseModel, max_model_len: int | None) -> G
     return await asyncio.to_thread(build, body, max_model_len)  # type: ignore[arg-type]
 
 
-def _check_model(router: Router, model: str | None) -> None:
+def check_model(router: Router, model: str | None) -> None:
+    """A 404 unless `model` names the served model (or is left out)."""
     if not router.config.accepts_model(model):
         message = f"The model `{shorten(model or '')}` does not exist."
         raise APIError(404, message, param="model", code="model_not_found")

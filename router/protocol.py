@@ -140,16 +140,22 @@ class ChatMessage(_Strict):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_GenerationRequest):
+class ChatPromptFields(_Strict):
+    """What renders a conversation into a prompt (RequestBuilder.chat_text): the chat route's fields
+    and /tokenize's."""
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int64 | None = None
-    logprobs: bool = False
-    top_logprobs: Int64 | None = None
     add_generation_prompt: bool = True
     # vLLM's extensions: leave the last (assistant) message open for the model to continue, and extra
     # variables for the chat template (e.g. Qwen3's enable_thinking).
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(ChatPromptFields, _GenerationRequest):
+    max_completion_tokens: Int64 | None = None
+    logprobs: bool = False
+    top_logprobs: Int64 | None = None
     tools: list[Any] | None = None
 
 

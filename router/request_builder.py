@@ -24,7 +24,7 @@ from common.wire.sampling_params import SamplingParams
 from common.wire.structured_output import GuidedRequest
 from common.wire.token_ids import check_token_ids
 from router.errors import APIError, bad_request, from_value_error, shorten
-from router.protocol import ChatCompletionRequest, CompletionRequest, _GenerationRequest
+from router.protocol import ChatCompletionRequest, ChatPromptFields, CompletionRequest, _GenerationRequest
 from router.tokenizer import CHAT_TEMPLATE_ARGUMENTS, ChatTemplateError, FinalMessageError, ModelTokenizer
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -94,6 +94,11 @@ class RequestBuilder:
             )
 
     def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        return self.tokenizer.encode(self.chat_text(req), add_special_tokens=False)
+
+    def chat_text(self, req: ChatPromptFields) -> str:
+        """The conversation rendered by the model's chat template: the prompt text of a chat request
+        (and of /tokenize with messages)."""
         # "developer" is OpenAI's newer name for "system"; open-model templates only know "system".
         messages = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
@@ -105,7 +110,7 @@ class RequestBuilder:
             message = "continue_final_message needs add_generation_prompt set to false"
             raise bad_request(message, param="continue_final_message")
         try:
-            return self.tokenizer.encode_chat(
+            return self.tokenizer.apply_chat_template(
                 messages, req.add_generation_prompt, req.continue_final_message, **template_vars
             )
         except ChatTemplateError as e:

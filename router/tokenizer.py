@@ -135,14 +135,11 @@ class ModelTokenizer:
         return _open_final_message(text, messages) if continue_final_message else text
 
     def encode_chat(
-        self,
-        messages: Sequence[dict[str, Any]],
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        **kwargs: Any,
+        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
     ) -> list[int]:
-        text = self.apply_chat_template(messages, add_generation_prompt, continue_final_message, **kwargs)
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False
+        )
 
 
 def _open_final_message(text: str, messages: Sequence[dict[str, Any]]) -> str:

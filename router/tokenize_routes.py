@@ -1,0 +1,123 @@
+"""vLLM's tokenizer endpoints, answered by the router's own tokenizer (no worker is asked).
+
+POST /tokenize takes a `prompt` (text) or chat `messages` (rendered exactly as /v1/chat/completions
+renders them, so `count` is that request's `usage.prompt_tokens`) and answers `{count, max_model_len,
+tokens}` (`token_strs` too with `return_token_strs`); `add_special_tokens` defaults to true for a
+prompt and false for messages, whose template writes its own. POST /detokenize takes `tokens` and
+answers `{prompt}`. GET /version answers `{version}`. Bad input is a 400 naming the field, as on the
+generation routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ValidationError
+
+from common.wire.token_ids import check_token_ids
+from router.body_limit import PARSED_BODY
+from router.errors import bad_request, from_validation_errors
+from router.generation_routes import INLINE_TOKENIZE_CHARS, check_model
+from router.protocol import ChatPromptFields, Int64, _Strict
+
+if TYPE_CHECKING:
+    from router.server import Router
+
+
+class _TokenizeOptions(_Strict):
+    model: str | None = None
+    add_special_tokens: bool | None = None  # None: true for a prompt, false for messages
+    return_token_strs: bool = False
+
+
+class TokenizePromptRequest(_TokenizeOptions):
+    prompt: str
+
+
+class TokenizeChatRequest(_TokenizeOptions, ChatPromptFields):
+    pass
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int | None
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[Int64]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
+
+
+def add_tokenize_routes(app: FastAPI, router: Router, error_responses: dict) -> None:
+    @app.post("/tokenize", responses=error_responses)
+    async def tokenize(request: Request) -> TokenizeResponse:
+        """A `prompt` or chat `messages` as the model's token ids (module docstring)."""
+        given = _body(request)
+        kind = TokenizeChatRequest if "messages" in given else TokenizePromptRequest
+        body = _validate(kind, given)
+        check_model(router, body.model)
+        tokens = await _tokenize(router, body)
+        max_model_len = router.registry.max_model_len()
+        strs = [router.tokenizer.token_text(t) for t in tokens] if body.return_token_strs else None
+        return TokenizeResponse(
+            count=len(tokens), max_model_len=max_model_len, tokens=tokens, token_strs=strs
+        )
+
+    @app.post("/detokenize", responses=error_responses)
+    async def detokenize(request: Request) -> DetokenizeResponse:
+        """Token ids as text (special tokens included)."""
+        body = _validate(DetokenizeRequest, _body(request))
+        check_model(router, body.model)
+        try:
+            check_token_ids("tokens", body.tokens, router.tokenizer.vocab_size)
+        except ValueError as e:
+            raise bad_request(str(e), param="tokens") from None
+        return DetokenizeResponse(prompt=router.tokenizer.decode(body.tokens, skip_special_tokens=False))
+
+    @app.get("/version")
+    async def server_version() -> VersionResponse:
+        return VersionResponse(version=_package_version())
+
+
+async def _tokenize(router: Router, body: TokenizePromptRequest | TokenizeChatRequest) -> list[int]:
+    """The ids; not checked against the context window (the answer carries max_model_len for that),
+    as vLLM's; the body limit bounds the work, and a long text is tokenized off the event loop."""
+    if isinstance(body, TokenizePromptRequest):
+        text, special = body.prompt, body.add_special_tokens is not False
+    else:
+        text, special = router.builder.chat_text(body), bool(body.add_special_tokens)
+    if len(text) <= INLINE_TOKENIZE_CHARS:
+        return router.tokenizer.encode(text, add_special_tokens=special)
+    return await asyncio.to_thread(router.tokenizer.encode, text, special)
+
+
+def _body(request: Request) -> Any:
+    """The JSON body BodyGuard parsed and checked (an object) for this request."""
+    return request.scope["state"].pop(PARSED_BODY)
+
+
+def _validate(model: type[BaseModel], given: Any) -> Any:
+    try:
+        return model.model_validate(given)
+    except ValidationError as e:
+        raise from_validation_errors(e.errors()) from None
+
+
+def _package_version() -> str:
+    try:
+        return version("pdserve")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
