@@ -25,7 +25,9 @@ class _StopStrings:
 
     def __init__(self, decoder: Decoder, params: SamplingParams) -> None:
         # No prompt context: the cut text is then a prefix of what a full decode of the tokens gives.
-        self.detok = IncrementalDetokenizer(decoder, stop=params.stop)
+        self.detok = IncrementalDetokenizer(
+            decoder, stop=params.stop, include_stop=params.include_stop_str_in_output
+        )
         self.min_tokens = params.min_tokens
         self.num_tokens = 0  # completion tokens seen; when stopped, those the output keeps
 

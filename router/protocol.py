@@ -59,6 +59,7 @@ class _GenerationRequest(_Strict):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # JSON object keys are strings: token ids as text
     ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
     min_tokens: Int64 = 0
     skip_special_tokens: bool = True
     stream: bool = False

@@ -185,6 +185,7 @@ class RequestBuilder:
                 max_tokens=max_tokens,
                 min_tokens=req.min_tokens,
                 ignore_eos=req.ignore_eos,
+                include_stop_str_in_output=req.include_stop_str_in_output,
                 logprobs=logprobs,
                 n=req.n,
                 **{k: v for k, v in given.items() if v is not None},

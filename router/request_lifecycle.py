@@ -149,6 +149,7 @@ class RequestLifecycle:
             seq.sampling.stop,
             seq.skip_special_tokens,
             self._byte_table,
+            seq.sampling.include_stop_str_in_output,
         )
 
     async def _dispatch(

@@ -110,7 +110,8 @@ class SequenceOutput:
         self._detok = detokenizer
         self._max_tokens = sampling.max_tokens
         self._min_tokens = sampling.min_tokens
-        self._stop_token_ids = set(sampling.stop_token_ids)
+        # A stop token id's own text is cut from the output (as vLLM does), unless asked for.
+        self._stop_token_ids = set() if sampling.include_stop_str_in_output else set(sampling.stop_token_ids)
         self.num_prompt_tokens = 0
         self.cached_tokens = 0
         self.token_ids: list[int] = []
@@ -168,7 +169,7 @@ class SequenceOutput:
             finish = FinishReason.LENGTH  # the router enforces max_tokens even if a worker overshoots
         text_tokens = tokens
         if finish == FinishReason.STOP and tokens and tokens[-1] in self._stop_token_ids:
-            text_tokens = tokens[:-1]  # like vLLM: a stop token id's own text is not part of the output
+            text_tokens = tokens[:-1]
         delta = self._detok.add(text_tokens, check_stop=self.num_generated >= self._min_tokens)
         text = delta.text
         if delta.stop is not None:

@@ -3,7 +3,7 @@
 The request models ignore fields they do not know (router/protocol.py): OpenAI's clients send fields
 that make no difference here (`user`, `store`, `metadata`, `service_tier`, ...). But a field that would
 change the output, ignored, answers a question the client did not ask: `best_of=4` would return the
-first sample, not the best of four, and `include_stop_str_in_output=true` would drop the stop string.
+first sample, not the best of four, and `use_beam_search=true` a sampled answer.
 Those are refused with a 400 naming the field, unless their value is the one that changes nothing
 (as vLLM does for what its engine lacks). One table for both endpoints; it reads the parsed JSON body,
 before the models drop the unknown keys.
@@ -42,7 +42,6 @@ def _single(value: Any) -> bool:
 _SHARED: dict[str, Callable[[Any], bool]] = {
     "best_of": _single,
     "use_beam_search": _false,
-    "include_stop_str_in_output": _false,
     "prompt_logprobs": _unset,
     "allowed_token_ids": _empty,
     "bad_words": _empty,

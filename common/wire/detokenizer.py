@@ -11,8 +11,9 @@ held back:
   sees half a character. `finish()` releases what is still held (the model really produced bad bytes).
 - a tail that could be the start of a stop string: it is released once it cannot be one any more.
 
-When a stop string appears, everything from its first character on is dropped (OpenAI semantics)
-and the detokenizer reports which stop string ended the text.
+When a stop string appears, everything from its first character on is dropped (OpenAI semantics;
+with `include_stop`, vLLM's include_stop_str_in_output, everything after its last character) and the
+detokenizer reports which stop string ended the text.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class IncrementalDetokenizer:
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
         byte_table: ByteLevelTable | None = None,
+        include_stop: bool = False,
     ) -> None:
         self._source: _WindowText | _ByteText = (
             _ByteText(byte_table, skip_special_tokens)
@@ -99,6 +101,7 @@ class IncrementalDetokenizer:
             else _WindowText(decoder, prompt_token_ids, skip_special_tokens)
         )
         self._stops = tuple(s for s in stop if s)
+        self._include_stop = include_stop  # the text ends after the stop string, not before it
         self._max_stop = max((len(s) for s in self._stops), default=0)
         self._tails = _stop_tails(self._stops, self._max_stop - 1)
         # Returned text as pieces, joined only when asked for (`text`): appending to one string held in
@@ -151,7 +154,7 @@ class IncrementalDetokenizer:
         if hit is not None:
             position, stop = hit
             self.stopped = stop
-            return self._emit(position)
+            return self._emit(position + len(stop) if self._include_stop else position)
         if final or not check_stop:
             return self._emit(len(self._held))
         return self._emit(len(self._held) - self._stop_prefix_len())

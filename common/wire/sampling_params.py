@@ -31,6 +31,8 @@ class SamplingParams:
     `logit_bias` is OpenAI's: token id -> a bias in [-100, 100] added to that token's logit before
     sampling (a dict, or (id, bias) pairs; kept as pairs sorted by id, since the wire's maps take
     string keys only). Like the penalties it shapes the sampled distribution, not the logprobs.
+    `include_stop_str_in_output` (vLLM's) keeps the stop string that ended the text, and the text of a
+    stop token id that ended it, in the output; by default both are cut (OpenAI's rule).
     """
 
     temperature: float = 1.0
@@ -50,6 +52,7 @@ class SamplingParams:
     n: int = 1
     grammar: str | None = None
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -71,8 +74,9 @@ class SamplingParams:
             _integer("logprobs", self.logprobs, 0, 20)
         if self.seed is not None:
             _integer("seed", self.seed, -(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for flag in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be a non-empty string or a list of non-empty strings")
         _check_stop_sizes(self.stop)

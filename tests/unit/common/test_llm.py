@@ -49,6 +49,8 @@ def test_stop_string_ends_text_and_tokens(llm, haiku, stop):
     assert bm.num_free_blocks == bm.num_blocks
     if llm.config.speculative:  # the answer repeats itself: drafts were accepted around the stops
         assert llm.engine.scheduler.speculator.stats.accepted > 0
+    kept = llm.generate([prompt], SamplingParams(**GREEDY, stop=[stop], include_stop_str_in_output=True))[0]
+    assert kept["text"] == full["text"][: cut + len(stop)] and kept["token_ids"] == out["token_ids"]
 
 
 def test_stop_strings_wait_for_min_tokens(llm, haiku):

@@ -57,6 +57,7 @@ WRONG_TYPES = {
     "repetition_penalty": True,
     "logit_bias": ["1"],
     "ignore_eos": "true",
+    "include_stop_str_in_output": "yes",
     "min_tokens": 1.5,
     "skip_special_tokens": 0,
     "stream": "yes",
@@ -193,7 +194,6 @@ RANGES = [
     chat("a request's chat_template", param="chat_template", chat_template="{{ messages }}"),
     cmpl("best_of 2", param="best_of", best_of=2),
     chat("use_beam_search", param="use_beam_search", use_beam_search=True),
-    cmpl("include_stop_str_in_output", param="include_stop_str_in_output", include_stop_str_in_output=True),
     cmpl("prompt_logprobs", param="prompt_logprobs", prompt_logprobs=1),
     chat(
         "continue_final_message with add_generation_prompt",

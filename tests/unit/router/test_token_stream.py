@@ -56,6 +56,14 @@ def test_sequence_output_worker_finish_and_stop_token_text(tokenizer) -> None:
     assert update.finished_by_worker and update.text == " end" and out.num_generated == len(ids)
 
 
+def test_include_stop_str_in_output_keeps_the_stop_token_text(tokenizer) -> None:
+    dot = tokenizer.encode(".", add_special_tokens=False)[0]
+    ids = tokenizer.encode(" end", add_special_tokens=False) + [dot]
+    params = SamplingParams(max_tokens=10, stop_token_ids=[dot], include_stop_str_in_output=True)
+    out = SequenceOutput(IncrementalDetokenizer(tokenizer.backend), params)
+    assert out.apply_run([_out(0, ids, "stop")]).text == " end."
+
+
 def test_sequence_output_stop_string_and_min_tokens(tokenizer) -> None:
     ids = tokenizer.encode(" x STOP y STOP z", add_special_tokens=False)
     out = _output(tokenizer, max_tokens=50, stop=["STOP"], min_tokens=3)

@@ -11,7 +11,6 @@ REFUSED = [
     (False, {"best_of": 2}),
     (False, {"best_of": True}),
     (False, {"use_beam_search": True}),
-    (False, {"include_stop_str_in_output": True}),
     (False, {"prompt_logprobs": 0}),
     (False, {"allowed_token_ids": [1, 2]}),
     (False, {"bad_words": ["x"]}),
@@ -29,7 +28,7 @@ REFUSED = [
 ]
 
 NEUTRAL = [
-    (False, {"best_of": 1, "use_beam_search": False, "include_stop_str_in_output": False, "suffix": ""}),
+    (False, {"best_of": 1, "use_beam_search": False, "suffix": ""}),
     (False, {"best_of": None, "prompt_logprobs": None, "bad_words": [], "allowed_token_ids": None}),
     (False, {"tools": [{"type": "function"}], "chat_template": "x"}),  # chat-only fields: not read here
     (True, {"tools": [], "functions": None, "tool_choice": "auto", "function_call": "none", "echo": False}),

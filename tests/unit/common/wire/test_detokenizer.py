@@ -84,6 +84,8 @@ def test_stop_string_spanning_tokens_cuts_the_output(tokenizer, make) -> None:
     assert "".join(deltas) == "The answer is "
     assert detok.stopped == "42. Do"
     assert detok.add(ids[:1]).text == ""  # nothing after a stop
+    deltas, detok = _stream(lambda stop: make(stop=stop, include_stop=True), ids, stop=["42. Do"])
+    assert "".join(deltas) == "The answer is 42. Do" and detok.text == "The answer is 42. Do"
 
 
 def test_tail_that_may_start_a_stop_string_is_held_back(tokenizer, make) -> None:
