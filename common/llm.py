@@ -193,7 +193,8 @@ class LLM:
             if stops is not None and stops.stopped:
                 ids, text, reason = ids[: stops.num_tokens], stops.detok.text, "stop"
             elif self.tokenizer is not None:
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                visible = seq.sampling_params.visible_tokens(ids, reason)
+                text = self.tokenizer.decode(visible, skip_special_tokens=True)
             out = {"text": text, "token_ids": ids, "finish_reason": reason}
             if (failure := grammar_failure(seq)) is not None:
                 out |= {"finish_reason": "error", "error": f"grammar could not be followed: {failure}"}

@@ -110,8 +110,7 @@ class SequenceOutput:
         self._detok = detokenizer
         self._max_tokens = sampling.max_tokens
         self._min_tokens = sampling.min_tokens
-        # A stop token id's own text is cut from the output (as vLLM does), unless asked for.
-        self._stop_token_ids = set() if sampling.include_stop_str_in_output else set(sampling.stop_token_ids)
+        self._sampling = sampling
         self.num_prompt_tokens = 0
         self.cached_tokens = 0
         self.token_ids: list[int] = []
@@ -167,9 +166,7 @@ class SequenceOutput:
         worker_finish = finish
         if len(token_ids) > room or (finish is None and self.num_generated >= self._max_tokens):
             finish = FinishReason.LENGTH  # the router enforces max_tokens even if a worker overshoots
-        text_tokens = tokens
-        if finish == FinishReason.STOP and tokens and tokens[-1] in self._stop_token_ids:
-            text_tokens = tokens[:-1]
+        text_tokens = self._sampling.visible_tokens(tokens, finish)
         delta = self._detok.add(text_tokens, check_stop=self.num_generated >= self._min_tokens)
         text = delta.text
         if delta.stop is not None:

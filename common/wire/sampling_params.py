@@ -93,6 +93,14 @@ class SamplingParams:
                 "min_tokens cannot be combined with structured output (the grammar ends the output)"
             )
 
+    def visible_tokens(self, tokens: list[int], finish: FinishReason | str | None) -> list[int]:
+        """The tokens whose text is output: all but a stop token id that ended them (vLLM's rule),
+        unless include_stop_str_in_output (the router's and the offline LLM's one rule)."""
+        ended_by_stop_token = finish == FinishReason.STOP and tokens and tokens[-1] in self.stop_token_ids
+        if ended_by_stop_token and not self.include_stop_str_in_output:
+            return tokens[:-1]
+        return tokens
+
     @property
     def greedy(self) -> bool:
         """Temperature 0: every token is the argmax (the one "is greedy" test of the project)."""

@@ -96,3 +96,18 @@ def test_an_engine_keeps_cache_events_only_when_asked(tiny_model_dirs):
     llm.generate([[i % 500 for i in range(400, 440)]], params, use_tqdm=False)
     llm.engine.record_kv_events(False)
     assert llm.engine.drain_kv_events() == []
+
+
+def test_a_stop_token_ids_text_is_cut_unless_asked_for(llm, haiku):
+    """As the router answers (SamplingParams.visible_tokens): the text ends before the stop token id
+    that ended it, or after it with include_stop_str_in_output."""
+    prompt, full = haiku
+    ids = full["token_ids"]
+    stop_at = next(i for i, t in enumerate(ids) if i >= 3 and llm.tokenizer.decode([t]).strip())
+    stop_id = ids[stop_at]
+    for include in (False, True):
+        params = SamplingParams(**GREEDY, stop_token_ids=[stop_id], include_stop_str_in_output=include)
+        out = llm.generate([prompt], params, use_tqdm=False)[0]
+        first = ids.index(stop_id)
+        assert out["token_ids"] == ids[: first + 1] and out["finish_reason"] == "stop"
+        assert out["text"] == llm.tokenizer.decode(ids[: first + include], skip_special_tokens=True)
