@@ -60,6 +60,7 @@ class _GenerationRequest(_Strict):
     logit_bias: dict[str, float] | None = None  # JSON object keys are strings: token ids as text
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: Int64 | None = None  # vLLM's: keep the prompt's last k tokens (-1: the window's)
     min_tokens: Int64 = 0
     skip_special_tokens: bool = True
     stream: bool = False

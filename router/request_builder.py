@@ -56,11 +56,12 @@ class RequestBuilder:
         self.defaults = defaults or GenerationDefaults()
 
     def completion(self, req: CompletionRequest, max_model_len: int | None) -> GenerationPlan:
-        if isinstance(req.prompt, str):
+        keep = _kept_prompt_tokens(req.truncate_prompt_tokens, max_model_len)
+        if keep is None and isinstance(req.prompt, str):
             self._check_text_length(len(req.prompt), max_model_len)
-        elif req.prompt and all(isinstance(p, str) for p in req.prompt):
+        elif keep is None and req.prompt and all(isinstance(p, str) for p in req.prompt):
             self._check_text_length(max(len(p) for p in req.prompt if isinstance(p, str)), max_model_len)
-        prompts = self._completion_prompts(req.prompt)
+        prompts = [ids[-keep:] if keep else ids for ids in self._completion_prompts(req.prompt)]
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
             raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
@@ -71,8 +72,10 @@ class RequestBuilder:
             raise bad_request("top_logprobs requires logprobs to be true", param="top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise bad_request(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
-        self._check_text_length(sum(len(m.text()) for m in req.messages), max_model_len, "messages")
-        prompt = self._chat_prompt(req)
+        keep = _kept_prompt_tokens(req.truncate_prompt_tokens, max_model_len)
+        if keep is None:
+            self._check_text_length(sum(len(m.text()) for m in req.messages), max_model_len, "messages")
+        prompt = self._chat_prompt(req)[-keep:] if keep else self._chat_prompt(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
             max_tokens = (
@@ -192,6 +195,21 @@ class RequestBuilder:
             )
         except ValueError as e:
             raise from_value_error(e) from None
+
+
+def _kept_prompt_tokens(truncate: int | None, max_model_len: int | None) -> int | None:
+    """vLLM's truncate_prompt_tokens: keep a prompt's last k tokens (-1: the context window's worth);
+    None: the prompt is not truncated (and its text is length-checked before tokenizing instead: with
+    truncation any length is acceptable, and the body limit bounds the work)."""
+    if truncate is None or (truncate == -1 and max_model_len is None):
+        return None
+    if truncate == -1:
+        return max_model_len
+    if truncate < 1:
+        raise bad_request(
+            f"truncate_prompt_tokens must be >= 1 or -1, got {truncate}", param="truncate_prompt_tokens"
+        )
+    return truncate
 
 
 def _template_vars(kwargs: dict[str, Any] | None) -> dict[str, Any]:

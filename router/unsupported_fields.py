@@ -45,7 +45,6 @@ _SHARED: dict[str, Callable[[Any], bool]] = {
     "prompt_logprobs": _unset,
     "allowed_token_ids": _empty,
     "bad_words": _empty,
-    "truncate_prompt_tokens": _unset,
 }
 _COMPLETION = _SHARED | {"echo": _false, "suffix": _empty}
 _CHAT = _SHARED | {

@@ -58,6 +58,7 @@ WRONG_TYPES = {
     "logit_bias": ["1"],
     "ignore_eos": "true",
     "include_stop_str_in_output": "yes",
+    "truncate_prompt_tokens": "8",
     "min_tokens": 1.5,
     "skip_special_tokens": 0,
     "stream": "yes",
@@ -193,6 +194,8 @@ RANGES = [
     chat("functions unsupported", param="functions", functions=[{"name": "f"}]),
     chat("a request's chat_template", param="chat_template", chat_template="{{ messages }}"),
     cmpl("best_of 2", param="best_of", best_of=2),
+    cmpl("truncate_prompt_tokens 0", param="truncate_prompt_tokens", truncate_prompt_tokens=0),
+    chat("truncate_prompt_tokens -2", param="truncate_prompt_tokens", truncate_prompt_tokens=-2),
     chat("use_beam_search", param="use_beam_search", use_beam_search=True),
     cmpl("prompt_logprobs", param="prompt_logprobs", prompt_logprobs=1),
     chat(

@@ -14,7 +14,6 @@ REFUSED = [
     (False, {"prompt_logprobs": 0}),
     (False, {"allowed_token_ids": [1, 2]}),
     (False, {"bad_words": ["x"]}),
-    (False, {"truncate_prompt_tokens": 8}),
     (False, {"echo": True}),
     (False, {"suffix": "x"}),
     (True, {"tools": [{"type": "function"}]}),
