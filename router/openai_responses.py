@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel
 
 from router.logprobs import chat_logprobs, completion_logprobs
 from router.protocol import (
@@ -39,6 +42,22 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def _blank(shape: type[BaseModel], **required: Any) -> dict:
+    """A model's JSON shape with its defaults (placeholders for the required fields), dumped once: the
+    stream path fills copies of these, so a chunk's schema stays the models' (router/protocol.py) while
+    no model object is built per request."""
+    return shape(**required).model_dump()
+
+
+_HEADS = {
+    chunk: _blank(chunk, id="", created=0, model="", choices=[])
+    for chunk in (CompletionChunk, ChatCompletionChunk)
+}
+_COMPLETION_CHOICE = _blank(CompletionChoice, index=0, text="")
+_CHAT_CHOICE = _blank(ChatChunkChoice, index=0, delta=DeltaMessage())
+_USAGE = _blank(Usage, prompt_tokens_details=PromptTokensDetails())
+
+
 class _Formatter:
     _chunk_model: type[CompletionChunk | ChatCompletionChunk]  # each subclass's chunk
 
@@ -65,17 +84,18 @@ class _Formatter:
     def num_choices(self) -> int:
         return len(self.plan.prompts) * self.plan.sampling.n
 
-    def usage(self) -> Usage:
+    def usage(self) -> dict:
+        """The usage object's JSON (the `Usage` model's shape)."""
         n = self.plan.sampling.n
         prompt_tokens = sum(len(p) for p in self.plan.prompts)
         completion = sum(o.num_generated for o in self.outputs.values())
         cached = sum(o.cached_tokens for i, o in self.outputs.items() if i % n == 0)
-        return Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion,
-            total_tokens=prompt_tokens + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
-        )
+        return _USAGE | {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+            "prompt_tokens_details": _USAGE["prompt_tokens_details"] | {"cached_tokens": cached},
+        }
 
     async def stream(self, updates: AsyncIterator[ChoiceUpdate]) -> AsyncGenerator[str]:
         """The SSE text, in pieces that are each sent as one write: the opening chunks (chat's role)
@@ -98,7 +118,7 @@ class _Formatter:
                 if opening:
                     line, opening = opening + line, ""
                 yield line
-        usage = sse(self._envelope([], usage=self.usage().model_dump())) if self.plan.include_usage else ""
+        usage = sse(self._envelope([], usage=self.usage())) if self.plan.include_usage else ""
         yield opening + last + usage + DONE
 
     def _line(self, choice_index: int, u: SequenceUpdate) -> str:
@@ -126,8 +146,11 @@ class _Formatter:
 
     def _envelope(self, choices: list, usage: dict | None = None) -> dict:
         if self._head is None:
-            chunk = self._chunk_model(id=self.request_id, created=self.created, model=self.model, choices=[])
-            self._head = chunk.model_dump()
+            self._head = _HEADS[self._chunk_model] | {
+                "id": self.request_id,
+                "created": self.created,
+                "model": self.model,
+            }
         return self._head | {"choices": choices, "usage": usage}
 
 
@@ -148,8 +171,8 @@ class CompletionFormatter(_Formatter):
 
     def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
         lp = self._logprobs(choice_index, u)
-        choice = CompletionChoice(index=choice_index, text=u.text, logprobs=lp, finish_reason=u.finish_reason)
-        return self._envelope([choice.model_dump()])
+        fields = {"index": choice_index, "text": u.text, "finish_reason": u.finish_reason}
+        return self._envelope([_COMPLETION_CHOICE | fields | {"logprobs": lp.model_dump() if lp else None}])
 
     async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
         logprobs: dict[int, CompletionLogprobs] = {}
@@ -165,7 +188,11 @@ class CompletionFormatter(_Formatter):
             for i, o in sorted(self.outputs.items())
         ]
         response = CompletionResponse(
-            id=self.request_id, created=self.created, model=self.model, choices=choices, usage=self.usage()
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=Usage.model_validate(self.usage()),
         )
         return response.model_dump()
 
@@ -196,15 +223,14 @@ class ChatFormatter(_Formatter):
 
     def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
         lp = self._logprobs(u)
-        choice = ChatChunkChoice(
-            index=choice_index,
-            delta=DeltaMessage(content=u.text or None),
-            logprobs=lp,
-            finish_reason=u.finish_reason,
-        )
-        payload = choice.model_dump()
-        payload["delta"] = {k: v for k, v in payload["delta"].items() if v is not None}  # OpenAI omits them
-        return self._envelope([payload])
+        delta = _CHAT_CHOICE["delta"] | {"content": u.text or None}
+        fields = {
+            "index": choice_index,
+            "delta": {k: v for k, v in delta.items() if v is not None},  # OpenAI omits them
+            "logprobs": lp.model_dump() if lp else None,
+            "finish_reason": u.finish_reason,
+        }
+        return self._envelope([_CHAT_CHOICE | fields])
 
     async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
         logprobs: dict[int, ChatLogprobs] = {}
@@ -223,6 +249,10 @@ class ChatFormatter(_Formatter):
             for i, o in sorted(self.outputs.items())
         ]
         response = ChatCompletionResponse(
-            id=self.request_id, created=self.created, model=self.model, choices=choices, usage=self.usage()
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=Usage.model_validate(self.usage()),
         )
         return response.model_dump()

@@ -13,6 +13,15 @@ from common.wire.messages import FinishReason
 from common.wire.sampling_params import SamplingParams
 from router.fanout import ChoiceUpdate
 from router.openai_responses import DONE, ChatFormatter, CompletionFormatter
+from router.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    CompletionChoice,
+    CompletionChunk,
+    DeltaMessage,
+    PromptTokensDetails,
+    Usage,
+)
 from router.request_builder import GenerationPlan
 from router.token_stream import SequenceOutput, SequenceUpdate
 
@@ -74,3 +83,56 @@ def test_template_is_per_choice(tokenizer):
     lines = _stream_lines(ChatFormatter, tokenizer, updates, n=2)[2:-1]  # past both openings, before [DONE]
     seen = [(c["index"], c["delta"]["content"]) for c in (_payload(x)["choices"][0] for x in lines)]
     assert seen == [(0, "zero"), (1, "one"), (0, "again")]
+
+
+def test_chunks_and_usage_have_the_models_shapes(tokenizer):
+    """The stream builds chunks from templates of the response models (no model object per request):
+    they must be what the models themselves give, finish, empty delta and usage included."""
+    sampling = SamplingParams(max_tokens=8)
+    plan = GenerationPlan([[1, 2, 3]], sampling, stream=True, include_usage=True, skip_special_tokens=True)
+    updates = [SequenceUpdate("hi", [5], None), SequenceUpdate("", [6], None, FinishReason.LENGTH)]
+    for formatter_cls in (CompletionFormatter, ChatFormatter):
+        formatter = formatter_cls("req-1", "model", 1700000000, plan, tokenizer)
+        output = SequenceOutput(IncrementalDetokenizer(tokenizer.backend), sampling)
+        output.token_ids = [5, 6]
+
+        async def items(output=output):
+            for u in updates:
+                yield ChoiceUpdate(0, u, output)
+
+        async def lines(formatter=formatter, items=items) -> str:
+            return "".join([line async for line in formatter.stream(items())])
+
+        payloads = [
+            json.loads(e[len("data: ") :])
+            for e in asyncio.run(lines()).split("\n\n")
+            if e.startswith("data: {")
+        ]
+        chat = formatter_cls is ChatFormatter
+        chunk_model = ChatCompletionChunk if chat else CompletionChunk
+        expected = [
+            _model_chunk(chunk_model, chat, "hi", None),
+            _model_chunk(chunk_model, chat, "", "length"),
+            chunk_model(id="req-1", created=1700000000, model="model", choices=[], usage=_usage()).model_dump(
+                mode="json"
+            ),
+        ]
+        assert payloads[-3:] == expected, formatter_cls
+
+
+def _usage() -> Usage:
+    return Usage(
+        prompt_tokens=3, completion_tokens=2, total_tokens=5, prompt_tokens_details=PromptTokensDetails()
+    )
+
+
+def _model_chunk(chunk_model, chat: bool, text: str, finish: str | None) -> dict:
+    if chat:
+        choice = ChatChunkChoice(index=0, delta=DeltaMessage(content=text or None), finish_reason=finish)
+        dumped = choice.model_dump(mode="json")
+        dumped["delta"] = {k: v for k, v in dumped["delta"].items() if v is not None}
+    else:
+        dumped = CompletionChoice(index=0, text=text, finish_reason=finish).model_dump(mode="json")
+    return chunk_model(id="req-1", created=1700000000, model="model", choices=[]).model_dump(mode="json") | {
+        "choices": [dumped]
+    }
