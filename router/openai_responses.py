@@ -102,7 +102,7 @@ class _Formatter:
         go out with the first text, and the chunk that finishes the last choice together with the
         usage chunk and [DONE], which always end the stream. The first piece is thus the first text:
         nothing is written before it (router/generation_routes.py sends the headers with it)."""
-        opening = "".join(sse(payload) for payload in self._opening_chunks())
+        opening = "".join(sse(self._counted(payload)) for payload in self._opening_chunks())
         last, finished, num_choices = "", 0, self.num_choices
         interval = self._interval if self._interval.k > 1 else None  # None: every update goes out
         async for item in updates:  # once per SSE chunk: the loop's lookups are hoisted
@@ -122,11 +122,15 @@ class _Formatter:
         yield opening + last + usage + DONE
 
     def _line(self, choice_index: int, u: SequenceUpdate) -> str:
-        if u.text and u.finish_reason is None and u.logprobs is None:
-            return self._text_line(choice_index, u.text)  # the common chunk, without models
-        if u.text or u.finish_reason is not None or u.logprobs:
-            return sse(self._chunk(choice_index, u))
-        return ""  # an empty update sends nothing
+        if not (u.text or u.finish_reason is not None or u.logprobs):
+            return ""  # an empty update sends nothing
+        if u.finish_reason is None and u.logprobs is None and not self.plan.continuous_usage:
+            return self._text_line(choice_index, u.text)  # the common chunk, from its template
+        return sse(self._counted(self._chunk(choice_index, u)))
+
+    def _counted(self, payload: dict) -> dict:
+        """`payload` with the usage so far, when the request asked for it in every chunk."""
+        return payload | {"usage": self.usage()} if self.plan.continuous_usage else payload
 
     def _text_line(self, choice_index: int, text: str) -> str:
         """The SSE line of a chunk carrying only text: the one per-token chunk, so it is built from a

@@ -41,6 +41,7 @@ class GenerationPlan:
     include_usage: bool
     skip_special_tokens: bool
     timeout: float | None = None  # the request's own end-to-end limit (seconds), if it set one
+    continuous_usage: bool = False  # every streamed chunk carries the usage so far (include_usage too)
 
     def sequence_params(self, sample_index: int) -> SamplingParams:
         """The sub-request's params: n=1 and, with a seed, seed + sample_index (distinct samples)."""
@@ -156,10 +157,11 @@ class RequestBuilder:
             if max_model_len is not None:
                 _check_context(len(ids), sampling.max_tokens, max_model_len)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
         return GenerationPlan(
-            prompts, sampling, req.stream, include_usage, req.skip_special_tokens, req.timeout
+            prompts, sampling, req.stream, include_usage, req.skip_special_tokens, req.timeout, continuous
         )
 
     def _sampling(self, req: _GenerationRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:

@@ -16,13 +16,15 @@ from router.openai_responses import DONE, ChatFormatter, CompletionFormatter
 from router.protocol import (
     ChatChunkChoice,
     ChatCompletionChunk,
+    ChatCompletionRequest,
     CompletionChoice,
     CompletionChunk,
     DeltaMessage,
     PromptTokensDetails,
+    StreamOptions,
     Usage,
 )
-from router.request_builder import GenerationPlan
+from router.request_builder import GenerationPlan, RequestBuilder
 from router.token_stream import SequenceOutput, SequenceUpdate
 
 # Quotes, a backslash, a newline, non-ASCII and a control character: everything JSON must escape.
@@ -136,3 +138,43 @@ def _model_chunk(chunk_model, chat: bool, text: str, finish: str | None) -> dict
     return chunk_model(id="req-1", created=1700000000, model="model", choices=[]).model_dump(mode="json") | {
         "choices": [dumped]
     }
+
+
+def test_continuous_usage_puts_the_usage_so_far_in_every_chunk(tokenizer):
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): every chunk, the chat role
+    chunk included, carries the usage at that point; the usage chunk still ends the stream."""
+    stream_options = {"include_usage": True, "continuous_usage_stats": True}
+    req = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}], stream=True, stream_options=stream_options
+    )
+    plan = RequestBuilder(tokenizer).chat(req, 256)
+    assert plan.continuous_usage
+    formatter = ChatFormatter("req-1", "model", 1700000000, plan, tokenizer)
+    output = SequenceOutput(IncrementalDetokenizer(tokenizer.backend), plan.sampling)
+    updates = [
+        SequenceUpdate("a", [5], None),
+        SequenceUpdate("b", [6], None),
+        SequenceUpdate("", [7], None, FinishReason.STOP),
+    ]
+
+    async def items():
+        for u in updates:
+            output.token_ids += u.token_ids
+            yield ChoiceUpdate(0, u, output)
+
+    async def collect() -> str:
+        return "".join([line async for line in formatter.stream(items())])
+
+    payloads = [
+        json.loads(e[len("data: ") :])
+        for e in asyncio.run(collect()).split("\n\n")
+        if e.startswith("data: {")
+    ]
+    prompt = len(plan.prompts[0])
+    assert [p["usage"]["completion_tokens"] for p in payloads] == [0, 1, 2, 3, 3]
+    assert all(p["usage"]["prompt_tokens"] == prompt for p in payloads)
+    assert [p["choices"] == [] for p in payloads] == [False] * 4 + [True]  # then the usage chunk
+    plain = RequestBuilder(tokenizer).chat(
+        req.model_copy(update={"stream_options": StreamOptions(continuous_usage_stats=True)}), 256
+    )
+    assert not plain.continuous_usage  # without include_usage there is no usage at all
