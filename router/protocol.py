@@ -79,6 +79,7 @@ class _GenerationRequest(_Strict):
 
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's own (e.g. a BOS) around text prompts
     logprobs: Int64 | None = None
     echo: bool = False
     suffix: str | None = None
@@ -153,6 +154,7 @@ class ChatPromptFields(_Strict):
     # variables for the chat template (e.g. Qwen3's enable_thinking).
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    add_special_tokens: bool = False  # vLLM's: the template writes the special tokens itself
 
 
 class ChatCompletionRequest(ChatPromptFields, _GenerationRequest):

@@ -62,7 +62,10 @@ class RequestBuilder:
             self._check_text_length(len(req.prompt), max_model_len)
         elif keep is None and req.prompt and all(isinstance(p, str) for p in req.prompt):
             self._check_text_length(max(len(p) for p in req.prompt if isinstance(p, str)), max_model_len)
-        prompts = [ids[-keep:] if keep else ids for ids in self._completion_prompts(req.prompt)]
+        prompts = [
+            ids[-keep:] if keep else ids
+            for ids in self._completion_prompts(req.prompt, req.add_special_tokens)
+        ]
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
             raise bad_request(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="logprobs")
         max_tokens = req.max_tokens if req.max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS
@@ -98,7 +101,7 @@ class RequestBuilder:
             )
 
     def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
-        return self.tokenizer.encode(self.chat_text(req), add_special_tokens=False)
+        return self.tokenizer.encode(self.chat_text(req), add_special_tokens=req.add_special_tokens)
 
     def chat_text(self, req: ChatPromptFields) -> str:
         """The conversation rendered by the model's chat template: the prompt text of a chat request
@@ -122,12 +125,12 @@ class RequestBuilder:
         except FinalMessageError as e:
             raise bad_request(str(e), param="continue_final_message") from None
 
-    def _completion_prompts(self, prompt: str | list) -> list[list[int]]:
+    def _completion_prompts(self, prompt: str | list, add_special_tokens: bool) -> list[list[int]]:
         # The shape is checked (router/protocol.py): a list's first item tells which kind it is.
         if isinstance(prompt, str):
-            prompts = [self.tokenizer.encode(prompt)]
+            prompts = [self.tokenizer.encode(prompt, add_special_tokens)]
         elif isinstance(prompt[0], str):
-            prompts = [self.tokenizer.encode(p) for p in prompt]
+            prompts = [self.tokenizer.encode(p, add_special_tokens) for p in prompt]
         elif isinstance(prompt[0], int):
             prompts = [list(prompt)]
         else:

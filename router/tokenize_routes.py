@@ -29,12 +29,12 @@ if TYPE_CHECKING:
 
 class _TokenizeOptions(_Strict):
     model: str | None = None
-    add_special_tokens: bool | None = None  # None: true for a prompt, false for messages
     return_token_strs: bool = False
 
 
 class TokenizePromptRequest(_TokenizeOptions):
     prompt: str
+    add_special_tokens: bool = True  # as a completion's (messages: as a chat request's, false)
 
 
 class TokenizeChatRequest(_TokenizeOptions, ChatPromptFields):
@@ -95,13 +95,10 @@ def add_tokenize_routes(app: FastAPI, router: Router, error_responses: dict) -> 
 async def _tokenize(router: Router, body: TokenizePromptRequest | TokenizeChatRequest) -> list[int]:
     """The ids; not checked against the context window (the answer carries max_model_len for that),
     as vLLM's; the body limit bounds the work, and a long text is tokenized off the event loop."""
-    if isinstance(body, TokenizePromptRequest):
-        text, special = body.prompt, body.add_special_tokens is not False
-    else:
-        text, special = router.builder.chat_text(body), bool(body.add_special_tokens)
+    text = body.prompt if isinstance(body, TokenizePromptRequest) else router.builder.chat_text(body)
     if len(text) <= INLINE_TOKENIZE_CHARS:
-        return router.tokenizer.encode(text, add_special_tokens=special)
-    return await asyncio.to_thread(router.tokenizer.encode, text, special)
+        return router.tokenizer.encode(text, body.add_special_tokens)
+    return await asyncio.to_thread(router.tokenizer.encode, text, body.add_special_tokens)
 
 
 def _body(request: Request) -> Any:

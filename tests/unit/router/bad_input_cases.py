@@ -58,6 +58,7 @@ WRONG_TYPES = {
     "logit_bias": ["1"],
     "ignore_eos": "true",
     "include_stop_str_in_output": "yes",
+    "add_special_tokens": "no",
     "truncate_prompt_tokens": "8",
     "min_tokens": 1.5,
     "skip_special_tokens": 0,
