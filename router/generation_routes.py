@@ -28,8 +28,9 @@ from router.client_watch import ClientWatch
 from router.errors import APIError, from_validation_errors, shorten
 from router.fanout import run_sequences
 from router.openai_responses import DONE, ChatFormatter, CompletionFormatter, sse
-from router.protocol import ChatCompletionRequest, CompletionRequest, new_id, now
+from router.protocol import ChatCompletionRequest, CompletionRequest, now
 from router.request_builder import GenerationPlan
+from router.request_id import new_id
 from router.request_lifecycle import SequenceRequest
 from router.route_planner import RETRY_AFTER
 from router.unsupported_fields import refuse_unsupported

@@ -5,16 +5,18 @@ An ASGI middleware, outermost, so that every answer carries the header, the rout
 routes, which log it beside the completion id they create; it does not become the completion id
 itself, because two clients may well send the same value and completion ids key the in-flight
 streams. A value that is not 1-128 visible ASCII characters is refused with a 400 naming the header
-(the answer carries a generated id instead, since the client's cannot be echoed safely).
+(the answer carries a generated id instead, since the client's cannot be echoed safely). The
+router's generated ids (`random_id`, and a completion's `new_id`) are made here too.
 """
 
 from __future__ import annotations
+
+import os
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.wire import request_log
 from router.errors import bad_request
-from router.protocol import random_id
 
 HEADER = "x-request-id"
 MAX_LENGTH = 128
@@ -61,3 +63,14 @@ def _with_header(send: Send, request_id: str) -> Send:
         await send(message)
 
     return send_with_id
+
+
+def random_id() -> str:
+    """32 random hex digits, as a uuid4's hex and as unique, without building a UUID (a fifth of the
+    cost; every request makes one or two)."""
+    return os.urandom(16).hex()
+
+
+def new_id(prefix: str) -> str:
+    """`prefix-` and a `random_id`: a completion's id."""
+    return f"{prefix}-{random_id()}"
