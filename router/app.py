@@ -26,7 +26,7 @@ from router.auth import APIKeyAuth
 from router.body_limit import BodyGuard
 from router.config import RouterConfig
 from router.errors import install_error_handlers
-from router.generation_routes import GenerationRoutes
+from router.generation_routes import GenerationRoutes, check_model
 from router.inflight import InflightGate
 from router.protocol import (
     ChatCompletionRequest,
@@ -106,15 +106,23 @@ def _document_generation_routes(app: FastAPI) -> None:
 
 
 def _add_status_routes(app: FastAPI, router: Router) -> None:
-    @app.get("/v1/models")
-    async def models() -> ModelList:
-        card = ModelCard(
+    def card() -> ModelCard:
+        return ModelCard(
             id=router.config.model_name,
             created=now(),
             root=router.config.model,
             max_model_len=router.registry.max_model_len(),
         )
-        return ModelList(data=[card])
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[card()])
+
+    @app.get("/v1/models/{model_id:path}", responses=ERROR_RESPONSES)
+    async def model(model_id: str) -> ModelCard:
+        """OpenAI's retrieve: the served model's card under any name a request may use for it."""
+        check_model(router, model_id)
+        return card()
 
     @app.get("/health")
     async def health() -> JSONResponse:

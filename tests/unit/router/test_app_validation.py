@@ -150,6 +150,9 @@ def test_status_endpoints_without_workers(model_dir, tokenizer) -> None:
         r = await client.get("/v1/models")
         assert r.status_code == 200
         assert r.json()["data"][0]["id"] == model_dir.name and r.json()["object"] == "list"
+        r = await client.get(f"/v1/models/{model_dir.name}")  # OpenAI's client.models.retrieve
+        assert r.status_code == 200 and r.json()["id"] == model_dir.name and r.json()["object"] == "model"
+        _assert_openai_error(await client.get("/v1/models/other-model"), 404, code="model_not_found")
         r = await client.get("/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         assert "# TYPE pdserve_time_to_first_token_seconds histogram" in r.text
