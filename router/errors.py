@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,17 @@ def from_value_error(error: ValueError) -> APIError:
     message = str(error)
     first = message.split(" ", 1)[0]
     return bad_request(message, param=first if first.isidentifier() else None)
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def validated(model: type[_Model], body: Any) -> _Model:
+    """`body` (a parsed JSON request) as `model`; its first validation error is a 400 naming the field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise from_validation_errors(e.errors()) from None
 
 
 def from_validation_errors(errors: Sequence[Any]) -> APIError:

@@ -19,13 +19,13 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.body_limit import PARSED_BODY
 from router.client_watch import ClientWatch
-from router.errors import APIError, from_validation_errors, shorten
+from router.errors import APIError, shorten, validated
 from router.fanout import run_sequences
 from router.openai_responses import DONE, ChatFormatter, CompletionFormatter, sse
 from router.protocol import ChatCompletionRequest, CompletionRequest, now
@@ -75,10 +75,7 @@ class GenerationRoutes:
         router = self.router
         state = scope["state"]
         given = state.pop(PARSED_BODY)
-        try:
-            body = model.model_validate(given)
-        except ValidationError as e:
-            raise from_validation_errors(e.errors()) from None
+        body = validated(model, given)
         refuse_unsupported(given, chat=model is ChatCompletionRequest)
         check_model(router, body.model)  # type: ignore[attr-defined]
         max_model_len = router.registry.max_model_len()  # None: no open path (503 once the body is checked)

@@ -129,7 +129,7 @@ class Histogram(_Metric):
         self._sums: dict[LabelValues, float] = {}
 
     def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels) if labels or self.label_names else ()  # unlabelled: once per token
+        key = self._key(labels)
         counts = self._counts.setdefault(key, [0] * (len(self.buckets) + 1))
         counts[bisect.bisect_left(self.buckets, value)] += 1
         self._sums[key] = self._sums.get(key, 0.0) + value

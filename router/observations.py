@@ -18,8 +18,6 @@ from router.token_stream import SequenceOutput
 
 
 def learn_from(rates: LiveRates, route: Route, sent_at: float, msg: TokenOutput, now: float) -> None:
-    if msg.index and not msg.timings and not msg.kv_transfer_bytes:  # a plain later token: nothing to learn
-        return
     timings = msg.timings or {}
     if msg.index == 0 and msg.token_ids:
         prefill_s = timings.get("prefill")

@@ -277,9 +277,6 @@ class RequestLifecycle:
         for out in ready:
             if out.index == 0:
                 self.registry.loads.prefill_finished(dispatch.wire_id)
-            if not seen:  # a first attempt: nothing to trim
-                outs.append(out)
-                continue
             try:
                 new = trim_replayed(out, seen)
             except ReplayMismatch as e:

@@ -31,10 +31,6 @@ class TokenReorderBuffer:
     def push(self, msg: TokenOutput) -> list[TokenOutput]:
         if self.closed or msg.index < self.next_index:
             return []
-        if msg.index == self.next_index and not self._pending:  # in order, as nearly every message is
-            self.next_index += len(msg.token_ids)
-            self.closed = msg.finish_reason is not None
-            return [msg]
         existing = self._pending.get(msg.index)
         if existing is None or (not existing.token_ids and msg.token_ids):
             self._pending[msg.index] = msg
@@ -108,8 +104,6 @@ class SequenceOutput:
 
     def __init__(self, detokenizer: IncrementalDetokenizer, sampling: SamplingParams) -> None:
         self._detok = detokenizer
-        self._max_tokens = sampling.max_tokens
-        self._min_tokens = sampling.min_tokens
         self._sampling = sampling
         self.num_prompt_tokens = 0
         self.cached_tokens = 0
@@ -137,7 +131,7 @@ class SequenceOutput:
         """Whether applying consecutive messages joined (`joined`) gives what applying them one by one
         does: not while a stop string may end the text inside them (the tokens past it would count)
         or while min_tokens decides, per message, whether stop strings count."""
-        return not self._detok.has_stop_strings and self.num_generated >= self._min_tokens
+        return not self._detok.has_stop_strings and self.num_generated >= self._sampling.min_tokens
 
     def apply_run(self, run: list[TokenOutput]) -> SequenceUpdate:
         """Apply consecutive in-order messages as one: a run of `joined` (or a single message)."""
@@ -159,15 +153,15 @@ class SequenceOutput:
     def _extend(
         self, token_ids: list[int], all_logprobs: list[TokenLogprob] | None, finish: FinishReason | None
     ) -> SequenceUpdate:
-        room = self._max_tokens - self.num_generated
+        room = self._sampling.max_tokens - self.num_generated
         tokens = token_ids[:room]
         logprobs = all_logprobs[: len(tokens)] if all_logprobs is not None else None
         self.token_ids.extend(tokens)
         worker_finish = finish
-        if len(token_ids) > room or (finish is None and self.num_generated >= self._max_tokens):
+        if len(token_ids) > room or (finish is None and self.num_generated >= self._sampling.max_tokens):
             finish = FinishReason.LENGTH  # the router enforces max_tokens even if a worker overshoots
         text_tokens = self._sampling.visible_tokens(tokens, finish)
-        delta = self._detok.add(text_tokens, check_stop=self.num_generated >= self._min_tokens)
+        delta = self._detok.add(text_tokens, check_stop=self.num_generated >= self._sampling.min_tokens)
         text = delta.text
         if delta.stop is not None:
             finish = FinishReason.STOP

@@ -15,11 +15,11 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from common.wire.token_ids import check_token_ids
 from router.body_limit import PARSED_BODY
-from router.errors import bad_request, from_validation_errors
+from router.errors import bad_request, validated
 from router.generation_routes import INLINE_TOKENIZE_CHARS, check_model
 from router.protocol import ChatPromptFields, Int64, _Strict
 
@@ -66,8 +66,11 @@ def add_tokenize_routes(app: FastAPI, router: Router, error_responses: dict) -> 
     async def tokenize(request: Request) -> TokenizeResponse:
         """A `prompt` or chat `messages` as the model's token ids (module docstring)."""
         given = _body(request)
-        kind = TokenizeChatRequest if "messages" in given else TokenizePromptRequest
-        body = _validate(kind, given)
+        body: TokenizePromptRequest | TokenizeChatRequest = (
+            validated(TokenizeChatRequest, given)
+            if "messages" in given
+            else validated(TokenizePromptRequest, given)
+        )
         check_model(router, body.model)
         tokens = await _tokenize(router, body)
         max_model_len = router.registry.max_model_len()
@@ -79,7 +82,7 @@ def add_tokenize_routes(app: FastAPI, router: Router, error_responses: dict) -> 
     @app.post("/detokenize", responses=error_responses)
     async def detokenize(request: Request) -> DetokenizeResponse:
         """Token ids as text (special tokens included)."""
-        body = _validate(DetokenizeRequest, _body(request))
+        body = validated(DetokenizeRequest, _body(request))
         check_model(router, body.model)
         try:
             check_token_ids("tokens", body.tokens, router.tokenizer.vocab_size)
@@ -104,13 +107,6 @@ async def _tokenize(router: Router, body: TokenizePromptRequest | TokenizeChatRe
 def _body(request: Request) -> Any:
     """The JSON body BodyGuard parsed and checked (an object) for this request."""
     return request.scope["state"].pop(PARSED_BODY)
-
-
-def _validate(model: type[BaseModel], given: Any) -> Any:
-    try:
-        return model.model_validate(given)
-    except ValidationError as e:
-        raise from_validation_errors(e.errors()) from None
 
 
 def _package_version() -> str:
