@@ -10,14 +10,18 @@ schedule. Arms: `agg-C`, the normal engine with a token budget (chunk) of C per 
 multiplexed engine (prefill chunks of the largest C on SM shares beside the decode steps) holding an
 inter-token target of T ms (`--mux-arms`, e.g. `30,10,10:sync,10:noprio`: `sync` without run-ahead
 decode steps, `noprio` with decode on the ordinary stream instead of the high-priority one, `parts`
-with each chunk launched 4 layers per decode step instead of in one piece). Arms run
-alternated, `--rounds` times each.
+with each chunk launched 4 layers per decode step instead of in one piece, `smsN` with every chunk
+beside decode on the N-SM share (no controller: one point of the frontier between decode's gaps and
+prefill's rate; the shares in use are logged at start-up), `cN` with chunks of N tokens instead of
+`--mux-chunk`). Arms run alternated, `--rounds` times each.
 
 A run: `--streams` short requests start and reach decode; then `--long-count` prompts of
 `--long-prompt` tokens arrive every `--long-interval-s`. The window runs from the first arrival to
 the last long prompt's first token. Reported per arm (all rounds pooled): output tokens/s in the
 window, the decode streams' inter-token gaps (p50/p99/max: every gap, not an average), the long
-prompts' time to first token (p50/max), and how many requests met the SLO (`--slo-itl-ms`: every gap
+prompts' time to first token (p50/max), the prefill rate (the long prompts' tokens over the window:
+with arrivals faster than the share computes, what that share sustains beside decode), and how many
+requests met the SLO (`--slo-itl-ms`: every gap
 of a stream in the window; `--slo-ttft-ms`: a long prompt's first token), as a share of all of them.
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import tempfile
 import time
@@ -36,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common import LLM, SamplingParams  # noqa: E402
 from common.core import run_ahead  # noqa: E402
 from common.llm_engine import LLMEngine  # noqa: E402
+from common.multiplex.controller import ShareController  # noqa: E402
 from common.multiplex.partitions import build_partitions  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
 from common.tools.random_model import write_random_model  # noqa: E402
@@ -89,16 +95,54 @@ def load(args: argparse.Namespace, chunks: list[int]) -> LLM:
     )
 
 
-def parse_mux_arm(spec: str) -> tuple[float, set[str]]:
-    """`10:sync:noprio` -> (10.0, {"sync", "noprio"}); ValueError naming `--mux-arms` otherwise."""
-    target, *options = spec.split(":")
+@dataclass(frozen=True)
+class MuxArm:
+    """One `--mux-arms` entry: the target, flag options, a fixed share (SMs) and a chunk size, if given."""
+
+    target_ms: float
+    options: frozenset[str]
+    sms: int | None = None
+    chunk: int | None = None
+
+
+def parse_mux_arm(spec: str) -> MuxArm:
+    """`10:sync:sms64:c2048` -> MuxArm(10.0, {"sync"}, 64, 2048); ValueError naming `--mux-arms` otherwise."""
+    target, *parts = spec.split(":")
+    options, numbers = set(), {}
+    for part in parts:
+        number = re.fullmatch(r"(sms|c)([1-9][0-9]*)", part)
+        if number:
+            numbers[number[1]] = int(number[2])
+        else:
+            options.add(part)
     try:
         ms = float(target)
     except ValueError:
         ms = -1.0
-    if not ms > 0 or not set(options) <= {"sync", "noprio", "parts"}:
-        raise ValueError(f"--mux-arms: {spec!r} is not a target in ms with optional :sync :noprio :parts")
-    return ms, set(options)
+    if not ms > 0 or not options <= {"sync", "noprio", "parts"}:
+        raise ValueError(
+            f"--mux-arms: {spec!r} is not a target in ms with optional :sync :noprio :parts :smsN :cN"
+        )
+    return MuxArm(ms, frozenset(options), numbers.get("sms"), numbers.get("c"))
+
+
+class FixedShare(ShareController):
+    """Every chunk beside decode on one lane (the whole device when nothing decodes): no adjustment."""
+
+    def __init__(self, controller: ShareController, lane: int) -> None:
+        super().__init__(controller.config)
+        self.rung = lane
+
+    def next_lane(self, decoding: bool) -> int:
+        return self.rung if decoding else self.whole
+
+
+def lane_of(partitions, sms: int) -> int:
+    """The index of the lane with `sms` SMs; ValueError listing the shares in use otherwise."""
+    shares = [lane.sms for lane in partitions.lanes]
+    if sms not in shares:
+        raise ValueError(f"--mux-arms: no {sms}-SM share; the shares in use are {shares[:-1]}")
+    return shares.index(sms)
 
 
 def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str], mux_chunk: int) -> dict[str, object]:
@@ -106,23 +150,28 @@ def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str], mux_chunk: int) 
     base, runner = llm.engine.config, llm.engine.runner
     partitions = build_partitions(runner.platform)
 
-    def engine(config, parts=None, options=frozenset()) -> LLMEngine:
+    def engine(config, parts=None, options=frozenset(), fixed_lane=None) -> LLMEngine:
         ahead = False if "sync" in options else run_ahead.enabled(config, runner.platform.is_cuda)
         built = LLMEngine(config, llm.engine.model_config, runner, ahead, None, parts)
         if "parts" in options and built.multiplexer is not None:
             built.multiplexer.layers_per_part = 4
+        if fixed_lane is not None and built.multiplexer is not None:
+            built.multiplexer.controller = FixedShare(built.multiplexer.controller, fixed_lane)
         return built
 
     arms: dict[str, object] = {
         f"agg-{c}": (lambda c=c: engine(base.with_overrides(max_num_batched_tokens=c))) for c in chunks
     }
     for spec in mux_arms:
-        ms, options = parse_mux_arm(spec)
+        arm = parse_mux_arm(spec)
         parts = partitions
-        if "noprio" in options and hasattr(partitions, "decode_stream"):  # same lanes, no priority
+        if "noprio" in arm.options and hasattr(partitions, "decode_stream"):  # same lanes, no priority
             parts = type(partitions)(partitions.lanes, partitions.gemm_errors, None)
-        config = base.with_overrides(pd_multiplex=True, itl_target_ms=ms, max_num_batched_tokens=mux_chunk)
-        arms[f"mux-{spec}"] = lambda c=config, p=parts, o=frozenset(options): engine(c, p, o)
+        fixed = None if arm.sms is None else lane_of(partitions, arm.sms)
+        config = base.with_overrides(
+            pd_multiplex=True, itl_target_ms=arm.target_ms, max_num_batched_tokens=arm.chunk or mux_chunk
+        )
+        arms[f"mux-{spec}"] = lambda c=config, p=parts, o=arm.options, f=fixed: engine(c, p, o, f)
     return arms
 
 
@@ -185,10 +234,14 @@ def met_slo(runs: list[RunStats], itl_s: float, ttft_s: float) -> float:
     return good / total if total else float("nan")
 
 
-def report(results: dict[str, list[RunStats]], slo_itl_ms: float, slo_ttft_ms: float) -> None:
+def report(
+    results: dict[str, list[RunStats]], slo_itl_ms: float, slo_ttft_ms: float, long_tokens: int
+) -> None:
+    """One row per arm; `long_tokens`: the prompt tokens of one run's long prompts (the prefill rate)."""
     print(
-        f"\n{'arm':<16} {'out tok/s':>10} {'ITL p50':>9} {'ITL p99':>9} {'ITL max':>9} "
-        f"{'TTFT p50':>9} {'TTFT max':>9}   (ms)   met SLO (gaps <= {slo_itl_ms:g}, TTFT <= {slo_ttft_ms:g})"
+        f"\n{'arm':<22} {'out tok/s':>10} {'ITL p50':>9} {'ITL p99':>9} {'ITL max':>9} "
+        f"{'TTFT p50':>9} {'TTFT max':>9}   (ms) {'prefill tok/s':>13}"
+        f"   met SLO (gaps <= {slo_itl_ms:g}, TTFT <= {slo_ttft_ms:g})"
     )
     for arm, runs in results.items():
         gaps = [g for r in runs for g in r.gaps]
@@ -197,17 +250,18 @@ def report(results: dict[str, list[RunStats]], slo_itl_ms: float, slo_ttft_ms: f
         cells = [_pct(gaps, 0.5), _pct(gaps, 0.99), max(gaps, default=float("nan"))]
         cells += [_pct(ttfts, 0.5), max(ttfts, default=float("nan"))]
         met = met_slo(runs, slo_itl_ms / 1e3, slo_ttft_ms / 1e3)
-        print(f"{arm:<16} {rate:>10.1f} " + " ".join(f"{1e3 * c:>9.2f}" for c in cells) + f"   {met:>8.1%}")
+        prefill = long_tokens * len(runs) / max(sum(r.seconds for r in runs), 1e-9)
+        row = f"{arm:<22} {rate:>10.1f} " + " ".join(f"{1e3 * c:>9.2f}" for c in cells)
+        print(row + f"      {prefill:>13.0f}   {met:>8.1%}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
     args = parse_args(argv)
     chunks = [int(c) for c in args.chunks.split(",")]
     mux_arms = args.mux_arms.split(",")
-    for spec in mux_arms:
-        parse_mux_arm(spec)  # before the model loads
+    arm_chunks = [parse_mux_arm(spec).chunk for spec in mux_arms]  # parsed before the model loads
     mux_chunk = args.mux_chunk or max(chunks)
-    llm = load(args, [*chunks, mux_chunk])
+    llm = load(args, [*chunks, mux_chunk, *(c for c in arm_chunks if c)])
     arms = make_arms(llm, chunks, mux_arms, mux_chunk)
     vocab = min(llm.engine.model_config.vocab_size, 100_000)
     results: dict[str, list[RunStats]] = {name: [] for name in arms}
@@ -218,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
             results[name].append(stats)
             extra = engine.multiplexer.stats if engine.multiplexer is not None else ""
             print(f"round {r} {name}: {stats.tokens} tokens in {stats.seconds:.2f} s {extra}", flush=True)
-    report(results, args.slo_itl_ms, args.slo_ttft_ms)
+    report(results, args.slo_itl_ms, args.slo_ttft_ms, args.long_count * args.long_prompt)
     return results
 
 
