@@ -12,6 +12,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # "auto": the KV cache holds the model dtype; "fp8": float8_e4m3fn values with a float32 scale per token
 # and KV head (common/attention/kv_fp8.py maps these names to torch dtypes; this module stays torch-free).
 KV_CACHE_DTYPES = ("auto", "fp8")
+MUX_SPLITS = ("target", "knee")  # multiplexed mode's SM split rules (common/multiplex/controller.py)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class EngineConfig:
     # One GPU, prefill and decode side by side on SM shares (common/multiplex): mixed role only.
     pd_multiplex: bool = False
     itl_target_ms: float = 30.0  # multiplexed mode: the decode inter-token gap the SM split holds
+    # Multiplexed mode's split rule (common/multiplex/controller.py): "target" grows prefill's share while
+    # decode gaps stay well under itl_target_ms; "knee" (opt-in until served on the device) holds decode
+    # near its solo gap while prefill keeps up.
+    mux_split: str = "target"
     # Multiplexed mode: waiting prompts may run inside the decode step (mixed rows, as many as fit in
     # max_num_batched_tokens, as aggregated mode packs them) instead of as chunks on the prefill share,
     # whose launch costs a host-bound model a decode step. mux_inline_measured (opt-in: on one H100
@@ -111,6 +116,7 @@ class EngineConfig:
         inline = self.mux_inline_prompt_tokens
         if isinstance(inline, bool) or not isinstance(inline, int) or inline < 0:
             raise ValueError(f"mux_inline_prompt_tokens must be an int >= 0, got {inline!r}")
+        _choice("mux_split", self.mux_split, MUX_SPLITS)
         if self.mux_inline_measured not in (True, False):
             raise ValueError(f"mux_inline_measured must be a bool, got {self.mux_inline_measured!r}")
         if not self.pd_multiplex:

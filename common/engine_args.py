@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from common.config import ATTENTION_BACKENDS, DEVICES, DTYPES, KV_CACHE_DTYPES, EngineConfig
+from common.config import ATTENTION_BACKENDS, DEVICES, DTYPES, KV_CACHE_DTYPES, MUX_SPLITS, EngineConfig
 from common.net.flags import Flag, FlagTable
 
 ENGINE_FLAGS = FlagTable(
@@ -53,6 +53,12 @@ ENGINE_FLAGS = FlagTable(
         Flag("speculative_max_batch", int, "CPU: no speculation while more sequences than this run"),
         Flag("pd_multiplex", None, "mixed role: prefill beside decode on SM shares of one GPU"),
         Flag("itl_target_ms", float, "with --pd-multiplex: decode inter-token gap the SM split holds"),
+        Flag(
+            "mux_split",
+            str,
+            "with --pd-multiplex: the SM split rule (knee: decode near its solo gap while prefill keeps up)",
+            MUX_SPLITS,
+        ),
         Flag(
             "mux_inline_prompt_tokens",
             int,

@@ -101,11 +101,12 @@ class MultiplexedSteps:
         timings: StepTimings,
         ahead: bool,
     ) -> MultiplexedSteps:
-        """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms`, prompts of up to
-        `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`: prompts
-        up to the measured break-even, at most that many or DEFAULT_CAP)."""
+        """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms` by the
+        `mux_split` rule, prompts of up to `mux_inline_prompt_tokens` inside decode steps (with
+        `mux_inline_measured`: prompts up to the measured break-even, at most that many or DEFAULT_CAP)."""
         lanes = len(partitions.lanes)
-        controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes))
+        knee = config.mux_split == "knee"
+        controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes, knee=knee))
         chunk = config.max_num_batched_tokens
         if runner.prefill_graphs is not None and share_graphs_enabled():
             capture_share_graphs(runner, partitions)
@@ -168,7 +169,10 @@ class MultiplexedSteps:
             return
         if decoding is None or batch.preempted:  # admitted prompts do not decode; a preemption may stop one
             decoding = any(map(is_decoding, scheduler.running))
-        lane = self.controller.next_lane(decoding)
+        # Prompts still waiting behind this chunk: prefill is not keeping up. (With inlining, the head
+        # left waiting may be one the next decode step takes: not counted.)
+        behind = bool(scheduler.waiting) and not (limit and decoding)
+        lane = self.controller.next_lane(decoding, behind)
         share = self.partitions.lanes[lane]
         if decoding and share.sms is not None:
             self.timings.shared_chunks += 1
@@ -271,9 +275,12 @@ class MultiplexedSteps:
         """Decode tokens reached the host: the gap since the last ones is an inter-token gap, which
         the controller reads while a chunk runs."""
         now = time.perf_counter()
-        if self._chunk is not None and self._last_decode_output is not None:
-            self.controller.observe_decode(now - self._last_decode_output)
-            self.stats.decode_steps_beside += 1
+        if self._last_decode_output is not None:
+            if self._chunk is None:
+                self.controller.observe_solo(now - self._last_decode_output)
+            else:
+                self.controller.observe_decode(now - self._last_decode_output)
+                self.stats.decode_steps_beside += 1
         self._last_decode_output = now
         self.timings.device_wait += wait_seconds
 

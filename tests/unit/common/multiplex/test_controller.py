@@ -10,12 +10,12 @@ from common.multiplex.green_contexts import share_sizes
 TARGET = 0.010
 
 
-def _controller(lanes: int = 5) -> ShareController:
-    return ShareController(ControllerConfig(TARGET, num_lanes=lanes))
+def _controller(lanes: int = 5, knee: bool = False) -> ShareController:
+    return ShareController(ControllerConfig(TARGET, num_lanes=lanes, knee=knee))
 
 
-def _chunk(c: ShareController, gaps: list[float], decoding: bool = True) -> int:
-    lane = c.next_lane(decoding)
+def _chunk(c: ShareController, gaps: list[float], decoding: bool = True, behind: bool = False) -> int:
+    lane = c.next_lane(decoding, behind)
     for gap in gaps:
         c.observe_decode(gap)
     return lane
@@ -53,12 +53,45 @@ def test_one_lane_is_the_whole_device_for_every_chunk():
     assert c.next_lane(True) == 0
 
 
+def test_knee_holds_decode_near_its_solo_gap_while_prefill_keeps_up():
+    c = _controller(knee=True)
+    for _ in range(8):
+        c.observe_solo(0.002)
+    assert c.solo_seconds == 0.002
+    assert _chunk(c, [0.0028] * 10) == 2  # 1.4x solo: the target rule would grow (under 0.6 x 10 ms)
+    assert _chunk(c, [0.0024] * 10) == 1  # shrunk; 1.2x solo: between FLAT and KNEE, stays
+    assert _chunk(c, [0.0021] * 10) == 1  # under FLAT x solo: decode does not feel it, grows
+    assert c.next_lane(True) == 2
+
+
+def test_knee_lets_prefill_grow_up_to_the_target_when_prompts_are_left_waiting():
+    c = _controller(knee=True)
+    for _ in range(8):
+        c.observe_solo(0.002)
+    _chunk(c, [0.004] * 10, behind=True)  # 2x solo, but behind: read against the target only
+    assert c.next_lane(True, behind=True) == 3
+    _chunk(c, [0.004] * 10)  # kept up again: 2x solo is past the knee
+    assert c.next_lane(True) == 2
+
+
+def test_without_knee_or_solo_gaps_the_target_rule_decides():
+    plain = _controller()
+    plain.observe_solo(0.002)  # not read without knee
+    assert plain.solo_seconds is None
+    _chunk(plain, [0.004] * 10)
+    assert plain.next_lane(True) == 3
+    knee = _controller(knee=True)  # no solo gap seen yet
+    _chunk(knee, [0.004] * 10)
+    assert knee.next_lane(True) == 3
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
         dict(itl_target_s=0, num_lanes=2),
         dict(itl_target_s=1, num_lanes=0),
         dict(itl_target_s=1, num_lanes=2, grow_below=1),
+        dict(itl_target_s=1, num_lanes=2, knee="yes"),
     ],
 )
 def test_config_is_validated(kwargs):

@@ -61,6 +61,17 @@ def test_staggered_arrivals_equal_aggregated(tiny_model_dirs, ahead):
     assert chunks < stats.chunk_parts <= 2 * chunks  # chunks beside decode steps came in two parts
 
 
+def test_the_knee_split_gives_the_same_tokens_and_reads_solo_gaps(tiny_model_dirs):
+    prompts = _prompts(1)
+    plain = _llm(tiny_model_dirs["qwen3"])
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="knee")
+    assert run_staggered(mux.engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
+    controller = mux.engine.multiplexer.controller
+    assert controller.config.knee and controller.solo_seconds is not None  # gaps with no chunk in flight
+    with pytest.raises(ValueError, match="mux_split"):
+        _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="fast")
+
+
 def test_abort_of_a_chunk_in_flight_waits_for_it(tiny_model_dirs):
     mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
     engine = mux.engine

@@ -67,14 +67,24 @@ def test_engine_argv_round_trips_only_what_was_given() -> None:
 
 def test_multiplexed_mode_flags_reach_the_config() -> None:
     """The measured inline rule is off unless asked for; the limit passes through."""
-    args = parse(["--pd-multiplex", "--mux-inline-measured", "--mux-inline-prompt-tokens", "256"])
+    argv = [
+        "--pd-multiplex",
+        "--mux-inline-measured",
+        "--mux-inline-prompt-tokens",
+        "256",
+        "--mux-split",
+        "knee",
+    ]
+    args = parse(argv)
     args.model = "/m"
     cfg = engine_config_from_args(args, "mixed")
     assert cfg.pd_multiplex and cfg.mux_inline_measured is True and cfg.mux_inline_prompt_tokens == 256
+    assert cfg.mux_split == "knee"
     assert engine_overrides(parse(engine_argv(engine_overrides(args)))) == engine_overrides(args)
     default = parse(["--pd-multiplex"])
     default.model = "/m"
     assert engine_config_from_args(default, "mixed").mux_inline_measured is False
+    assert engine_config_from_args(default, "mixed").mux_split == "target"
 
 
 def test_bad_engine_values_name_the_field() -> None:
