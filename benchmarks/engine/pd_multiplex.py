@@ -10,7 +10,8 @@ schedule. Arms: `agg-C`, the normal engine with a token budget (chunk) of C per 
 multiplexed engine (prefill chunks of the largest C on SM shares beside the decode steps) holding an
 inter-token target of T ms (`--mux-arms`, e.g. `30,10,10:sync,10:noprio`: `sync` without run-ahead
 decode steps, `noprio` with decode on the ordinary stream instead of the high-priority one, `parts`
-with each chunk launched 4 layers per decode step instead of in one piece, `smsN` with every chunk
+with each chunk launched 4 layers per decode step instead of in one piece, `knee` with the knee split
+(`--mux-split knee`: decode held near its solo gap while prefill keeps up), `smsN` with every chunk
 beside decode on the N-SM share (no controller: one point of the frontier between decode's gaps and
 prefill's rate; the shares in use are logged at start-up), `cN` with chunks of N tokens instead of
 `--mux-chunk`). Arms run alternated, `--rounds` times each.
@@ -119,9 +120,9 @@ def parse_mux_arm(spec: str) -> MuxArm:
         ms = float(target)
     except ValueError:
         ms = -1.0
-    if not ms > 0 or not options <= {"sync", "noprio", "parts"}:
+    if not ms > 0 or not options <= {"sync", "noprio", "parts", "knee"}:
         raise ValueError(
-            f"--mux-arms: {spec!r} is not a target in ms with optional :sync :noprio :parts :smsN :cN"
+            f"--mux-arms: {spec!r} is not a target in ms with optional :sync :noprio :parts :knee :smsN :cN"
         )
     return MuxArm(ms, frozenset(options), numbers.get("sms"), numbers.get("c"))
 
@@ -169,7 +170,10 @@ def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str], mux_chunk: int) 
             parts = type(partitions)(partitions.lanes, partitions.gemm_errors, None)
         fixed = None if arm.sms is None else lane_of(partitions, arm.sms)
         config = base.with_overrides(
-            pd_multiplex=True, itl_target_ms=arm.target_ms, max_num_batched_tokens=arm.chunk or mux_chunk
+            pd_multiplex=True,
+            itl_target_ms=arm.target_ms,
+            max_num_batched_tokens=arm.chunk or mux_chunk,
+            mux_split="knee" if "knee" in arm.options else "target",
         )
         arms[f"mux-{spec}"] = lambda c=config, p=parts, o=arm.options, f=fixed: engine(c, p, o, f)
     return arms
@@ -217,6 +221,15 @@ def _window(engine: LLMEngine, args, longs: list[list[int]], last: dict[str, flo
                 stats.ttfts.append(now - arrived.pop(rid))
     stats.seconds = time.perf_counter() - start
     return stats
+
+
+def _mux_report(engine: LLMEngine) -> str:
+    """The multiplexed engine's chunks per lane (and decode's solo gap under the knee split)."""
+    mux = engine.multiplexer
+    if mux is None:
+        return ""
+    solo = mux.controller.solo_seconds
+    return f"{mux.stats}" + ("" if solo is None else f" solo gap {1e3 * solo:.2f} ms")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -270,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
             engine = build()  # type: ignore[operator]
             stats = run_once(engine, args, vocab, seed=r)
             results[name].append(stats)
-            extra = engine.multiplexer.stats if engine.multiplexer is not None else ""
+            extra = _mux_report(engine)
             print(f"round {r} {name}: {stats.tokens} tokens in {stats.seconds:.2f} s {extra}", flush=True)
     report(results, args.slo_itl_ms, args.slo_ttft_ms, args.long_count * args.long_prompt)
     return results

@@ -10,12 +10,14 @@ from benchmarks.engine import pd_multiplex
 def test_every_arm_runs_and_reports(tiny_model_dirs, capsys):
     argv = ["--model", tiny_model_dirs["qwen3"], "--device", "cpu", "--streams", "2", "--long-prompt", "48"]
     argv += ["--long-count", "2", "--long-interval-s", "0.01", "--chunks", "16,32", "--rounds", "1"]
-    results = pd_multiplex.main([*argv, "--max-model-len", "512", "--mux-arms", "30,5:sync:parts,30:c64"])
-    assert list(results) == ["agg-16", "agg-32", "mux-30", "mux-5:sync:parts", "mux-30:c64"]
+    results = pd_multiplex.main(
+        [*argv, "--max-model-len", "512", "--mux-arms", "30,5:sync:parts,30:c64:knee"]
+    )
+    assert list(results) == ["agg-16", "agg-32", "mux-30", "mux-5:sync:parts", "mux-30:c64:knee"]
     for runs in results.values():
         assert len(runs) == 1 and len(runs[0].ttfts) == 2 and runs[0].gaps
     out = capsys.readouterr().out
-    assert "ITL p99" in out and "met SLO" in out and "prefill tok/s" in out
+    assert "ITL p99" in out and "met SLO" in out and "prefill tok/s" in out and "solo gap" in out
 
 
 def test_mux_arm_options_parse_into_a_fixed_share_and_a_chunk():
