@@ -134,7 +134,7 @@ class FixedShare(ShareController):
         super().__init__(controller.config)
         self.rung = lane
 
-    def next_lane(self, decoding: bool) -> int:
+    def next_lane(self, decoding: bool, behind: bool = False) -> int:
         return self.rung if decoding else self.whole
 
 

@@ -31,7 +31,7 @@ def test_a_fixed_share_keeps_its_lane_beside_decode_whatever_the_gaps():
 
     fixed = pd_multiplex.FixedShare(ShareController(ControllerConfig(0.01, num_lanes=4)), lane=0)
     for _ in range(3):
-        assert fixed.next_lane(decoding=True) == 0
+        assert fixed.next_lane(True, behind=bool(_ % 2)) == 0  # as the stepper calls it
         fixed.observe_decode(1.0)  # far over the target: a controller would move, this one does not
     assert fixed.next_lane(decoding=False) == 3  # nothing decodes: the whole device
 
