@@ -54,8 +54,8 @@ class EngineConfig:
     pd_multiplex: bool = False
     itl_target_ms: float = 30.0  # multiplexed mode: the decode inter-token gap the SM split holds
     # Multiplexed mode's split rule (common/multiplex/controller.py): "target" grows prefill's share while
-    # decode gaps stay well under itl_target_ms; "knee" (opt-in until served on the device) holds decode
-    # near its solo gap while prefill keeps up.
+    # decode gaps stay well under itl_target_ms; "knee" (opt-in until served on the device) stops it at
+    # the knee of the measured gap-per-share curve while prefill keeps up.
     mux_split: str = "target"
     # Multiplexed mode: waiting prompts may run inside the decode step (mixed rows, as many as fit in
     # max_num_batched_tokens, as aggregated mode packs them) instead of as chunks on the prefill share,

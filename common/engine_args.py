@@ -56,7 +56,7 @@ ENGINE_FLAGS = FlagTable(
         Flag(
             "mux_split",
             str,
-            "with --pd-multiplex: the SM split rule (knee: decode near its solo gap while prefill keeps up)",
+            "with --pd-multiplex: the SM split rule (knee: the largest share that does not slow decode)",
             MUX_SPLITS,
         ),
         Flag(

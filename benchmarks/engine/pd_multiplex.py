@@ -11,7 +11,7 @@ multiplexed engine (prefill chunks of the largest C on SM shares beside the deco
 inter-token target of T ms (`--mux-arms`, e.g. `30,10,10:sync,10:noprio`: `sync` without run-ahead
 decode steps, `noprio` with decode on the ordinary stream instead of the high-priority one, `parts`
 with each chunk launched 4 layers per decode step instead of in one piece, `knee` with the knee split
-(`--mux-split knee`: decode held near its solo gap while prefill keeps up), `smsN` with every chunk
+(`--mux-split knee`: the share stops where a larger one would slow decode), `smsN` with every chunk
 beside decode on the N-SM share (no controller: one point of the frontier between decode's gaps and
 prefill's rate; the shares in use are logged at start-up), `cN` with chunks of N tokens instead of
 `--mux-chunk`). Arms run alternated, `--rounds` times each.
@@ -223,15 +223,6 @@ def _window(engine: LLMEngine, args, longs: list[list[int]], last: dict[str, flo
     return stats
 
 
-def _mux_report(engine: LLMEngine) -> str:
-    """The multiplexed engine's chunks per lane (and decode's solo gap under the knee split)."""
-    mux = engine.multiplexer
-    if mux is None:
-        return ""
-    solo = mux.controller.solo_seconds
-    return f"{mux.stats}" + ("" if solo is None else f" solo gap {1e3 * solo:.2f} ms")
-
-
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -283,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
             engine = build()  # type: ignore[operator]
             stats = run_once(engine, args, vocab, seed=r)
             results[name].append(stats)
-            extra = _mux_report(engine)
+            extra = engine.multiplexer.stats if engine.multiplexer is not None else ""
             print(f"round {r} {name}: {stats.tokens} tokens in {stats.seconds:.2f} s {extra}", flush=True)
     report(results, args.slo_itl_ms, args.slo_ttft_ms, args.long_count * args.long_prompt)
     return results

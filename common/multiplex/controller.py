@@ -14,34 +14,34 @@ Decode never needs a share of its own: only prefill is restricted, so with no pr
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.
 
-With `knee` (opt-in, `--mux-split knee`) the gaps are also read against decode's solo gap (the median of
-the recent gaps with no chunk in flight): while prefill keeps up (no prompt left waiting when a chunk
-starts), the share shrinks once decode beside a chunk is `KNEE` x slower than alone and grows only while
-it is under `FLAT` x, so the split sits at the knee, the largest prefill share decode does not feel; a
-prompt left waiting lets the share grow up to the target as without it. Why: fixed shares on an H100
-(8B shape, 64 decode rows, 6,000-token prompts arriving faster than any share computes them) kept decode
-at its solo rate up to 64 of 132 SMs (a step 10.3 ms, prefill 14,300 tokens/s) and slowed it beyond (80:
-12.2 ms, 18,800 tokens/s; 112: 18 ms), and the target rule at 30 ms climbs to 112 SMs because it grows
-while gaps stay under 18 ms (docs/benchmarks.md).
+With `knee` (opt-in, `--mux-split knee`) the rung also stops at the knee of the measured gap-per-rung
+curve while prefill keeps up: each rung keeps the gap last measured on it, and a rung whose gap is more
+than `STEP` x the gap of the rung below goes one down, a climb stops below a rung known to cost that
+much more, and a rung that stays while the one below is unknown measures it (a flat curve climbs back);
+estimates older than `STALE_CHUNKS` chunks are forgotten, so the curve is measured again as the decode
+batch changes. When prefill falls behind (prompt tokens left after a full chunk) the target
+rule alone decides. Why: fixed shares on an H100 (8B shape, 64 decode rows; docs/benchmarks.md) slowed
+a decode step from 7.1 ms alone to ~10.2 ms at every share of 32-64 SMs (the cost of any prefill beside
+it), then 12.2 / 14.4 / 18.1 ms at 80 / 96 / 112, while prefill's rate rose from 7,200 to 14,300 tokens/s
+at 32-64 SMs and 18,800-23,900 above: the target rule at 30 ms climbs to 112 SMs (it grows while gaps
+stay under 18 ms). A ratio to decode's solo gap does not find this knee: at 1.25x solo it drove every
+chunk to 32 SMs, where prefill fell behind (the first form of `knee`, same call).
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
 from dataclasses import dataclass
 
 QUANTILE = 0.9  # of the decode gaps beside one chunk: one slow outlier step does not move the split
-KNEE = 1.25  # with `knee`: decode beside a chunk this much slower than alone -> prefill's share shrinks
-FLAT = 1.1  # with `knee`: beside a chunk under this -> decode does not feel it, prefill's share grows
-SOLO_WINDOW = 32  # the recent solo gaps whose median is decode's solo gap
+STEP = 1.1  # with `knee`: a rung whose gap exceeds the rung below's by more than this costs decode
+STALE_CHUNKS = 16  # with `knee`: a rung's gap older than this many chunks is measured again
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
     """`itl_target_s`: the decode inter-token gap to hold; `grow_below`: the fraction of the target
     under which the prefill share grows; `num_lanes`: rungs of the ladder (the last: whole device);
-    `knee`: hold decode near its solo gap while prefill keeps up (the module docstring)."""
+    `knee`: stop at the knee of the gap-per-rung curve while prefill keeps up (the module docstring)."""
 
     itl_target_s: float
     num_lanes: int
@@ -60,15 +60,16 @@ class ControllerConfig:
 
 
 class ShareController:
-    """Picks a lane index per prefill chunk (`next_lane`) from decode gaps beside chunks
-    (`observe_decode`) and, with `knee`, without one (`observe_solo`)."""
+    """Picks a lane index per prefill chunk (`next_lane`) from the decode gaps beside chunks
+    (`observe_decode`)."""
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.rung = (config.num_lanes - 1) // 2  # start in the middle: half the device or so
         self._chunk_rung: int | None = None  # the rung of the chunk in flight (None: whole, forced)
         self._gaps: list[float] = []
-        self._solo: deque[float] = deque(maxlen=SOLO_WINDOW)
+        self._chunks = 0  # chunks started beside decode: the clock of the per-rung estimates
+        self._rung_gaps: dict[int, tuple[float, int]] = {}  # rung -> (gap measured there, at chunk)
 
     @property
     def whole(self) -> int:
@@ -82,11 +83,12 @@ class ShareController:
 
     def next_lane(self, decoding: bool, behind: bool = False) -> int:
         """The lane of the chunk about to start; `decoding`: a decode batch runs beside it; `behind`:
-        prompts are left waiting after it (prefill is not keeping up)."""
+        prompt tokens are left waiting after it (prefill is not keeping up)."""
         self._adjust(behind)
         if not decoding:
             self._chunk_rung = None
             return self.whole
+        self._chunks += 1
         self._chunk_rung = self.rung
         return self.rung
 
@@ -95,16 +97,12 @@ class ShareController:
         if self._chunk_rung is not None:
             self._gaps.append(seconds)
 
-    def observe_solo(self, seconds: float) -> None:
-        """One gap between two decode steps' outputs with no chunk in flight (read with `knee` only)."""
-        if self.config.knee:
-            self._solo.append(seconds)
-
-    @property
-    def solo_seconds(self) -> float | None:
-        """Decode's solo gap: the median of the recent gaps with no chunk in flight (None: none seen,
-        or `knee` off)."""
-        return statistics.median(self._solo) if self._solo else None
+    def rung_gap(self, rung: int) -> float | None:
+        """The gap last measured beside a chunk on `rung`, unless older than STALE_CHUNKS (`knee` only)."""
+        measured = self._rung_gaps.get(rung)
+        if measured is None or self._chunks - measured[1] > STALE_CHUNKS:
+            return None
+        return measured[0]
 
     def _adjust(self, behind: bool) -> None:
         gaps, self._gaps = sorted(self._gaps), []
@@ -112,8 +110,14 @@ class ShareController:
             return
         gap = gaps[min(len(gaps) - 1, int(QUANTILE * len(gaps)))]
         target = self.config.itl_target_s
-        solo = None if behind else self.solo_seconds
-        if gap > target or (solo is not None and gap > KNEE * solo):
+        knee = self.config.knee and not behind
+        if self.config.knee:
+            self._rung_gaps[self.rung] = (gap, self._chunks)
+        below = self.rung_gap(self.rung - 1) if knee and self.rung > 0 else None
+        above = self.rung_gap(self.rung + 1) if knee else None
+        if gap > target or (below is not None and gap > STEP * below):
             self.rung = max(0, self.rung - 1)
-        elif gap < self.config.grow_below * target and (solo is None or gap < FLAT * solo):
+        elif gap < self.config.grow_below * target and (above is None or above <= STEP * gap):
             self.rung = min(self.top_beside_decode, self.rung + 1)
+        elif knee and self.rung > 0 and below is None:
+            self.rung -= 1  # the rung below is not known: measure it (a flat curve climbs back)

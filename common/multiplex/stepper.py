@@ -169,9 +169,10 @@ class MultiplexedSteps:
             return
         if decoding is None or batch.preempted:  # admitted prompts do not decode; a preemption may stop one
             decoding = any(map(is_decoding, scheduler.running))
-        # Prompts still waiting behind this chunk: prefill is not keeping up. (With inlining, the head
-        # left waiting may be one the next decode step takes: not counted.)
-        behind = bool(scheduler.waiting) and not (limit and decoding)
+        # Prompt tokens left after a full chunk, or prompts left waiting: prefill is not keeping up.
+        # (With inlining, a head left waiting may be one the next decode step takes: not counted.)
+        full = batch.num_prefill_tokens >= self.chunk_tokens
+        behind = full or (bool(scheduler.waiting) and not (limit and decoding))
         lane = self.controller.next_lane(decoding, behind)
         share = self.partitions.lanes[lane]
         if decoding and share.sms is not None:
@@ -275,12 +276,9 @@ class MultiplexedSteps:
         """Decode tokens reached the host: the gap since the last ones is an inter-token gap, which
         the controller reads while a chunk runs."""
         now = time.perf_counter()
-        if self._last_decode_output is not None:
-            if self._chunk is None:
-                self.controller.observe_solo(now - self._last_decode_output)
-            else:
-                self.controller.observe_decode(now - self._last_decode_output)
-                self.stats.decode_steps_beside += 1
+        if self._chunk is not None and self._last_decode_output is not None:
+            self.controller.observe_decode(now - self._last_decode_output)
+            self.stats.decode_steps_beside += 1
         self._last_decode_output = now
         self.timings.device_wait += wait_seconds
 

@@ -53,36 +53,52 @@ def test_one_lane_is_the_whole_device_for_every_chunk():
     assert c.next_lane(True) == 0
 
 
-def test_knee_holds_decode_near_its_solo_gap_while_prefill_keeps_up():
-    c = _controller(knee=True)
-    for _ in range(8):
-        c.observe_solo(0.002)
-    assert c.solo_seconds == 0.002
-    assert _chunk(c, [0.0028] * 10) == 2  # 1.4x solo: the target rule would grow (under 0.6 x 10 ms)
-    assert _chunk(c, [0.0024] * 10) == 1  # shrunk; 1.2x solo: between FLAT and KNEE, stays
-    assert _chunk(c, [0.0021] * 10) == 1  # under FLAT x solo: decode does not feel it, grows
-    assert c.next_lane(True) == 2
+# The decode gap beside a chunk per share (32..112 of 132 SMs) measured on an H100, 8B shape, 64 decode
+# rows (docs/benchmarks.md): flat to 64 SMs, rising beyond. The knee is rung 2.
+H100_8B_CURVE = [0.0102, 0.0103, 0.0103, 0.0122, 0.0144, 0.0181]
 
 
-def test_knee_lets_prefill_grow_up_to_the_target_when_prompts_are_left_waiting():
-    c = _controller(knee=True)
-    for _ in range(8):
-        c.observe_solo(0.002)
-    _chunk(c, [0.004] * 10, behind=True)  # 2x solo, but behind: read against the target only
-    assert c.next_lane(True, behind=True) == 3
-    _chunk(c, [0.004] * 10)  # kept up again: 2x solo is past the knee
-    assert c.next_lane(True) == 2
+def _settle(c: ShareController, curve: list[float], chunks: int, behind: bool = False) -> list[int]:
+    """The lanes of `chunks` chunks, each measuring its rung's gap on `curve`."""
+    lanes = []
+    for _ in range(chunks):
+        lane = c.next_lane(True, behind)
+        lanes.append(lane)
+        for _ in range(10):
+            c.observe_decode(curve[lane])
+    return lanes
 
 
-def test_without_knee_or_solo_gaps_the_target_rule_decides():
+def test_knee_finds_the_largest_share_decode_does_not_feel():
+    target = ShareController(ControllerConfig(0.030, num_lanes=7))
+    assert _settle(target, H100_8B_CURVE, 8)[-3:] == [5, 5, 5]  # grows while gaps stay under 18 ms
+    knee = ShareController(ControllerConfig(0.030, num_lanes=7, knee=True))
+    lanes = _settle(knee, H100_8B_CURVE, 12)
+    assert lanes[:6] == [3, 4, 3, 2, 1, 2]  # up, back, then down to measure the flat part, back up
+    assert lanes[6:] == [2] * 6
+    assert knee.rung_gap(3) == 0.0122 and knee.rung_gap(1) == 0.0103
+
+
+def test_knee_measures_again_what_went_stale_and_returns():
+    knee = ShareController(ControllerConfig(0.030, num_lanes=7, knee=True))
+    lanes = _settle(knee, H100_8B_CURVE, 60)
+    assert lanes[-40:].count(2) >= 32  # the knee, with a probe of each neighbour every ~18 chunks
+    assert set(lanes[-40:]) <= {1, 2, 3}
+    shifted = H100_8B_CURVE[:1] + [0.0104, 0.0104, 0.0105, 0.0106, 0.0190]  # smaller batch: flat to 96 SMs
+    assert _settle(knee, shifted, 40)[-5:] == [4] * 5
+
+
+def test_knee_gives_way_to_the_target_rule_while_prefill_is_behind():
+    knee = ShareController(ControllerConfig(0.030, num_lanes=7, knee=True))
+    _settle(knee, H100_8B_CURVE, 12)
+    assert _settle(knee, H100_8B_CURVE, 6, behind=True)[-2:] == [5, 5]  # gaps under 18 ms: prefill grows
+    assert _settle(knee, H100_8B_CURVE, 8) == [4, 3, 2, 2, 1, 2, 2, 2]  # kept up again: back to the knee
+
+
+def test_without_knee_no_rung_gap_is_kept():
     plain = _controller()
-    plain.observe_solo(0.002)  # not read without knee
-    assert plain.solo_seconds is None
     _chunk(plain, [0.004] * 10)
-    assert plain.next_lane(True) == 3
-    knee = _controller(knee=True)  # no solo gap seen yet
-    _chunk(knee, [0.004] * 10)
-    assert knee.next_lane(True) == 3
+    assert plain.next_lane(True) == 3 and plain.rung_gap(2) is None
 
 
 @pytest.mark.parametrize(
