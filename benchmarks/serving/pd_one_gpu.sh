@@ -11,7 +11,8 @@
 # Env: ARMS ("agg512 agg2048 agg8192 mux": aggN is --mixed 1 --max-num-batched-tokens N; mux the
 # default multiplexed worker (every prompt a chunk); muxm is mux with --mux-inline-measured (prompts
 # inline up to a measured break-even against a chunk); muxiN is mux with a fixed limit: prompts of up
-# to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N), LONG_RATES
+# to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N; muxk is mux with
+# --mux-split knee: the share stops where a larger one would slow decode), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
 # MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
 # serves every rate (about 5.5 minutes per arm at the defaults): split ARMS over device calls.
@@ -30,7 +31,8 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
     muxm) setup=ipc extra="--mux-inline-measured ${MUX_EXTRA:-}" ;;
     muxi*) setup=ipc extra="--mux-inline-prompt-tokens ${arm#muxi} ${MUX_EXTRA:-}" ;;
     muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} ${MUX_EXTRA:-}" ;;
-    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN or muxtN)" >&2; exit 2 ;;
+    muxk) setup=ipc extra="--mux-split knee ${MUX_EXTRA:-}" ;;
+    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN, muxtN or muxk)" >&2; exit 2 ;;
   esac
   echo "== $arm"
   env OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \
