@@ -68,12 +68,13 @@ class _GenerationRequest(_Strict):
     user: str | None = None
     # pdserve extension: this request's end-to-end limit in seconds, within the router's own.
     timeout: float | None = Field(default=None, gt=0, le=86400)
-    # Structured output (common/wire/structured_output.py): OpenAI's response_format, or one of vLLM's extras.
+    # Structured output (common/wire/structured_output.py): OpenAI's response_format, or vLLM's extras.
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's since v0.12: json, regex, choice, grammar, ...
 
 
 class CompletionRequest(_GenerationRequest):

@@ -233,7 +233,12 @@ def _grammar(req: _GenerationRequest) -> str | None:
     """The request's structured-output grammar; a bad schema, regex or choice list is a 400 naming
     the field (the message starts with it, e.g. "response_format.json_schema.schema ...")."""
     guided = GuidedRequest(
-        req.response_format, req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar
+        req.response_format,
+        req.guided_json,
+        req.guided_regex,
+        req.guided_choice,
+        req.guided_grammar,
+        req.structured_outputs,
     )
     try:
         return guided.grammar()

@@ -45,6 +45,9 @@ _SHARED: dict[str, Callable[[Any], bool]] = {
     "prompt_logprobs": _unset,
     "allowed_token_ids": _empty,
     "bad_words": _empty,
+    "logits_processors": _empty,
+    "guided_whitespace_pattern": _unset,  # vLLM's; structured_outputs.whitespace_pattern is refused alike
+    "structural_tag": _unset,
 }
 _COMPLETION = _SHARED | {"echo": _false, "suffix": _empty}
 _CHAT = _SHARED | {

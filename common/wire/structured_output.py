@@ -1,5 +1,7 @@
 """Structured output: what a request asks for (a JSON schema, any JSON object, a regex, a choice, a
 grammar) turned into ONE llguidance grammar text, which is what `SamplingParams.grammar` carries.
+Asked for by OpenAI's `response_format`, vLLM's `structured_outputs` object (its form since v0.12) or
+vLLM's older `guided_*` fields.
 
 Torch-free (llguidance is a Rust extension without torch), so the router validates a request's schema
 or regex before anything is dispatched and answers a 400 naming the field; the engine side builds
@@ -55,6 +57,7 @@ class GuidedRequest:
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def grammar(self) -> str | None:
         """The llguidance grammar text (validated), or None when the request asks for free text."""
@@ -165,6 +168,43 @@ def closed_objects(schema: Any) -> Any:
     return closed
 
 
+# vLLM's `structured_outputs`: exactly one constraint, each built as its guided_* field is ...
+_CONSTRAINTS: dict[str, Callable[[Any, str], str]] = {
+    "json": json_schema_grammar,
+    "regex": regex_grammar,
+    "choice": choice_grammar,
+    "grammar": lark_grammar,
+    "json_object": lambda value, field: json_schema_grammar(ANY_OBJECT_SCHEMA, field),
+}
+# ... and options that leave the answer as computed here: JSON is always compact and strict (see the
+# module's docstring), whatever these say; a backend fallback does not arise with one backend.
+_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")
+# Options that would change the answer and are not implemented: refused when set.
+_REFUSED = ("whitespace_pattern", "structural_tag")
+
+
+def structured_outputs_grammar(params: dict[str, Any], field: str = "structured_outputs") -> str:
+    """The grammar of vLLM's `structured_outputs` object (`json`, `regex`, `choice`, `grammar` or
+    `json_object: true`, and its boolean options)."""
+    if not isinstance(params, dict):
+        raise ValueError(f"{field} must be an object")
+    for key, value in params.items():
+        if key in _REFUSED and value is not None:
+            raise ValueError(f"{field}.{key} is not supported")
+        if key in _OPTIONS and value is not None and not isinstance(value, bool):
+            raise ValueError(f"{field}.{key} must be true or false, got {value!r}")
+        if key not in _CONSTRAINTS and key not in _OPTIONS and key not in _REFUSED:
+            raise ValueError(f"{field}.{key} is not a structured_outputs field")
+    if params.get("json_object") not in (None, True, False):
+        raise ValueError(f"{field}.json_object must be true or false, got {params['json_object']!r}")
+    given = [k for k in _CONSTRAINTS if params.get(k) is not None and params.get(k) is not False]
+    if not given:
+        raise ValueError(f"{field} must set one of {', '.join(_CONSTRAINTS)}")
+    if len(given) > 1:
+        raise ValueError(f"{field} sets {given[0]} and {given[1]}: ask for one output format")
+    return _CONSTRAINTS[given[0]](params[given[0]], f"{field}.{given[0]}")
+
+
 def check_grammar(text: str, field: str = "grammar") -> str:
     """The grammar text itself, once llguidance accepts it (no tokenizer needed)."""
     error = LLMatcher.validate_grammar(text)
@@ -185,5 +225,6 @@ _BUILDERS: dict[str, Callable[[Any, str], str]] = {
     "guided_regex": regex_grammar,
     "guided_choice": choice_grammar,
     "guided_grammar": lark_grammar,
+    "structured_outputs": structured_outputs_grammar,
 }
 _FIELDS = tuple(_BUILDERS)

@@ -76,4 +76,9 @@ CASES = [
         request={"guided_regex": r"[0-9]{1,4}"},
     ),
     Case("Is the sky blue? Answer yes or no.", regex=r"yes|no", request={"guided_choice": ["yes", "no"]}),
+    Case(  # vLLM's form since v0.12
+        "How many legs does a spider have? Answer with digits.",
+        regex=r"[0-9]{1,2}",
+        request={"structured_outputs": {"regex": r"[0-9]{1,2}", "disable_any_whitespace": True}},
+    ),
 ]

@@ -75,6 +75,7 @@ WRONG_TYPES = {
     "guided_regex": 5,
     "guided_choice": "yes",
     "guided_grammar": ["start"],
+    "structured_outputs": "json",
     "timeout": "soon",
 }
 WRONG_TYPES_CMPL = WRONG_TYPES | {"prompt": 5, "logprobs": "1"}
@@ -199,6 +200,9 @@ RANGES = [
     chat("truncate_prompt_tokens -2", param="truncate_prompt_tokens", truncate_prompt_tokens=-2),
     chat("use_beam_search", param="use_beam_search", use_beam_search=True),
     cmpl("prompt_logprobs", param="prompt_logprobs", prompt_logprobs=1),
+    chat("guided_whitespace_pattern", param="guided_whitespace_pattern", guided_whitespace_pattern=" "),
+    cmpl("structural_tag", param="structural_tag", structural_tag='{"structures": []}'),
+    cmpl("logits_processors", param="logits_processors", logits_processors=["my.module:Processor"]),
     chat(
         "continue_final_message with add_generation_prompt",
         param="continue_final_message",
@@ -260,6 +264,30 @@ STRUCTURED = [
             "guided_regex with json_object",
             "guided_regex",
             {"response_format": {"type": "json_object"}, "guided_regex": "a"},
+        ),
+        ("structured_outputs empty", "structured_outputs", {"structured_outputs": {}}),
+        (
+            "structured_outputs two constraints",
+            "structured_outputs",
+            {"structured_outputs": {"regex": "a+", "choice": ["a"]}},
+        ),
+        ("structured_outputs unknown key", "structured_outputs", {"structured_outputs": {"regexp": "a+"}}),
+        ("structured_outputs bad regex", "structured_outputs", {"structured_outputs": {"regex": "[a-z"}}),
+        ("structured_outputs bad schema", "structured_outputs", {"structured_outputs": {"json": BAD_SCHEMA}}),
+        (
+            "structured_outputs whitespace_pattern",
+            "structured_outputs",
+            {"structured_outputs": {"json": {"type": "object"}, "whitespace_pattern": "[ ]?"}},
+        ),
+        (
+            "structured_outputs option not a bool",
+            "structured_outputs",
+            {"structured_outputs": {"choice": ["a"], "disable_any_whitespace": "yes"}},
+        ),
+        (
+            "structured_outputs with guided_regex",
+            "structured_outputs",
+            {"guided_regex": "a", "structured_outputs": {"regex": "b"}},
         ),
     )
 ]

@@ -1,7 +1,7 @@
 """Structured output in the router: every way of asking (response_format json_object / json_schema,
-vLLM's guided_json / guided_regex / guided_choice / guided_grammar) on both endpoints becomes the same
-validated grammar text in SamplingParams, and it reaches the prefill worker on the wire. Bad inputs
-are in test_bad_inputs.py's table."""
+vLLM's structured_outputs and guided_json / guided_regex / guided_choice / guided_grammar) on both
+endpoints becomes the same validated grammar text in SamplingParams, and it reaches the prefill worker
+on the wire. Bad inputs are in test_bad_inputs.py's table."""
 
 from __future__ import annotations
 
@@ -49,6 +49,14 @@ def test_the_spellings_of_one_schema_agree(tokenizer) -> None:
         json_schema_grammar(PERSON),
     }
     assert len(grammars) == 1
+    assert (
+        GuidedRequest(structured_outputs={"json": PERSON, "disable_additional_properties": True}).grammar()
+        in grammars
+    )
+    so_choice = GuidedRequest(structured_outputs={"choice": ["yes", "no"]}).grammar()
+    assert so_choice == GuidedRequest(guided_choice=["yes", "no"]).grammar()
+    so_object = GuidedRequest(structured_outputs={"json_object": True}).grammar()
+    assert so_object == GuidedRequest(response_format={"type": "json_object"}).grammar()
     assert GuidedRequest(response_format={"type": "text"}).grammar() is None
     assert GuidedRequest().grammar() is None
     assert regex_grammar("a+") != regex_grammar("b+")
