@@ -154,6 +154,7 @@ class ChatPromptFields(_Strict):
     # variables for the chat template (e.g. Qwen3's enable_thinking).
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None  # vLLM's: for templates that render retrieved documents
     add_special_tokens: bool = False  # vLLM's: the template writes the special tokens itself
 
 

@@ -113,6 +113,8 @@ class RequestBuilder:
             for m in req.messages
         ]
         template_vars = _template_vars(req.chat_template_kwargs)
+        if req.documents is not None:  # as transformers passes them: a template variable of that name
+            template_vars["documents"] = req.documents
         if req.continue_final_message and req.add_generation_prompt:
             message = "continue_final_message needs add_generation_prompt set to false"
             raise bad_request(message, param="continue_final_message")
@@ -226,7 +228,7 @@ def _template_vars(kwargs: dict[str, Any] | None) -> dict[str, Any]:
             f"chat_template_kwargs cannot set {', '.join(taken)} (request fields of their own)",
             param="chat_template_kwargs",
         )
-    return kwargs or {}
+    return dict(kwargs or {})
 
 
 def _grammar(req: _GenerationRequest) -> str | None:

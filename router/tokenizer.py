@@ -32,7 +32,9 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 # The rendering arguments of their own (ModelTokenizer.apply_chat_template): extra template variables
 # (a request's chat_template_kwargs) cannot take these names.
-CHAT_TEMPLATE_ARGUMENTS = frozenset({"messages", "add_generation_prompt", "continue_final_message"})
+CHAT_TEMPLATE_ARGUMENTS = frozenset(
+    {"messages", "add_generation_prompt", "continue_final_message", "documents"}
+)
 
 
 class ChatTemplateError(ValueError):

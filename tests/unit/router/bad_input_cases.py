@@ -85,6 +85,7 @@ WRONG_TYPES_CHAT = WRONG_TYPES | {
     "top_logprobs": "2",
     "continue_final_message": "yes",
     "chat_template_kwargs": ["enable_thinking"],
+    "documents": "the sky is blue",
 }
 
 

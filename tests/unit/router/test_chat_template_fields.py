@@ -1,5 +1,5 @@
-"""vLLM's chat fields end to end: continue_final_message and chat_template_kwargs shape the prompt the
-prefill worker receives (the router over the real protocol, scripted workers)."""
+"""vLLM's chat fields end to end: continue_final_message, chat_template_kwargs and documents shape the
+prompt the prefill worker receives (the router over the real protocol, scripted workers)."""
 
 from __future__ import annotations
 
@@ -50,3 +50,20 @@ def test_chat_template_kwargs_reach_the_template(model_dir, tokenizer) -> None:
     for kwargs, text in (({"shout": True}, "QUIET PLEASE"), ({"shout": False}, "quiet please")):
         body = {"messages": messages, "chat_template_kwargs": kwargs}
         assert _prompt_sent(model_dir, shouting, body) == tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_documents_reach_the_template_as_transformers_passes_them(model_dir, tokenizer) -> None:
+    transformers = pytest.importorskip("transformers")
+    template = (
+        "{% for d in documents or [] %}[{{ d.title }}: {{ d.text }}]{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    citing = ModelTokenizer(tokenizer.backend, tokenizer.special, template, tokenizer.eos_token_ids)
+    messages = [{"role": "user", "content": "Which colour?"}]
+    documents = [{"title": "sky", "text": "The sky is blue."}]
+    reference = transformers.AutoTokenizer.from_pretrained(str(model_dir)).apply_chat_template(
+        messages, tokenize=False, chat_template=template, documents=documents
+    )
+    assert reference == "[sky: The sky is blue.]Which colour?"
+    body = {"messages": messages, "documents": documents}
+    assert _prompt_sent(model_dir, citing, body) == tokenizer.encode(reference, add_special_tokens=False)
