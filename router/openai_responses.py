@@ -169,9 +169,9 @@ class CompletionFormatter(_Formatter):
         if u.logprobs is None:
             return None
         start = self._text_offsets.get(choice_index, 0)
-        lp = completion_logprobs(self.tokenizer, u.token_ids, u.logprobs, start)
-        self._text_offsets[choice_index] = start + sum(len(t) for t in lp.tokens)
-        return lp
+        run = completion_logprobs(self.tokenizer, u.token_ids, u.logprobs, start, self.plan.tokens_as_ids)
+        self._text_offsets[choice_index] = run.end_offset
+        return run.logprobs
 
     def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
         lp = self._logprobs(choice_index, u)
@@ -223,7 +223,7 @@ class ChatFormatter(_Formatter):
     def _logprobs(self, u: SequenceUpdate) -> ChatLogprobs | None:
         if u.logprobs is None:
             return None
-        return chat_logprobs(self.tokenizer, u.token_ids, u.logprobs)
+        return chat_logprobs(self.tokenizer, u.token_ids, u.logprobs, self.plan.tokens_as_ids)
 
     def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
         lp = self._logprobs(u)

@@ -63,6 +63,7 @@ class _GenerationRequest(_Strict):
     truncate_prompt_tokens: Int64 | None = None  # vLLM's: keep the prompt's last k tokens (-1: the window's)
     min_tokens: Int64 = 0
     skip_special_tokens: bool = True
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprob tokens named `token_id:N`
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

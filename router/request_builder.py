@@ -42,6 +42,7 @@ class GenerationPlan:
     skip_special_tokens: bool
     timeout: float | None = None  # the request's own end-to-end limit (seconds), if it set one
     continuous_usage: bool = False  # every streamed chunk carries the usage so far (include_usage too)
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprob tokens named `token_id:N`
 
     def sequence_params(self, sample_index: int) -> SamplingParams:
         """The sub-request's params: n=1 and, with a seed, seed + sample_index (distinct samples)."""
@@ -166,7 +167,14 @@ class RequestBuilder:
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
         return GenerationPlan(
-            prompts, sampling, req.stream, include_usage, req.skip_special_tokens, req.timeout, continuous
+            prompts,
+            sampling,
+            req.stream,
+            include_usage,
+            req.skip_special_tokens,
+            req.timeout,
+            continuous,
+            req.return_tokens_as_token_ids,
         )
 
     def _sampling(self, req: _GenerationRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:

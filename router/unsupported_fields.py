@@ -49,7 +49,7 @@ _SHARED: dict[str, Callable[[Any], bool]] = {
     "guided_whitespace_pattern": _unset,  # vLLM's; structured_outputs.whitespace_pattern is refused alike
     "structural_tag": _unset,
 }
-_COMPLETION = _SHARED | {"echo": _false, "suffix": _empty}
+_COMPLETION = _SHARED | {"echo": _false, "suffix": _empty, "prompt_embeds": _empty}
 _CHAT = _SHARED | {
     "echo": _false,
     "tools": _empty,

@@ -62,6 +62,7 @@ WRONG_TYPES = {
     "truncate_prompt_tokens": "8",
     "min_tokens": 1.5,
     "skip_special_tokens": 0,
+    "return_tokens_as_token_ids": "yes",
     "stream": "yes",
     "stream_options": "x",
     "user": 5,
@@ -204,6 +205,7 @@ RANGES = [
     chat("guided_whitespace_pattern", param="guided_whitespace_pattern", guided_whitespace_pattern=" "),
     cmpl("structural_tag", param="structural_tag", structural_tag='{"structures": []}'),
     cmpl("logits_processors", param="logits_processors", logits_processors=["my.module:Processor"]),
+    cmpl("prompt_embeds", param="prompt_embeds", prompt_embeds="AAAA"),
     chat(
         "continue_final_message with add_generation_prompt",
         param="continue_final_message",

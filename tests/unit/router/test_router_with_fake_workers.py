@@ -296,6 +296,22 @@ def test_chat_logprobs(model_dir, tokenizer) -> None:
         body = {"prompt": "x", "logprobs": 2, "max_tokens": 3}
         lp = (await h.client.post("/v1/completions", json=body)).json()["choices"][0]["logprobs"]
         assert len(lp["tokens"]) == 3 and lp["token_logprobs"][1] == -0.5 and lp["text_offset"][0] == 0
+        # vLLM's return_tokens_as_token_ids: the same tokens named by id; offsets and bytes stay the text's.
+        as_ids = (
+            await h.client.post("/v1/completions", json=body | {"return_tokens_as_token_ids": True})
+        ).json()
+        ids = as_ids["choices"][0]["logprobs"]
+        sent = h.worker("decode-0").script.reply  # the scripted tokens, the first from the prefill worker
+        assert ids["tokens"] == [f"token_id:{t}" for t in sent[:3]]
+        assert ids["text_offset"] == lp["text_offset"] and ids["token_logprobs"] == lp["token_logprobs"]
+        assert all(k.startswith("token_id:") for top in ids["top_logprobs"] for k in top)
+        chat = {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 1}
+        chat |= {"max_tokens": 3, "return_tokens_as_token_ids": True}
+        first = (await h.client.post("/v1/chat/completions", json=chat)).json()["choices"][0]["logprobs"]
+        token = first["content"][0]
+        assert token["token"] == f"token_id:{sent[0]}"
+        assert token["bytes"] == list(tokenizer.token_text(sent[0]).encode("utf-8"))
+        assert token["top_logprobs"][0]["token"].startswith("token_id:")
 
     _run(model_dir, tokenizer, _pd(tokenizer), check)
 
