@@ -3,6 +3,9 @@
 Choice index = prompt_index * n + sample_index (OpenAI's order for several prompts with n > 1).
 usage.prompt_tokens counts each prompt once; completion_tokens counts every choice's tokens;
 prompt_tokens_details.cached_tokens is what the prefill workers reported for each prompt's first sample.
+With vLLM's `return_token_ids` a choice also carries its output's token ids (`token_ids`: in a stream,
+each chunk's own) and the prompt's (`prompt_token_ids`: on each completion choice, once per streamed
+choice; on the chat response, or its first chunk).
 """
 
 from __future__ import annotations
@@ -79,6 +82,9 @@ class _Formatter:
         self._templates: dict[int, tuple[str, str]] = {}
         self._head: dict | None = None  # the chunk fields every chunk shares, built once
         self._interval = StreamInterval(stream_interval)
+        # A text-only update goes out from its choice's template unless every chunk carries more.
+        self._plain_text = not (plan.continuous_usage or plan.return_token_ids)
+        self._prompt_ids_sent: set[int] = set()  # streamed choices whose prompt ids went out
 
     @property
     def num_choices(self) -> int:
@@ -122,9 +128,11 @@ class _Formatter:
         yield opening + last + usage + DONE
 
     def _line(self, choice_index: int, u: SequenceUpdate) -> str:
-        if not (u.text or u.finish_reason is not None or u.logprobs):
-            return ""  # an empty update sends nothing
-        if u.finish_reason is None and u.logprobs is None and not self.plan.continuous_usage:
+        if not (
+            u.text or u.finish_reason is not None or u.logprobs or (u.token_ids and not self._plain_text)
+        ):
+            return ""  # an empty update sends nothing (with return_token_ids, a token without text is news)
+        if u.finish_reason is None and u.logprobs is None and self._plain_text:
             return self._text_line(choice_index, u.text)  # the common chunk, from its template
         return sse(self._counted(self._chunk(choice_index, u)))
 
@@ -147,6 +155,13 @@ class _Formatter:
     def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
         """The chunk payload for one choice's update (which carries text, logprobs or a finish)."""
         raise NotImplementedError
+
+    def _prompt_ids_once(self, choice_index: int) -> list[int] | None:
+        """The choice's prompt token ids the first time they are asked for (return_token_ids), else None."""
+        if choice_index in self._prompt_ids_sent:
+            return None
+        self._prompt_ids_sent.add(choice_index)
+        return self.plan.prompts[choice_index // self.plan.sampling.n]
 
     def _envelope(self, choices: list, usage: dict | None = None) -> dict:
         if self._head is None:
@@ -176,6 +191,10 @@ class CompletionFormatter(_Formatter):
     def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
         lp = self._logprobs(choice_index, u)
         fields = {"index": choice_index, "text": u.text, "finish_reason": u.finish_reason}
+        if self.plan.return_token_ids:
+            fields["token_ids"] = u.token_ids
+            if (prompt := self._prompt_ids_once(choice_index)) is not None:
+                fields["prompt_token_ids"] = prompt
         return self._envelope([_COMPLETION_CHOICE | fields | {"logprobs": lp.model_dump() if lp else None}])
 
     async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
@@ -198,15 +217,22 @@ class CompletionFormatter(_Formatter):
             choices=choices,
             usage=Usage.model_validate(self.usage()),
         )
-        return response.model_dump()
+        body = response.model_dump()
+        if self.plan.return_token_ids:
+            for choice in body["choices"]:
+                i = choice["index"]
+                choice["prompt_token_ids"] = self.plan.prompts[i // self.plan.sampling.n]
+                choice["token_ids"] = self.outputs[i].token_ids
+        return body
 
 
 class ChatFormatter(_Formatter):
     _chunk_model = ChatCompletionChunk
 
     def _opening_chunks(self) -> list[dict]:
-        """OpenAI streams the assistant role first, once per choice."""
-        return [
+        """OpenAI streams the assistant role first, once per choice (the first with the prompt's
+        token ids under return_token_ids)."""
+        chunks = [
             self._envelope(
                 [
                     {
@@ -219,6 +245,9 @@ class ChatFormatter(_Formatter):
             )
             for i in range(self.num_choices)
         ]
+        if self.plan.return_token_ids:
+            chunks[0]["prompt_token_ids"] = self.plan.prompts[0]
+        return chunks
 
     def _logprobs(self, u: SequenceUpdate) -> ChatLogprobs | None:
         if u.logprobs is None:
@@ -234,6 +263,8 @@ class ChatFormatter(_Formatter):
             "logprobs": lp.model_dump() if lp else None,
             "finish_reason": u.finish_reason,
         }
+        if self.plan.return_token_ids:
+            fields["token_ids"] = u.token_ids
         return self._envelope([_CHAT_CHOICE | fields])
 
     async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
@@ -259,4 +290,9 @@ class ChatFormatter(_Formatter):
             choices=choices,
             usage=Usage.model_validate(self.usage()),
         )
-        return response.model_dump()
+        body = response.model_dump()
+        if self.plan.return_token_ids:
+            body["prompt_token_ids"] = self.plan.prompts[0]  # a chat request has one prompt
+            for choice in body["choices"]:
+                choice["token_ids"] = self.outputs[choice["index"]].token_ids
+        return body

@@ -63,6 +63,7 @@ WRONG_TYPES = {
     "min_tokens": 1.5,
     "skip_special_tokens": 0,
     "return_tokens_as_token_ids": "yes",
+    "return_token_ids": "yes",
     "stream": "yes",
     "stream_options": "x",
     "user": 5,

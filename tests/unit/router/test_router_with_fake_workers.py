@@ -399,3 +399,36 @@ def test_inter_token_gaps_are_a_histogram(model_dir, tokenizer) -> None:
         assert float(figure["pdserve_inter_token_latency_seconds_sum"]) >= 0.9 * gap * (len(reply) - 1)
 
     _run(model_dir, tokenizer, [("mixed-0", "mixed", Script(reply=reply, token_delay=gap))], check)
+
+
+def test_return_token_ids_gives_prompt_and_output_ids_as_vllm_places_them(model_dir, tokenizer) -> None:
+    """Completions: on each choice (streamed: the prompt's once per choice, each chunk its own tokens);
+    chat: the prompt's on the response (streamed: its first chunk), the output's on each choice."""
+    reply = _reply(tokenizer)
+
+    async def check(h):
+        body = {"prompt": "x", "max_tokens": 64, "n": 2, "return_token_ids": True}
+        r = (await h.client.post("/v1/completions", json=body)).json()
+        prompt = h.worker("prefill-0").of_type(PrefillRequest)[0].prompt_token_ids
+        for choice in r["choices"]:
+            assert choice["prompt_token_ids"] == prompt and choice["token_ids"] == reply
+        assert r["usage"]["completion_tokens"] == 2 * len(reply)
+        assert (
+            "token_ids"
+            not in (await h.client.post("/v1/completions", json={"prompt": "x"})).json()["choices"][0]
+        )
+        events = _sse_events((await h.client.post("/v1/completions", json=body | {"stream": True})).text)[:-1]
+        for i in (0, 1):
+            mine = [c for e in events for c in e["choices"] if c["index"] == i]
+            assert [t for c in mine for t in c["token_ids"]] == reply
+            assert [c.get("prompt_token_ids") for c in mine if "prompt_token_ids" in c] == [prompt]
+        chat = {"messages": [{"role": "user", "content": "x"}], "return_token_ids": True}
+        r = (await h.client.post("/v1/chat/completions", json=chat)).json()
+        chat_prompt = h.worker("prefill-0").of_type(PrefillRequest)[-1].prompt_token_ids
+        assert r["prompt_token_ids"] == chat_prompt and r["choices"][0]["token_ids"] == reply
+        events = _sse_events((await h.client.post("/v1/chat/completions", json=chat | {"stream": True})).text)
+        assert events[0]["prompt_token_ids"] == chat_prompt
+        assert not any("prompt_token_ids" in e for e in events[1:-1])
+        assert [t for e in events[1:-1] for c in e["choices"] for t in c.get("token_ids", [])] == reply
+
+    _run(model_dir, tokenizer, _pd(tokenizer), check)
