@@ -129,7 +129,10 @@ class _Formatter:
 
     def _line(self, choice_index: int, u: SequenceUpdate) -> str:
         if not (
-            u.text or u.finish_reason is not None or u.logprobs or (u.token_ids and not self._plain_text)
+            u.text
+            or u.finish_reason is not None
+            or u.logprobs
+            or (u.token_ids and self.plan.return_token_ids)
         ):
             return ""  # an empty update sends nothing (with return_token_ids, a token without text is news)
         if u.finish_reason is None and u.logprobs is None and self._plain_text:

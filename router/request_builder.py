@@ -43,9 +43,7 @@ class GenerationPlan:
     timeout: float | None = None  # the request's own end-to-end limit (seconds), if it set one
     continuous_usage: bool = False  # every streamed chunk carries the usage so far (include_usage too)
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprob tokens named `token_id:N`
-    return_token_ids: bool = (
-        False  # vLLM's: prompt and output token ids in the response (openai_responses.py)
-    )
+    return_token_ids: bool = False  # vLLM's: prompt and output token ids in the response
 
     def sequence_params(self, sample_index: int) -> SamplingParams:
         """The sub-request's params: n=1 and, with a seed, seed + sample_index (distinct samples)."""
