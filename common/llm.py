@@ -1,4 +1,5 @@
-"""The offline batch API: `LLM(path).generate(prompts, sampling_params)`."""
+"""The offline batch API: `LLM(path).generate(prompts, sampling_params)` and, for conversations,
+`LLM(path).chat(messages, sampling_params)` (vLLM's names)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,42 @@ class LLM:
                 self.engine.scheduler.add(seq)
         self._run(by_id, sum(len(p.seqs) for p in pending), use_tqdm)
         return [self._result(p) for p in pending]
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[dict]:
+        """vLLM's `LLM.chat`: one conversation (a list of messages) or a list of them, each rendered by
+        the model's chat template (transformers' `apply_chat_template`, the rendering the router's own
+        is tested against) and generated as `generate` does; results in input order."""
+        if self.tokenizer is None:
+            raise ValueError("messages need a chat template; the model directory has no tokenizer")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt=False")
+        single = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if single else messages
+        if not isinstance(conversations, list) or not conversations:
+            raise ValueError("messages must be a list of messages or a list of conversations")
+        prompts: list[str | list[int]] = []
+        for i, conversation in enumerate(conversations):
+            if not isinstance(conversation, list) or not conversation:
+                raise ValueError(f"messages[{i}] must be a non-empty list of messages")
+            if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in conversation):
+                raise ValueError(f"messages[{i}]: every message must be a dict with a 'role'")
+            text = self.tokenizer.apply_chat_template(
+                conversation,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **(chat_template_kwargs or {}),
+            )
+            prompts.append(self.tokenizer.encode(text, add_special_tokens=False))  # the template wrote them
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _normalise(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:

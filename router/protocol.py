@@ -65,6 +65,7 @@ class _GenerationRequest(_Strict):
     skip_special_tokens: bool = True
     return_tokens_as_token_ids: bool = False  # vLLM's: logprob tokens named `token_id:N`
     return_token_ids: bool = False  # vLLM's: the prompt's and the output's token ids in the response
+    cache_salt: str | None = None  # vLLM's: prefix-cache reuse only among requests with the same salt
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

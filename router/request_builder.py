@@ -206,6 +206,7 @@ class RequestBuilder:
                 min_tokens=req.min_tokens,
                 ignore_eos=req.ignore_eos,
                 include_stop_str_in_output=req.include_stop_str_in_output,
+                cache_salt=req.cache_salt,
                 logprobs=logprobs,
                 n=req.n,
                 **{k: v for k, v in given.items() if v is not None},

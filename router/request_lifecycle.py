@@ -155,7 +155,7 @@ class RequestLifecycle:
     async def _dispatch(
         self, seq: SequenceRequest, attempt: int, excluded: set[str], output: SequenceOutput
     ) -> _Dispatch:
-        route = self.planner.plan(seq.prompt_token_ids, seq.sampling.max_tokens, excluded)
+        route = self.planner.plan(seq.prompt_token_ids, seq.sampling, excluded)
         self.metrics.disagg_decisions.inc(decision=route.decision.kind)
         wire_id = seq.request_id if attempt == 0 else f"{seq.request_id}~retry{attempt}"
         stream = self.cluster.open_stream(wire_id, self.config.stream_interval)

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from common.wire.blocks import blocks_for
-from common.wire.hashing import block_hashes
+from common.wire.hashing import block_hashes, salt_root
+from common.wire.sampling_params import SamplingParams
 from router.disagg import LOCAL, REMOTE, Decision, DisaggInputs, LocalOption, RemoteOption, decide
 from router.errors import APIError
 from router.kv_probes import KVProbes
@@ -64,13 +65,14 @@ class RoutePlanner:
         self.stall_weight = stall_weight
         self.probes = probes or KVProbes(num_bytes=0)
 
-    def plan(self, prompt: Sequence[int], max_tokens: int, excluded: set[str]) -> Route:
-        """The route for one sequence, or an APIError 503 when no worker can take it."""
+    def plan(self, prompt: Sequence[int], sampling: SamplingParams, excluded: set[str]) -> Route:
+        """The route for one sequence, or an APIError 503 when no worker can take it. Its prefix is
+        looked up under its cache salt's chain (the chain the workers cache its blocks under)."""
         block_size = self.registry.block_size
         if block_size is None:
             raise APIError(503, "no live workers", code="no_workers", headers=RETRY_AFTER)
-        matches = self.index.match(block_hashes(prompt, block_size))
-        num_tokens = len(prompt) + max_tokens
+        matches = self.index.match(block_hashes(prompt, block_size, salt_root(sampling.cache_salt)))
+        num_tokens = len(prompt) + sampling.max_tokens
         prefills, targets, locals_ = self.registry.routing_loads(excluded, self.index.num_blocks)
         remote = self._remote(prefills, targets, matches, len(prompt), num_tokens, block_size)
         local = self._local(locals_, matches, len(prompt), num_tokens, block_size)

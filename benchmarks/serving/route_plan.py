@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.serving.firehose_worker import firehose_registration  # noqa: E402
+from common.wire.sampling_params import SamplingParams  # noqa: E402
 from router.live_rates import LiveRates  # noqa: E402
 from router.policy import make_policy  # noqa: E402
 from router.prefix_index import PrefixIndex  # noqa: E402
@@ -39,13 +40,16 @@ def main() -> None:
     p.add_argument("--number", type=int, default=3000)
     a = p.parse_args()
     prompt = [random.Random(0).randrange(50_000) for _ in range(a.prompt_len)]
+    sampling = SamplingParams(max_tokens=128)
     for name, (disagg, workers) in SHAPES.items():
         registry = WorkerRegistry(heartbeat_timeout=1e9, disagg=disagg)
         for worker_id, role in workers:
             registry.register(firehose_registration(worker_id, f"tcp://h:{worker_id}", role), 0.0)
         planner = RoutePlanner(registry, PrefixIndex(), make_policy("prefix", 8192), LiveRates(), 1.0)
         plan = min(
-            timeit.repeat(lambda planner=planner: planner.plan(prompt, 128, set()), number=a.number, repeat=5)
+            timeit.repeat(
+                lambda planner=planner: planner.plan(prompt, sampling, set()), number=a.number, repeat=5
+            )
         )
         mml = min(timeit.repeat(registry.max_model_len, number=a.number, repeat=5))
         print(

@@ -9,7 +9,7 @@ from itertools import count
 from typing import TYPE_CHECKING
 
 from common.wire.blocks import blocks_for
-from common.wire.hashing import extend_block_hashes
+from common.wire.hashing import extend_block_hashes, salt_root
 from common.wire.logprobs import TokenLogprob
 from common.wire.sampling_params import FinishReason, SamplingParams
 
@@ -135,7 +135,8 @@ class Sequence:
     def full_block_hashes(self, num_tokens: int | None = None) -> list[int]:
         """Hashes of the full blocks among the first `num_tokens` tokens (default: all)."""
         limit = len(self.token_ids) if num_tokens is None else num_tokens
-        extend_block_hashes(self.block_hashes, self.token_ids, self.block_size, limit)
+        root = salt_root(self.sampling_params.cache_salt)
+        extend_block_hashes(self.block_hashes, self.token_ids, self.block_size, limit, root)
         return self.block_hashes[: limit // self.block_size]
 
     # ---- verbs: the only writers of the token list and the cache counters -------------------------

@@ -11,13 +11,19 @@ import argparse
 import sys
 
 
-def build_chat_prompt(tokenizer, question: str, system: str | None = None) -> str:
-    """Format `question` (and an optional system message) with the tokenizer's chat template,
-    ending with the assistant turn's opening so the model writes the answer."""
+def question_messages(question: str, system: str | None = None) -> list[dict]:
+    """The conversation that asks `question` (after an optional system message)."""
     if not question.strip():
         raise ValueError("question must not be empty")
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": question})
+    return messages
+
+
+def build_chat_prompt(tokenizer, question: str, system: str | None = None) -> str:
+    """Format `question` (and an optional system message) with the tokenizer's chat template,
+    ending with the assistant turn's opening so the model writes the answer."""
+    messages = question_messages(question, system)
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
@@ -26,9 +32,7 @@ def answer(model: str, question: str, params, system: str | None = None) -> str:
     # Imported here so `--help` and argument errors do not pay for loading torch.
     from common import LLM
 
-    llm = LLM(model)
-    prompt = build_chat_prompt(llm.tokenizer, question, system)
-    return llm.generate([prompt], params, use_tqdm=False)[0]["text"].strip()
+    return LLM(model).chat(question_messages(question, system), params, use_tqdm=False)[0]["text"].strip()
 
 
 PROG = "python -m common.tools.chat"

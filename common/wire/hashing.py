@@ -1,7 +1,9 @@
 """The one definition of a KV block's identity.
 
 hash(block i) = xxh64 over (hash of block i-1 as 8 little-endian bytes, if i > 0) followed by the
-block's token ids as little-endian int64 bytes. Only full blocks are hashed. Because each hash
+block's token ids as little-endian int64 bytes. Only full blocks are hashed. A request with a
+`cache_salt` chains its block 0 from the salt's root instead (`salt_root`, as if it were block -1), so
+its chain shares no hash with another salt's or an unsalted one's. Because each hash
 covers its parent, equal hashes at position i imply equal token prefixes 0..i (up to collisions),
 which is what lets the router count a worker's leading cached blocks from a single lookup chain.
 
@@ -28,6 +30,13 @@ def hash_block(parent: int | None, token_ids: Sequence[int]) -> int:
     return _chain(parent, struct.pack(f"<{len(token_ids)}q", *token_ids))
 
 
+def salt_root(salt: str | None) -> int | None:
+    """The parent of block 0 for requests with this cache salt (None: no salt, no parent)."""
+    if salt is None:
+        return None
+    return xxhash.xxh64_intdigest(b"pdserve-cache-salt\0" + salt.encode("utf-8"))
+
+
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
     """Chained hashes of every full block of `token_ids` (a trailing partial block is ignored)."""
     if block_size <= 0:
@@ -36,12 +45,16 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None =
 
 
 def extend_block_hashes(
-    hashes: list[int], token_ids: Sequence[int], block_size: int, num_tokens: int | None = None
+    hashes: list[int],
+    token_ids: Sequence[int],
+    block_size: int,
+    num_tokens: int | None = None,
+    root: int | None = None,
 ) -> list[int]:
     """Append hashes for full blocks of the first `num_tokens` (default: all) of `token_ids` not yet
-    covered by `hashes` (in place)."""
+    covered by `hashes` (in place); `root`: the parent of block 0 (`salt_root`)."""
     limit = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
-    parent = hashes[-1] if hashes else None
+    parent = hashes[-1] if hashes else root
     hashes += _hash_blocks(token_ids, len(hashes), limit // block_size, block_size, parent)
     return hashes
 

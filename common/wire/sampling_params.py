@@ -33,6 +33,9 @@ class SamplingParams:
     string keys only). Like the penalties it shapes the sampled distribution, not the logprobs.
     `include_stop_str_in_output` (vLLM's) keeps the stop string that ended the text, and the text of a
     stop token id that ended it, in the output; by default both are cut (OpenAI's rule).
+    `cache_salt` (vLLM's) names the request's prefix-cache namespace: its KV blocks are hashed from a
+    root derived from it (`common.wire.hashing.salt_root`), so they are reused only by requests with the
+    same salt (tenants cannot probe each other's cached prompts through timing). It does not sample.
     """
 
     temperature: float = 1.0
@@ -53,6 +56,7 @@ class SamplingParams:
     grammar: str | None = None
     logit_bias: list[tuple[int, float]] = field(default_factory=list)
     include_stop_str_in_output: bool = False
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -84,6 +88,11 @@ class SamplingParams:
             raise ValueError("stop_token_ids must be a list of ints")
         for t in self.stop_token_ids:
             _integer("stop_token_ids", t, 0, None)
+        salt = self.cache_salt
+        if salt is not None and (not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_CHARS):
+            raise ValueError(
+                f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters"
+            )
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar):
             raise ValueError("grammar must be a non-empty grammar text or None")
         if self.grammar is not None and self.min_tokens:
@@ -146,6 +155,7 @@ class SamplingParams:
 # hundred thousand characters held a router front for minutes. OpenAI takes at most 4 strings; these
 # bounds leave room for every use we know of (the table then stays under ~3 MB and ~30 ms per request).
 MAX_STOP_STRINGS = 64
+MAX_CACHE_SALT_CHARS = 1024  # a salt is hashed once per request; any tenant id or secret fits
 MAX_STOP_CHARS = 256
 
 

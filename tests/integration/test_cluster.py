@@ -156,6 +156,33 @@ def test_shared_prefix_goes_to_the_worker_holding_it(cluster, tokenizer) -> None
     assert all(spread[w] > after.get(w, 0) for w in ("prefill-0", "prefill-1")), spread
 
 
+SALTED_PREFIX = (
+    "You answer questions for a lighthouse museum on a windy northern island. The museum opens at ten "
+    "in the morning, the climb to the lamp room takes twenty minutes, children under six may not climb, "
+    "dogs wait at the gate, and the last guided tour of the tower starts at four. Be brief and kind."
+)
+
+
+def test_a_cache_salt_reuses_a_prefix_only_within_its_salt(cluster, tokenizer) -> None:
+    """vLLM's cache_salt: a prefix cached under one salt is a hit for that salt only (the router looks
+    it up under the salted chain, the worker matches it there); another salt, or none, recomputes it."""
+    prefix = tokenizer.encode(SALTED_PREFIX)
+    assert len(prefix) >= 48  # at least three full blocks
+    counts0, blocks0 = _prefill_counts(cluster), _cached_blocks(cluster)
+    complete(cluster, prefix + tokenizer.encode(" Question: first?", False), 2, cache_salt="tenant-a")
+    counts1 = _prefill_counts(cluster)
+    holder = next(w for w in counts1 if counts1[w] > counts0.get(w, 0))
+    _wait_for_blocks(cluster, holder, blocks0.get(holder, 0) + len(prefix) // 16)
+    again = prefix + tokenizer.encode(" Question: again?", False)
+
+    def cached(**salt: str) -> int:
+        return complete(cluster, again, 2, **salt)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached(cache_salt="tenant-a") >= 48
+    assert cached(cache_salt="tenant-b") == 0
+    assert cached() == 0
+
+
 def _cached_blocks(cluster: LaunchedCluster) -> dict[str, int]:
     return {w["worker_id"]: w.get("cached_blocks", 0) for w in cluster.debug_index()["workers"]}
 

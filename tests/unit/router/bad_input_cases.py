@@ -64,6 +64,7 @@ WRONG_TYPES = {
     "skip_special_tokens": 0,
     "return_tokens_as_token_ids": "yes",
     "return_token_ids": "yes",
+    "cache_salt": 5,
     "stream": "yes",
     "stream_options": "x",
     "user": 5,
@@ -207,6 +208,8 @@ RANGES = [
     cmpl("structural_tag", param="structural_tag", structural_tag='{"structures": []}'),
     cmpl("logits_processors", param="logits_processors", logits_processors=["my.module:Processor"]),
     cmpl("prompt_embeds", param="prompt_embeds", prompt_embeds="AAAA"),
+    cmpl("cache_salt empty", param="cache_salt", cache_salt=""),
+    chat("cache_salt too long", param="cache_salt", cache_salt="s" * 1025),
     chat(
         "continue_final_message with add_generation_prompt",
         param="continue_final_message",

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from common.wire.probe_messages import KVProbeRequest, KVProbeResult
+from common.wire.sampling_params import SamplingParams
 from router.disagg import LOCAL, REMOTE, DisaggInputs, decide
 from router.kv_probes import KVProbes, PairProber
 from router.live_rates import LiveRates
@@ -104,8 +105,12 @@ def test_the_planner_picks_a_decode_target_over_a_sound_pair() -> None:
     probes = KVProbes(min_gbps=1.0, num_bytes=MB)
     planner = RoutePlanner(registry, PrefixIndex(), make_policy("prefix", 2048), LiveRates(), 1.0, probes)
     prompt = list(range(40))
-    assert planner.plan(prompt, 8, set()).decode_id == "d0"  # the policy's choice: more free blocks
+    assert (
+        planner.plan(prompt, SamplingParams(max_tokens=8), set()).decode_id == "d0"
+    )  # the policy's choice: more free blocks
     for order in probes.due(["p0"], ["d0", "d1"], now=0.0):
         probes.record(_result(order, gbps=0.1 if order.decode == "d0" else 5.0), now=0.0)
-    assert planner.plan(prompt, 8, set()).decode_id == "d1"
-    assert planner.plan(prompt, 8, {"d1"}).decode_id == "d0"  # degraded beats nothing
+    assert planner.plan(prompt, SamplingParams(max_tokens=8), set()).decode_id == "d1"
+    assert (
+        planner.plan(prompt, SamplingParams(max_tokens=8), {"d1"}).decode_id == "d0"
+    )  # degraded beats nothing

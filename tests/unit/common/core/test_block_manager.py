@@ -6,15 +6,15 @@ import pytest
 
 from common.core.block_manager import BlockManager
 from common.core.sequence import Sequence
-from common.wire.hashing import block_hashes
+from common.wire.hashing import block_hashes, salt_root
 from common.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from common.wire.sampling_params import SamplingParams
 
 BS = 4
 
 
-def _seq(tokens: list[int]) -> Sequence:
-    return Sequence(tokens, SamplingParams(), BS)
+def _seq(tokens: list[int], salt: str | None = None) -> Sequence:
+    return Sequence(tokens, SamplingParams(cache_salt=salt), BS)
 
 
 def _run_prompt(bm: BlockManager, seq: Sequence) -> None:
@@ -49,6 +49,16 @@ def test_prefix_hit_shares_blocks_and_counts():
     assert b.num_cached_tokens == 8
     assert [bm.blocks[i].ref_count for i in a.block_table[:2]] == [2, 2]
     assert bm.stats.hit_tokens == 8 and bm.stats.queried_tokens == 12 + 11
+
+
+def test_a_cache_salt_shares_blocks_only_with_its_own_salt():
+    bm = BlockManager(32, BS)
+    _run_prompt(bm, _seq(list(range(12)), salt="a"))
+    assert bm.match_prefix(_seq(list(range(12)), salt="b")).num_tokens == 0
+    assert bm.match_prefix(_seq(list(range(12)))).num_tokens == 0  # unsalted: another chain too
+    assert bm.match_prefix(_seq(list(range(12)), salt="a")).num_tokens == 8  # its last block recomputed
+    salted = block_hashes(list(range(12)), BS, salt_root("a"))
+    assert [h for e in bm.drain_events() for h in e.hashes] == salted  # what the router's index learns
 
 
 def test_full_prompt_hit_leaves_one_token_to_compute():

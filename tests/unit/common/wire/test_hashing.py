@@ -7,7 +7,14 @@ import struct
 import pytest
 import xxhash
 
-from common.wire.hashing import PROBE_TOKEN_IDS, block_hashes, extend_block_hashes, hash_block, probe_hash
+from common.wire.hashing import (
+    PROBE_TOKEN_IDS,
+    block_hashes,
+    extend_block_hashes,
+    hash_block,
+    probe_hash,
+    salt_root,
+)
 
 
 def _by_definition(tokens: list[int], block_size: int) -> list[int]:
@@ -58,3 +65,16 @@ def test_probe_and_bad_block_size():
     assert probe_hash(16) != probe_hash(32)
     with pytest.raises(ValueError, match="block_size"):
         block_hashes([1, 2], 0)
+
+
+def test_a_cache_salt_roots_a_chain_no_other_salt_shares():
+    tokens = list(range(64))
+    plain = block_hashes(tokens, 16)
+    a, b = (block_hashes(tokens, 16, salt_root(salt)) for salt in ("tenant-a", "tenant-b"))
+    assert salt_root(None) is None and salt_root("tenant-a") == salt_root("tenant-a")
+    assert not set(a) & set(plain) and not set(a) & set(b)  # no block of one chain matches another
+    assert a[0] == hash_block(salt_root("tenant-a"), tokens[:16])  # the root is block 0's parent
+    hashes: list[int] = []
+    extend_block_hashes(hashes, tokens[:40], 16, root=salt_root("tenant-a"))
+    extend_block_hashes(hashes, tokens, 16, root=salt_root("tenant-a"))
+    assert hashes == a  # extending a chain continues from its last block, the root only starts it
