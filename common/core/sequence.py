@@ -75,6 +75,7 @@ class Sequence:
         self.num_prefix_hit_tokens = 0  # cached tokens found at first admission (for usage reports)
         self.num_registered_blocks = 0  # leading blocks whose hashes the block manager has registered
         self.block_hashes: list[int] = []
+        self.hash_root = salt_root(sampling_params.cache_salt)  # block 0's parent (its cache namespace)
         self.admit_order = -1
         # Monotonic times for the per-stage breakdown: made (request received), first admitted.
         self.created_at = time.monotonic()
@@ -135,8 +136,7 @@ class Sequence:
     def full_block_hashes(self, num_tokens: int | None = None) -> list[int]:
         """Hashes of the full blocks among the first `num_tokens` tokens (default: all)."""
         limit = len(self.token_ids) if num_tokens is None else num_tokens
-        root = salt_root(self.sampling_params.cache_salt)
-        extend_block_hashes(self.block_hashes, self.token_ids, self.block_size, limit, root)
+        extend_block_hashes(self.block_hashes, self.token_ids, self.block_size, limit, self.hash_root)
         return self.block_hashes[: limit // self.block_size]
 
     # ---- verbs: the only writers of the token list and the cache counters -------------------------
