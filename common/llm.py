@@ -68,11 +68,12 @@ class LLM:
 
     def generate(
         self,
-        prompts: list[str | list[int]] | str,
+        prompts: list[str | list[int] | dict] | str,
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[dict]:
-        """Generate for every prompt; results in input order as {"text", "token_ids", "finish_reason"}
+        """Generate for every prompt (a string, token ids, or vLLM's `{"prompt": text}` /
+        `{"prompt_token_ids": ids}`); results in input order as {"text", "token_ids", "finish_reason"}
         (+ "outputs" if n>1).
 
         "text" is None when the model directory has no tokenizer (token-id prompts only). An answer
@@ -131,12 +132,12 @@ class LLM:
 
     # ---- helpers -------------------------------------------------------------------------------
     def _normalise(self, prompts, sampling_params) -> tuple[list, list[SamplingParams]]:
-        if isinstance(prompts, str) or (
+        if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
         if not isinstance(prompts, list):
-            raise ValueError("prompts must be a string, a token-id list, or a list of those")
+            raise ValueError("prompts must be a string, a token-id list, a prompt dict, or a list of those")
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -155,7 +156,9 @@ class LLM:
                 )
             check_grammar(sp.grammar, f"sampling_params[{i}].grammar")
 
-    def _encode(self, prompt: str | list[int], index: int) -> list[int]:
+    def _encode(self, prompt: str | list[int] | dict, index: int) -> list[int]:
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt forms
+            prompt = _prompt_of(prompt, index)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"prompts[{index}] is text but the model directory has no tokenizer")
@@ -242,6 +245,19 @@ class LLM:
         if len(outs) > 1:
             first["outputs"] = outs
         return first
+
+
+def _prompt_of(prompt: dict, index: int) -> str | list[int]:
+    """The text of `{"prompt": ...}` or the ids of `{"prompt_token_ids": ...}` (exactly one of them)."""
+    keys = set(prompt)
+    if keys not in ({"prompt"}, {"prompt_token_ids"}):
+        wanted = "exactly one of 'prompt' and 'prompt_token_ids'"
+        raise ValueError(f"prompts[{index}] as a dict takes {wanted}, got {sorted(keys)}")
+    if "prompt" in prompt and not isinstance(prompt["prompt"], str):
+        raise ValueError(f"prompts[{index}]['prompt'] must be a string")
+    if "prompt_token_ids" in prompt and not isinstance(prompt["prompt_token_ids"], list):
+        raise ValueError(f"prompts[{index}]['prompt_token_ids'] must be a list of token ids")
+    return prompt.get("prompt", prompt.get("prompt_token_ids"))
 
 
 def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:

@@ -1,6 +1,7 @@
-"""The offline LLM's `chat` (vLLM's name) on the default model: a conversation renders to the prompt the
-router would send for it (its own template renderer, router/tokenizer.py) and answers as `generate` on
-those ids; several conversations answer in order; bad arguments are ValueErrors naming what is wrong."""
+"""The offline LLM's vLLM-shaped inputs on the default model: `chat` renders a conversation to the
+prompt the router would send for it (its own template renderer, router/tokenizer.py) and answers as
+`generate` on those ids; several conversations answer in order; `generate` takes vLLM's prompt dicts;
+bad arguments are ValueErrors naming what is wrong."""
 
 from __future__ import annotations
 
@@ -62,3 +63,24 @@ def test_continue_final_message_leaves_the_last_message_open(llm) -> None:
 def test_bad_arguments_are_value_errors(llm, messages, kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         llm.chat(messages, GREEDY, use_tqdm=False, **kwargs)
+
+
+def test_generate_takes_vllms_prompt_dicts(llm) -> None:
+    ids = llm.tokenizer.encode("The capital of France is")
+    want = llm.generate([ids, "The capital of France is"], GREEDY, use_tqdm=False)
+    got = llm.generate(
+        [{"prompt_token_ids": ids}, {"prompt": "The capital of France is"}], GREEDY, use_tqdm=False
+    )
+    assert [r["token_ids"] for r in got] == [r["token_ids"] for r in want]
+    assert (
+        llm.generate({"prompt_token_ids": ids}, GREEDY, use_tqdm=False)[0]["token_ids"]
+        == want[0]["token_ids"]
+    )
+    for bad, match in (
+        ({"prompt": "x", "prompt_token_ids": ids}, "exactly one"),
+        ({"multi_modal_data": {}}, "exactly one"),
+        ({"prompt": 5}, r"\['prompt'\] must be a string"),
+        ({"prompt_token_ids": "1 2"}, "must be a list of token ids"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            llm.generate([bad], GREEDY, use_tqdm=False)
