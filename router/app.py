@@ -39,6 +39,7 @@ from router.protocol import (
     now,
 )
 from router.request_id import RequestIdMiddleware
+from router.responses_api import ResponsesRequest
 from router.status_views import debug_index, health_report, refresh_worker_gauges
 from router.tokenize_routes import add_tokenize_routes
 
@@ -103,6 +104,10 @@ def _document_generation_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions", responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES})
     async def chat_completions(body: ChatCompletionRequest):
         raise RuntimeError("POST /v1/chat/completions is served by router/generation_routes.py")
+
+    @app.post("/v1/responses", responses=ERROR_RESPONSES)
+    async def responses(body: ResponsesRequest):
+        raise RuntimeError("POST /v1/responses is served by router/generation_routes.py")
 
 
 def _add_status_routes(app: FastAPI, router: Router) -> None:

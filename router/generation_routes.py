@@ -1,11 +1,11 @@
-"""POST /v1/completions and /v1/chat/completions as a lean ASGI path in front of FastAPI.
+"""POST /v1/completions, /v1/chat/completions and /v1/responses as a lean ASGI path in front of FastAPI.
 
-These two routes carry all the traffic, and FastAPI's per-request machinery (its middleware stack,
+These routes carry all the traffic, and FastAPI's per-request machinery (its middleware stack,
 dependency solving, a second JSON parse, Starlette's StreamingResponse and its task group) cost
 about as much router CPU as everything else a request needs. Here a request is parsed once (by
 BodyGuard, which must run before this: it leaves the parsed body in the request's state), validated
 once (the same pydantic models FastAPI would use, with the same 400 answers) and answered straight
-through ASGI `send`. Every other route, and the OpenAPI schema of these two, is FastAPI's.
+through ASGI `send`. Every other route, and the OpenAPI schema of these, is FastAPI's.
 
 Long text prompts are tokenized in a worker thread, so one huge prompt does not stall the event loop
 that streams every other request's tokens; short ones are cheaper to tokenize in place.
@@ -27,11 +27,12 @@ from router.body_limit import PARSED_BODY
 from router.client_watch import ClientWatch
 from router.errors import APIError, shorten, validated
 from router.fanout import run_sequences
-from router.openai_responses import DONE, ChatFormatter, CompletionFormatter, sse
+from router.openai_responses import DONE, ChatFormatter, CompletionFormatter, Formatter, sse
 from router.protocol import ChatCompletionRequest, CompletionRequest, now
 from router.request_builder import GenerationPlan
 from router.request_id import new_id
 from router.request_lifecycle import SequenceRequest
+from router.responses_api import ResponsesFormatter, ResponsesRequest
 from router.route_planner import RETRY_AFTER
 from router.unsupported_fields import refuse_unsupported
 
@@ -55,10 +56,9 @@ class GenerationRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = scope.get("path") if scope["type"] == "http" and scope.get("method") == "POST" else None
-        if route == "/v1/completions":
-            await self._answer(scope, receive, send, CompletionRequest)
-        elif route == "/v1/chat/completions":
-            await self._answer(scope, receive, send, ChatCompletionRequest)
+        model = _MODELS.get(route) if route is not None else None
+        if model is not None:
+            await self._answer(scope, receive, send, model)
         else:
             await self.app(scope, receive, send)
 
@@ -76,16 +76,18 @@ class GenerationRoutes:
         state = scope["state"]
         given = state.pop(PARSED_BODY)
         body = validated(model, given)
-        refuse_unsupported(given, chat=model is ChatCompletionRequest)
+        refuse_unsupported(given, scope["path"])
         check_model(router, body.model)  # type: ignore[attr-defined]
+        if isinstance(body, ResponsesRequest):
+            body = body.as_chat()  # planned and generated as the chat request it means
         max_model_len = router.registry.max_model_len()  # None: no open path (503 once the body is checked)
         plan = await _plan(router, body, max_model_len)
         _check_capacity(router, max_model_len)
-        chat = isinstance(body, ChatCompletionRequest)
-        request_id = new_id("chatcmpl" if chat else "cmpl")
+        prefix, formatter_class = _FORMATS[model]
+        request_id = new_id(prefix)
         # The one line that ties the client's X-Request-Id to the id every other log line uses.
         log.debug("X-Request-Id %s is %s", state.get("request_id"), request_id)
-        formatter = (ChatFormatter if chat else CompletionFormatter)(
+        formatter = formatter_class(
             request_id, router.config.model_name, now(), plan, router.tokenizer, router.config.stream_interval
         )
         updates = run_sequences(router.lifecycle, _sequences(request_id, plan))
@@ -99,6 +101,19 @@ class GenerationRoutes:
             watch.close()
             await updates.aclose()
         router.metrics.requests.inc(status=status)
+
+
+# The generation routes: the request model each validates, and each one's id prefix and formatter.
+_MODELS: dict[str, type[BaseModel]] = {
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/v1/responses": ResponsesRequest,
+}
+_FORMATS: dict[type[BaseModel], tuple[str, type[Formatter]]] = {
+    CompletionRequest: ("cmpl", CompletionFormatter),
+    ChatCompletionRequest: ("chatcmpl", ChatFormatter),
+    ResponsesRequest: ("resp", ResponsesFormatter),
+}
 
 
 async def _plan(router: Router, body: BaseModel, max_model_len: int | None) -> GenerationPlan:

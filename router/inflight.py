@@ -34,7 +34,7 @@ from router.route_planner import RETRY_AFTER
 from router.router_metrics import RouterMetrics
 
 POLL_S = 0.01  # how often a waiting request rereads the other fronts' slots
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 
 
 def is_generation(scope: Scope) -> bool:

@@ -61,7 +61,7 @@ _CHAT_CHOICE = _blank(ChatChunkChoice, index=0, delta=DeltaMessage())
 _USAGE = _blank(Usage, prompt_tokens_details=PromptTokensDetails())
 
 
-class _Formatter:
+class Formatter:
     _chunk_model: type[CompletionChunk | ChatCompletionChunk]  # each subclass's chunk
 
     def __init__(
@@ -127,6 +127,10 @@ class _Formatter:
         usage = sse(self._envelope([], usage=self.usage())) if self.plan.include_usage else ""
         yield opening + last + usage + DONE
 
+    async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
+        """The whole response's JSON, once every choice has finished."""
+        raise NotImplementedError
+
     def _line(self, choice_index: int, u: SequenceUpdate) -> str:
         if not (
             u.text
@@ -176,7 +180,7 @@ class _Formatter:
         return self._head | {"choices": choices, "usage": usage}
 
 
-class CompletionFormatter(_Formatter):
+class CompletionFormatter(Formatter):
     _chunk_model = CompletionChunk
 
     def __init__(self, *args, **kwargs) -> None:
@@ -229,7 +233,7 @@ class CompletionFormatter(_Formatter):
         return body
 
 
-class ChatFormatter(_Formatter):
+class ChatFormatter(Formatter):
     _chunk_model = ChatCompletionChunk
 
     def _opening_chunks(self) -> list[dict]:

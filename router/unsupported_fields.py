@@ -5,8 +5,8 @@ that make no difference here (`user`, `store`, `metadata`, `service_tier`, ...).
 change the output, ignored, answers a question the client did not ask: `best_of=4` would return the
 first sample, not the best of four, and `use_beam_search=true` a sampled answer.
 Those are refused with a 400 naming the field, unless their value is the one that changes nothing
-(as vLLM does for what its engine lacks). One table for both endpoints; it reads the parsed JSON body,
-before the models drop the unknown keys.
+(as vLLM does for what its engine lacks). One table per route; it reads the parsed JSON body, before
+the models drop the unknown keys.
 """
 
 from __future__ import annotations
@@ -60,9 +60,22 @@ _CHAT = _SHARED | {
 }
 
 
-def refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
-    """Raise a 400 naming the first field of `body` (a parsed request) that asks for what this server
-    does not do."""
-    for name, leaves_answer in (_CHAT if chat else _COMPLETION).items():
+# The Responses API's own fields without a meaning here: responses are not stored, no tools run.
+_RESPONSES = {
+    "previous_response_id": _unset,
+    "conversation": _unset,
+    "background": _false,
+    "prompt": _unset,  # a stored prompt template
+    "tools": _empty,
+    "tool_choice": _no_tool_call,
+    "top_logprobs": lambda value: value is None or value == 0,
+}
+_BY_ROUTE = {"/v1/completions": _COMPLETION, "/v1/chat/completions": _CHAT, "/v1/responses": _RESPONSES}
+
+
+def refuse_unsupported(body: dict[str, Any], route: str) -> None:
+    """Raise a 400 naming the first field of `body` (a parsed request to `route`) that asks for what
+    this server does not do."""
+    for name, leaves_answer in _BY_ROUTE[route].items():
         if name in body and not leaves_answer(body[name]):
             raise bad_request(f"{name} is not supported", param=name)
