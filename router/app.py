@@ -39,7 +39,7 @@ from router.protocol import (
     now,
 )
 from router.request_id import RequestIdMiddleware
-from router.responses_api import ResponsesRequest
+from router.responses_api import ResponsesRequest, add_stored_response_routes
 from router.status_views import debug_index, health_report, refresh_worker_gauges
 from router.tokenize_routes import add_tokenize_routes
 
@@ -72,6 +72,7 @@ def create_app(router: Router) -> ASGIApp:
     _document_generation_routes(api)
     _add_status_routes(api, router)
     add_tokenize_routes(api, router, ERROR_RESPONSES)
+    add_stored_response_routes(api, ERROR_RESPONSES)
     app: ASGIApp = GenerationRoutes(api, router)
     app = BodyGuard(app, max_bytes=router.config.max_body_bytes)
     app = InflightGate(app, router.inflight, router.config.admission_wait_s)

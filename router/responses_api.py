@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
 from common.wire.sampling_params import FinishReason
-from router.errors import bad_request, validated
+from router.errors import APIError, bad_request, validated
 from router.openai_responses import DONE, ChatFormatter, sse
 from router.protocol import ChatCompletionRequest, Int64
 from router.request_id import new_id
@@ -27,6 +28,23 @@ from router.request_lifecycle import ChoiceUpdate
 # Input content parts that carry text; any other part (an image, a file, a tool call) is refused.
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _ROLES = ("user", "assistant", "system", "developer")
+
+
+def add_stored_response_routes(app: FastAPI, error_responses: dict) -> None:
+    """OpenAI's routes over stored responses (retrieve, delete): a 404 naming the id, as OpenAI answers
+    for one it does not hold; this server stores none. (Cancel is for background responses, refused.)"""
+
+    def not_stored(response_id: str) -> APIError:
+        message = f"Response with id {response_id!r} not found (responses are not stored here)"
+        return APIError(404, message, param="response_id", code="not_found")
+
+    @app.get("/v1/responses/{response_id}", responses=error_responses)
+    async def retrieve(response_id: str) -> None:
+        raise not_stored(response_id)
+
+    @app.delete("/v1/responses/{response_id}", responses=error_responses)
+    async def delete(response_id: str) -> None:
+        raise not_stored(response_id)
 
 
 class ResponsesRequest(BaseModel):

@@ -136,3 +136,13 @@ def test_what_has_no_meaning_here_is_a_400_naming_the_field(model_dir, tokenizer
         assert (await h.client.post(ROUTE, json={"input": "x"})).status_code == 200  # still serving
 
     _run(model_dir, tokenizer, check)
+
+
+def test_a_stored_response_is_not_found_by_its_id(model_dir, tokenizer) -> None:
+    async def check(h):
+        for method in ("get", "delete"):
+            r = await getattr(h.client, method)(f"{ROUTE}/resp_abc")
+            error = r.json()["error"]
+            assert r.status_code == 404 and error["code"] == "not_found" and "resp_abc" in error["message"]
+
+    _run(model_dir, tokenizer, check)
