@@ -163,12 +163,31 @@ class Formatter:
         """The chunk payload for one choice's update (which carries text, logprobs or a finish)."""
         raise NotImplementedError
 
+    def _prompt_of(self, choice_index: int) -> list[int]:
+        """The prompt token ids a choice was sampled from (choice index = prompt index * n + sample)."""
+        return self.plan.prompts[choice_index // self.plan.sampling.n]
+
     def _prompt_ids_once(self, choice_index: int) -> list[int] | None:
         """The choice's prompt token ids the first time they are asked for (return_token_ids), else None."""
         if choice_index in self._prompt_ids_sent:
             return None
         self._prompt_ids_sent.add(choice_index)
-        return self.plan.prompts[choice_index // self.plan.sampling.n]
+        return self._prompt_of(choice_index)
+
+    def _response_body(self, shape: type[CompletionResponse | ChatCompletionResponse], choices: list) -> dict:
+        """The whole response's JSON; with return_token_ids each choice carries its output's ids."""
+        response = shape(
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=Usage.model_validate(self.usage()),
+        )
+        body = response.model_dump()
+        if self.plan.return_token_ids:
+            for choice in body["choices"]:
+                choice["token_ids"] = self.outputs[choice["index"]].token_ids
+        return body
 
     def _envelope(self, choices: list, usage: dict | None = None) -> dict:
         if self._head is None:
@@ -217,19 +236,10 @@ class CompletionFormatter(Formatter):
             CompletionChoice(index=i, text=o.text, logprobs=logprobs.get(i), finish_reason=o.finish_reason)
             for i, o in sorted(self.outputs.items())
         ]
-        response = CompletionResponse(
-            id=self.request_id,
-            created=self.created,
-            model=self.model,
-            choices=choices,
-            usage=Usage.model_validate(self.usage()),
-        )
-        body = response.model_dump()
+        body = self._response_body(CompletionResponse, choices)
         if self.plan.return_token_ids:
             for choice in body["choices"]:
-                i = choice["index"]
-                choice["prompt_token_ids"] = self.plan.prompts[i // self.plan.sampling.n]
-                choice["token_ids"] = self.outputs[i].token_ids
+                choice["prompt_token_ids"] = self._prompt_of(choice["index"])
         return body
 
 
@@ -290,16 +300,7 @@ class ChatFormatter(Formatter):
             )
             for i, o in sorted(self.outputs.items())
         ]
-        response = ChatCompletionResponse(
-            id=self.request_id,
-            created=self.created,
-            model=self.model,
-            choices=choices,
-            usage=Usage.model_validate(self.usage()),
-        )
-        body = response.model_dump()
+        body = self._response_body(ChatCompletionResponse, choices)
         if self.plan.return_token_ids:
             body["prompt_token_ids"] = self.plan.prompts[0]  # a chat request has one prompt
-            for choice in body["choices"]:
-                choice["token_ids"] = self.outputs[choice["index"]].token_ids
         return body

@@ -16,12 +16,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
 
 from common.wire.sampling_params import FinishReason
 from router.errors import APIError, bad_request, validated
 from router.openai_responses import DONE, ChatFormatter, sse
-from router.protocol import ChatCompletionRequest, Int64
+from router.protocol import ChatCompletionRequest, Int64, _Strict
 from router.request_id import new_id
 from router.request_lifecycle import ChoiceUpdate
 
@@ -47,9 +46,7 @@ def add_stored_response_routes(app: FastAPI, error_responses: dict) -> None:
         raise not_stored(response_id)
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
+class ResponsesRequest(_Strict):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -74,8 +71,9 @@ class ResponsesRequest(BaseModel):
         return validated(ChatCompletionRequest, {k: v for k, v in chat.items() if v is not None})
 
 
-def _message(index: int, item: dict[str, Any]) -> dict[str, str]:
-    """One input item (`{"role", "content"}`, or the same with `"type": "message"`) as a chat message."""
+def _message(index: int, item: dict[str, Any]) -> dict[str, Any]:
+    """One input item (`{"role", "content"}`, or the same with `"type": "message"`) as a chat message
+    (its text parts as chat text parts, which the chat request joins)."""
     where = f"input[{index}]"
     if item.get("type", "message") != "message":
         kind = item.get("type")
@@ -89,15 +87,15 @@ def _message(index: int, item: dict[str, Any]) -> dict[str, str]:
         return {"role": role, "content": content}
     if not isinstance(content, list) or not content:
         raise bad_request(f"{where}.content must be a string or a non-empty list of parts", param="input")
-    texts = []
+    parts = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else type(part).__name__
         if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
             raise bad_request(
                 f"{where}.content: part {kind!r} is not supported (text parts only)", param="input"
             )
-        texts.append(part["text"])
-    return {"role": role, "content": "\n".join(texts)}
+        parts.append({"type": "text", "text": part["text"]})
+    return {"role": role, "content": parts}
 
 
 def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -155,8 +155,8 @@ class SamplingParams:
 # hundred thousand characters held a router front for minutes. OpenAI takes at most 4 strings; these
 # bounds leave room for every use we know of (the table then stays under ~3 MB and ~30 ms per request).
 MAX_STOP_STRINGS = 64
-MAX_CACHE_SALT_CHARS = 1024  # a salt is hashed once per request; any tenant id or secret fits
 MAX_STOP_CHARS = 256
+MAX_CACHE_SALT_CHARS = 1024  # a salt is hashed once per request; any tenant id or secret fits
 
 
 def _check_stop_sizes(stop: list[str]) -> None:
