@@ -47,6 +47,8 @@ from common.multiplex.partitions import build_partitions  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
 from common.tools.random_model import write_random_model  # noqa: E402
 
+from benchmarks.engine.step_classes import StepClasses, before_step, report_classes, step_class  # noqa: E402
+
 STREAM_PROMPT = 128  # tokens of each decode stream's prompt
 
 
@@ -57,6 +59,7 @@ class RunStats:
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
+    classes: StepClasses = field(default_factory=StepClasses)  # the window's steps by what they did
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,6 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--slo-ttft-ms", type=float, default=1000.0, help="a long prompt's first token")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's limit")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--step-classes", action="store_true", help="trace the gaps above p99 to step kinds")
     return p.parse_args(argv)
 
 
@@ -208,13 +212,17 @@ def _window(engine: LLMEngine, args, longs: list[list[int]], last: dict[str, flo
             engine.add_request(longs[sent], one, f"long{sent}")
             arrived[f"long{sent}"] = now
             sent += 1
-        updates = engine.step().updates
+        began, before = now, before_step(engine)
+        result = engine.step()
         now = time.perf_counter()
-        for u in updates:
+        kind = step_class(engine, before, result.num_prefill_tokens)
+        stats.classes.add_step(kind, now - began)
+        for u in result.updates:
             rid = u.seq.request_id
             stats.tokens += 1
             if rid in last:
                 stats.gaps.append(now - last[rid])
+                stats.classes.add_gap(kind, now - last[rid])
                 stats.worst_gap[rid] = max(stats.worst_gap.get(rid, 0.0), now - last[rid])
                 last[rid] = now
             elif rid in arrived:  # its first update is its first token (others may follow in the step)
@@ -277,6 +285,11 @@ def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
             extra = engine.multiplexer.stats if engine.multiplexer is not None else ""
             print(f"round {r} {name}: {stats.tokens} tokens in {stats.seconds:.2f} s {extra}", flush=True)
     report(results, args.slo_itl_ms, args.slo_ttft_ms, args.long_count * args.long_prompt)
+    if args.step_classes:
+        print("\nsteps of the window by kind (benchmarks/engine/step_classes.py):")
+        for arm, runs in results.items():
+            tail_from = _pct([g for r in runs for g in r.gaps], 0.99)
+            report_classes(arm, [r.classes for r in runs], tail_from, _pct)
     return results
 
 

@@ -11,13 +11,19 @@ def test_every_arm_runs_and_reports(tiny_model_dirs, capsys):
     argv = ["--model", tiny_model_dirs["qwen3"], "--device", "cpu", "--streams", "2", "--long-prompt", "48"]
     argv += ["--long-count", "2", "--long-interval-s", "0.01", "--chunks", "16,32", "--rounds", "1"]
     results = pd_multiplex.main(
-        [*argv, "--max-model-len", "512", "--mux-arms", "30,5:sync:parts,30:c64:knee"]
+        [*argv, "--max-model-len", "512", "--mux-arms", "30,5:sync:parts,30:c64:knee", "--step-classes"]
     )
     assert list(results) == ["agg-16", "agg-32", "mux-30", "mux-5:sync:parts", "mux-30:c64:knee"]
-    for runs in results.values():
+    for name, runs in results.items():
         assert len(runs) == 1 and len(runs[0].ttfts) == 2 and runs[0].gaps
+        classes = runs[0].classes
+        # Every gap is traced to the step that closed it; prompts were computed in some step.
+        assert sum(map(len, classes.gaps.values())) == len(runs[0].gaps)
+        prompt_kinds = {"with prefill"} if name.startswith("agg") else {"launch", "resolve+launch"}
+        assert prompt_kinds & set(classes.step_seconds), (name, set(classes.step_seconds))
     out = capsys.readouterr().out
     assert "ITL p99" in out and "met SLO" in out and "prefill tok/s" in out
+    assert "tail gaps" in out
 
 
 def test_mux_arm_options_parse_into_a_fixed_share_and_a_chunk():
