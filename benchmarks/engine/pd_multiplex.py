@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.engine.step_classes import StepClasses, StepClassifier, report_classes  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
 from common.core import run_ahead  # noqa: E402
 from common.llm_engine import LLMEngine  # noqa: E402
@@ -46,8 +47,6 @@ from common.multiplex.controller import ShareController  # noqa: E402
 from common.multiplex.partitions import build_partitions  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
 from common.tools.random_model import write_random_model  # noqa: E402
-
-from benchmarks.engine.step_classes import StepClasses, before_step, report_classes, step_class  # noqa: E402
 
 STREAM_PROMPT = 128  # tokens of each decode stream's prompt
 
@@ -206,16 +205,18 @@ def _window(engine: LLMEngine, args, longs: list[list[int]], last: dict[str, flo
     one = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     start = time.perf_counter()
     sent = 0
+    classifier = StepClassifier(engine)
     while len(stats.ttfts) < len(longs):
         now = time.perf_counter()
         while sent < len(longs) and now >= start + sent * args.long_interval_s:
             engine.add_request(longs[sent], one, f"long{sent}")
             arrived[f"long{sent}"] = now
             sent += 1
-        began, before = now, before_step(engine)
+        began = now
+        classifier.before()
         result = engine.step()
         now = time.perf_counter()
-        kind = step_class(engine, before, result.num_prefill_tokens)
+        kind = classifier.after(result.num_prefill_tokens)
         stats.classes.add_step(kind, now - began)
         for u in result.updates:
             rid = u.seq.request_id

@@ -3,9 +3,9 @@
 Every step of a run's window gets a class from what it did besides decoding: an aggregated engine's
 step `decode` or `with prefill` (prompt tokens computed inside it); a multiplexed engine's `solo` (no
 chunk in flight), `beside` (a chunk in flight before and after it), `launch` (it launched a chunk),
-`resolve` (it took a finished chunk's tokens) or `resolve+launch`. The step's wall time and the decode
-gaps it closed are kept per class, so a tail (the gaps above an arm's p99) can be traced to the steps
-that make it.
+`resolve` (it took a finished chunk's tokens) or `resolve+launch`; `beside, 1st` is the step after a
+launch (see `StepClassifier`). The step's wall time and the decode gaps it closed are kept per class,
+so a tail (the gaps above an arm's p99) can be traced to the steps that make it.
 """
 
 from __future__ import annotations
@@ -13,33 +13,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
-class BeforeStep:
-    """What the classifier reads before a step: whether a chunk was in flight, chunks launched so far."""
+class StepClassifier:
+    """Classes one engine's steps; `before` is called before each step, `after` once it returned.
 
-    chunk_in_flight: bool
-    chunks_launched: int
+    With decode steps run ahead, a step mostly waits for the decode step launched by the step before
+    it, so the first step after a `launch` is classed apart (`beside, 1st`): its wait is the first
+    decode step beside the new chunk, where a chunk's start would show."""
 
+    def __init__(self, engine) -> None:
+        self._mux = engine.multiplexer  # None: an aggregated engine
+        self._in_flight = False
+        self._launched = 0
+        self._after_launch = False
 
-def before_step(engine) -> BeforeStep | None:
-    """None for an aggregated engine (its steps are classed by their prompt tokens)."""
-    mux = engine.multiplexer
-    if mux is None:
-        return None
-    return BeforeStep(mux.chunk_in_flight, sum(mux.stats.chunks_per_lane.values()))
+    def before(self) -> None:
+        if self._mux is not None:
+            self._in_flight = self._mux.chunk_in_flight
+            self._launched = sum(self._mux.stats.chunks_per_lane.values())
 
-
-def step_class(engine, before: BeforeStep | None, num_prefill_tokens: int) -> str:
-    if before is None:
-        return "with prefill" if num_prefill_tokens else "decode"
-    mux = engine.multiplexer
-    launched = sum(mux.stats.chunks_per_lane.values()) > before.chunks_launched
-    resolved = before.chunk_in_flight and (launched or not mux.chunk_in_flight)
-    if launched:
-        return "resolve+launch" if resolved else "launch"
-    if resolved:
-        return "resolve"
-    return "beside" if before.chunk_in_flight else "solo"
+    def after(self, num_prefill_tokens: int) -> str:
+        if self._mux is None:
+            return "with prefill" if num_prefill_tokens else "decode"
+        launched = sum(self._mux.stats.chunks_per_lane.values()) > self._launched
+        resolved = self._in_flight and (launched or not self._mux.chunk_in_flight)
+        after_launch, self._after_launch = self._after_launch, launched
+        if launched:
+            return "resolve+launch" if resolved else "launch"
+        if resolved:
+            return "resolve"
+        if not self._in_flight:
+            return "solo"
+        return "beside, 1st" if after_launch else "beside"
 
 
 @dataclass
