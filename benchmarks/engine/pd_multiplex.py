@@ -182,16 +182,25 @@ def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str], mux_chunk: int) 
     return arms
 
 
-def run_once(engine: LLMEngine, args: argparse.Namespace, vocab: int, seed: int) -> RunStats:
+def start_streams(
+    engine: LLMEngine, streams: int, vocab: int, seed: int
+) -> tuple[random.Random, dict[str, float]]:
+    """`streams` decode requests (`s0`...) running, each past its first token: the run's random source
+    and each stream's last token time."""
     rng = random.Random(seed)
     room = engine.max_model_len - STREAM_PROMPT - 1
     stream = SamplingParams(temperature=0, max_tokens=room, ignore_eos=True)
-    for i in range(args.streams):
+    for i in range(streams):
         engine.add_request([rng.randrange(vocab) for _ in range(STREAM_PROMPT)], stream, f"s{i}")
     last: dict[str, float] = {}
-    while len(last) < args.streams:  # every stream has its first token: decode is running
+    while len(last) < streams:  # every stream has its first token: decode is running
         for u in engine.step().updates:
             last[u.seq.request_id] = time.perf_counter()
+    return rng, last
+
+
+def run_once(engine: LLMEngine, args: argparse.Namespace, vocab: int, seed: int) -> RunStats:
+    rng, last = start_streams(engine, args.streams, vocab, seed)
     longs = [[rng.randrange(vocab) for _ in range(args.long_prompt)] for _ in range(args.long_count)]
     stats = _window(engine, args, longs, last)
     engine.abort([f"s{i}" for i in range(args.streams)])
