@@ -9,7 +9,8 @@ back to back) and records `--steps` engine steps with the profiler. From the tra
 on the device (the kernels of one CUDA-graph launch on the decode stream) with its span, its kernels'
 busy time and the prefill lane's kernel time inside that span; the steps whose span holds the start of
 a chunk (its lane's first kernel after an idle lane) marked `start`; then per decode kernel name, its
-mean time in `start` steps against the others (the kernels that slow down). The chrome trace is kept
+mean time in `start` steps against the later ones (the kernels that slow down), and the same for the
+lane's kernels inside the steps (what the chunk runs meanwhile). The chrome trace is kept
 in `--out` (gzip). On a machine without CUDA there are no device kernels: it says so and stops.
 """
 
@@ -45,6 +46,7 @@ class DecodeStep:
     end: float
     kernels: list[tuple[str, float]] = field(default_factory=list)
     lane_us: float = 0.0
+    lane_kernels: dict[str, float] = field(default_factory=dict)  # lane kernel name -> us inside the span
     chunk_start: bool = False
 
     @property
@@ -92,7 +94,9 @@ def _mark_lane_time(steps: list[DecodeStep], lane: list[dict]) -> None:
         last_end = max(last_end, end)
         for s in steps:
             if s.start < end and begin < s.end:
-                s.lane_us += min(end, s.end) - max(begin, s.start)
+                inside = min(end, s.end) - max(begin, s.start)
+                s.lane_us += inside
+                s.lane_kernels[k["name"]] = s.lane_kernels.get(k["name"], 0.0) + inside
 
 
 def report(steps: list[DecodeStep], top: int = 10) -> None:
@@ -108,17 +112,23 @@ def report(steps: list[DecodeStep], top: int = 10) -> None:
             print(f"{name:<14} {len(group):>3} steps, span p50 {statistics.median(spans):.2f} ms")
     if not starts or not others:
         return
-    mean_start, mean_other = _mean_per_name(starts), _mean_per_name(others)
-    grown = sorted(mean_start, key=lambda n: mean_other.get(n, 0.0) - mean_start[n])[:top]
-    print(f"\ndecode kernels, mean us per step: chunk start vs beside later (top {top} by growth)")
-    for n in grown:
-        print(f"  {mean_start[n]:>9.1f} {mean_other.get(n, 0.0):>9.1f}  {n[:100]}")
+    _compare("decode kernels", _mean_per_name(starts, "kernels"), _mean_per_name(others, "kernels"), top)
+    _compare("lane kernels inside", _mean_per_name(starts, "lane"), _mean_per_name(others, "lane"), top)
 
 
-def _mean_per_name(steps: list[DecodeStep]) -> dict[str, float]:
+def _compare(what: str, at_start: dict[str, float], later: dict[str, float], top: int) -> None:
+    """The names whose mean time per step grows most from the later steps to the chunk-start steps."""
+    print(f"\n{what}, mean us per step: chunk start vs beside later (top {top} by growth)")
+    for n in sorted(at_start, key=lambda n: later.get(n, 0.0) - at_start[n])[:top]:
+        print(f"  {at_start[n]:>9.1f} {later.get(n, 0.0):>9.1f}  {n[:100]}")
+
+
+def _mean_per_name(steps: list[DecodeStep], which: str) -> dict[str, float]:
+    """Mean us per step of each decode kernel name (`kernels`) or of each lane kernel inside (`lane`)."""
     total: dict[str, float] = defaultdict(float)
     for s in steps:
-        for name, dur in s.kernels:
+        pairs = s.kernels if which == "kernels" else s.lane_kernels.items()
+        for name, dur in pairs:
             total[name] += dur
     return {n: t / len(steps) for n, t in total.items()}
 

@@ -41,14 +41,16 @@ def test_decode_steps_are_graph_launches_on_the_busiest_stream_with_the_lane_tim
     # lane kernels 12-14.5, 15-17.5, 18-20.5 ms overlap step 1 (10-19 ms) by 2.5 + 2.5 + 1.0 ms
     assert steps[1].lane_us == pytest.approx(6_000.0)
     assert steps[0].lane_us == 0.0 and steps[2].lane_us == pytest.approx(4_000.0)  # 20-20.5, 21-23.5, 24-25
+    assert steps[1].lane_kernels == {"prefill_gemm": pytest.approx(6_000.0)}
 
 
 def test_the_report_names_the_kernels_that_slow_down_at_a_chunk_start(capsys):
     cst.report(cst.decode_steps(cst.kernel_events(_trace())))
     out = capsys.readouterr().out
     assert "chunk start      1 steps, span p50 9.00 ms" in out
-    growth = out.split("top 10 by growth")[1].splitlines()[1]
-    assert growth.split() == ["8000.0", "4000.0", "gemm"]
+    decode, lane = out.split("top 10 by growth")[1:]
+    assert decode.splitlines()[1].split() == ["8000.0", "4000.0", "gemm"]
+    assert lane.splitlines()[1].split() == ["6000.0", "4000.0", "prefill_gemm"]
 
 
 def test_a_run_on_the_cpu_records_steps_and_finds_no_device_kernels(tiny_model_dirs, tmp_path, capsys):
