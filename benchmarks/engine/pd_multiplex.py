@@ -11,7 +11,8 @@ multiplexed engine (prefill chunks of the largest C on SM shares beside the deco
 inter-token target of T ms (`--mux-arms`, e.g. `30,10,10:sync,10:noprio`: `sync` without run-ahead
 decode steps, `noprio` with decode on the ordinary stream instead of the high-priority one, `parts`
 with each chunk launched 4 layers per decode step instead of in one piece, `knee` with the knee split
-(`--mux-split knee`: the share stops where a larger one would slow decode), `smsN` with every chunk
+(`--mux-split knee`: the share stops where a larger one would slow decode), `after` with each new chunk
+started after its engine step's decode step (`PDSERVE_MUX_CHUNK_AFTER_DECODE`), `smsN` with every chunk
 beside decode on the N-SM share (no controller: one point of the frontier between decode's gaps and
 prefill's rate; the shares in use are logged at start-up), `cN` with chunks of N tokens instead of
 `--mux-chunk`). Arms run alternated, `--rounds` times each.
@@ -123,9 +124,10 @@ def parse_mux_arm(spec: str) -> MuxArm:
         ms = float(target)
     except ValueError:
         ms = -1.0
-    if not ms > 0 or not options <= {"sync", "noprio", "parts", "knee"}:
+    if not ms > 0 or not options <= {"sync", "noprio", "parts", "knee", "after"}:
         raise ValueError(
-            f"--mux-arms: {spec!r} is not a target in ms with optional :sync :noprio :parts :knee :smsN :cN"
+            f"--mux-arms: {spec!r} is not a target in ms with optional :sync :noprio :parts :knee :after"
+            " :smsN :cN"
         )
     return MuxArm(ms, frozenset(options), numbers.get("sms"), numbers.get("c"))
 
@@ -159,6 +161,8 @@ def make_arms(llm: LLM, chunks: list[int], mux_arms: list[str], mux_chunk: int) 
         built = LLMEngine(config, llm.engine.model_config, runner, ahead, None, parts)
         if "parts" in options and built.multiplexer is not None:
             built.multiplexer.layers_per_part = 4
+        if "after" in options and built.multiplexer is not None:
+            built.multiplexer.chunk_after_decode = True
         if fixed_lane is not None and built.multiplexer is not None:
             built.multiplexer.controller = FixedShare(built.multiplexer.controller, fixed_lane)
         return built

@@ -1,5 +1,6 @@
-"""How multiplexed mode launches its prefill chunks: in parts or whole (`PDSERVE_MUX_LAYERS_PER_PART`), and
-whether each SM share replays prefill graphs of its own (`PDSERVE_MUX_SHARE_GRAPHS`, captured here)."""
+"""How multiplexed mode launches its prefill chunks: in parts or whole (`PDSERVE_MUX_LAYERS_PER_PART`),
+after the engine step's decode step or beside it (`PDSERVE_MUX_CHUNK_AFTER_DECODE`), and whether each
+SM share replays prefill graphs of its own (`PDSERVE_MUX_SHARE_GRAPHS`, captured here)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ def layers_per_part() -> int | None:
     0, the default: the whole chunk at once, the form measured on the H200 so far)."""
     n = env_int("PDSERVE_MUX_LAYERS_PER_PART", 0, 0, 10_000)
     return n or None
+
+
+def chunk_after_decode() -> bool:
+    """`PDSERVE_MUX_CHUNK_AFTER_DECODE=1`: a new chunk starts on the device after the decode step
+    launched in its engine step, not beside it from the start (off by default until measured: the
+    first decode step beside a new chunk was ~1.45x the later ones on the H100, docs/benchmarks.md
+    "Where the multiplexed ITL tail comes from")."""
+    return env_switch("PDSERVE_MUX_CHUNK_AFTER_DECODE", default=False)
 
 
 def share_graphs_enabled() -> bool:

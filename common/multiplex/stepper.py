@@ -10,6 +10,7 @@ Each `step()`:
    controller for its lane (SM share) and launches it there without waiting, whole or (with
    `layers_per_part`) its first part; while a chunk is still being launched, launches its next part
    (common/runner/side_launch.py: a whole chunk's launch stalls every decoding stream for its host time);
+   with `chunk_after_decode` a new chunk's launch waits until step 3 has launched its decode step;
 3. launches one decode step on the engine's stream (the CUDA graphs, all SMs but the chunk's share)
    over every decoding sequence not in the chunk (with `inline_tokens`, short waiting prompts ride in
    it as mixed rows, as in aggregated mode: a chunk launch of its own costs a host-bound model about a
@@ -45,7 +46,12 @@ from common.core.step_records import StepResult, StepTimings
 from common.multiplex.chunk import ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ControllerConfig, ShareController
 from common.multiplex.inline_budget import DEFAULT_CAP, InlineBudget
-from common.multiplex.launch_knobs import capture_share_graphs, layers_per_part, share_graphs_enabled
+from common.multiplex.launch_knobs import (
+    capture_share_graphs,
+    chunk_after_decode,
+    layers_per_part,
+    share_graphs_enabled,
+)
 from common.multiplex.partitions import SMPartitions
 from common.runner.memory_retry import MemoryRetries
 
@@ -72,6 +78,7 @@ class MultiplexedSteps:
         layers_per_part: int | None = None,
         inline_tokens: int = 0,
         inline_budget: InlineBudget | None = None,
+        chunk_after_decode: bool = False,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -86,6 +93,10 @@ class MultiplexedSteps:
         self.inline_budget = inline_budget
         self.mixed_ahead = run_ahead.mixed_steps_enabled()
         self._chunk: ChunkInFlight | None = None
+        # With `chunk_after_decode`, a chunk scheduled in this step starts only once the step's decode
+        # step is launched (its lane then waits for that step too), not at once beside it.
+        self.chunk_after_decode = chunk_after_decode
+        self._unstarted: ChunkInFlight | None = None
         self._decode_in_flight: run_ahead.InFlightStep | None = None
         self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
         self._held_aborts: set[str] = set()
@@ -112,8 +123,10 @@ class MultiplexedSteps:
             capture_share_graphs(runner, partitions)
         inline = config.mux_inline_prompt_tokens
         budget = InlineBudget(inline or DEFAULT_CAP) if config.mux_inline_measured else None
-        parts = layers_per_part()
-        return cls(scheduler, runner, partitions, controller, chunk, timings, ahead, parts, inline, budget)
+        parts, after = layers_per_part(), chunk_after_decode()
+        return cls(
+            scheduler, runner, partitions, controller, chunk, timings, ahead, parts, inline, budget, after
+        )
 
     @property
     def in_flight(self) -> bool:
@@ -141,10 +154,14 @@ class MultiplexedSteps:
         if self._chunk is not None and self._chunk.done:
             result.updates += self._resolve_chunk(self._chunk)
         if self._chunk is None:
-            self._launch_chunk(result)
+            self._schedule_chunk(result)
+            if not self.chunk_after_decode:
+                self._start_chunk(result)
         elif self._chunk.completion is None:
             self._advance(self._chunk)
-        if not self._decode(result):
+        decoding = self._decode(result)
+        self._start_chunk(result)  # one held for the decode step: started by now, or here
+        if not decoding:
             result.updates += self._resolve_decode(frozenset())
             self._last_decode_output = None  # decoding paused: the next output starts no gap
             while self._chunk is not None and self._chunk.completion is None:
@@ -153,9 +170,10 @@ class MultiplexedSteps:
                 self._chunk.completion.wait()
                 result.updates += self._resolve_chunk(self._chunk)
 
-    def _launch_chunk(self, result: StepResult) -> None:
-        """Launch the next chunk; while sequences decode, short prompts are left to the decode step
-        (with nothing decoding no decode step would take them)."""
+    def _schedule_chunk(self, result: StepResult) -> None:
+        """Schedule the next chunk (it becomes `_chunk`, not yet started: `_start_chunk`); while
+        sequences decode, short prompts are left to the decode step (with nothing decoding no decode
+        step would take them)."""
         began = time.perf_counter()
         scheduler = self.scheduler
         limit = self._inline_limit()
@@ -182,13 +200,19 @@ class MultiplexedSteps:
         launch = self.runner.launch_side(batch.seqs, share, per_part)
         chunk = ChunkInFlight(batch.seqs, launch, lane, batch.num_prefill_tokens, began)
         chunk.host_seconds = time.perf_counter() - began
-        self._chunk = chunk
+        self._chunk = self._unstarted = chunk
+
+    def _start_chunk(self, result: StepResult) -> None:
+        """Launch the first part of the chunk `_schedule_chunk` made, if one waits to start."""
+        chunk, self._unstarted = self._unstarted, None
+        if chunk is None:
+            return
         self._advance(chunk)
         if self._chunk is None:
             return  # abandoned (out of memory), its sequences waiting again: nothing was computed
-        self.stats.chunks_per_lane[lane] = self.stats.chunks_per_lane.get(lane, 0) + 1
+        self.stats.chunks_per_lane[chunk.lane] = self.stats.chunks_per_lane.get(chunk.lane, 0) + 1
         self.timings.prefill_steps += 1
-        result.num_prefill_tokens += batch.num_prefill_tokens
+        result.num_prefill_tokens += chunk.tokens
 
     def _inline_limit(self) -> int:
         """The longest uncached prompt the next decode step takes whole (it packs such prompts up to
@@ -247,6 +271,7 @@ class MultiplexedSteps:
             if not self.memory_retries.recover(e, self.scheduler, batch.seqs):
                 raise
             return True
+        self._start_chunk(result)  # one held for this step (`chunk_after_decode`) starts after it
         result.updates += self._resolve_decode(frozenset(s.seq_id for s in batch.seqs))
         ahead = self.ahead and not host_tokens
         if ahead and run_ahead.launches_ahead(batch, self.scheduler, self.mixed_ahead, decode_rows):

@@ -40,12 +40,15 @@ def aggregated_outputs(qwen3_fp32):
 
 # Chunks launched whole, or 4 layers a step; or prompts of up to 256 uncached tokens (the prefix hits'
 # tails among them) inlined in decode steps while the longer ones still run as chunks on shares; or as
-# many prompt tokens inlined as the measured break-even allows (however many that is on this device).
+# many prompt tokens inlined as the measured break-even allows (however many that is on this device);
+# or each new chunk started after its engine step's decode step (`chunk_after_decode`).
 @pytest.mark.parametrize(
-    "layers_per_part,inline,measured", [(None, 0, False), (4, 0, False), (None, 256, False), (None, 0, True)]
+    "layers_per_part,inline,measured,after",
+    [(None, 0, False, False), (4, 0, False, False), (None, 256, False, False), (None, 0, True, False)]
+    + [(None, 0, False, True)],
 )
 def test_fp32_greedy_equals_aggregated(
-    qwen3_fp32, aggregated_outputs, layers_per_part, inline, measured, monkeypatch
+    qwen3_fp32, aggregated_outputs, layers_per_part, inline, measured, after, monkeypatch
 ):
     want = aggregated_outputs
     if layers_per_part is not None:  # chunks that fit a prefill graph launch whole
@@ -54,6 +57,7 @@ def test_fp32_greedy_equals_aggregated(
     stepper = mux.engine.multiplexer
     assert stepper is not None, "multiplexed mode was refused (see the log: GEMM check)"
     stepper.layers_per_part = layers_per_part
+    stepper.chunk_after_decode = after
     assert stepper.ahead  # decode steps run ahead on CUDA by default
     hits = mux.engine.block_manager.stats.hit_tokens
     got = _outputs(mux)

@@ -164,6 +164,32 @@ def test_layers_per_part_comes_from_the_environment(tiny_model_dirs, monkeypatch
         layers_per_part()
 
 
+@pytest.mark.parametrize("after,ahead", [(True, False), (True, True), (False, True)])
+def test_a_chunk_held_for_the_decode_step_starts_after_it_with_the_same_tokens(
+    tiny_model_dirs, monkeypatch, after, ahead
+):
+    monkeypatch.setenv("PDSERVE_MUX_CHUNK_AFTER_DECODE", "1" if after else "0")
+    prompts = _prompts(1)
+    plain = _llm(tiny_model_dirs["qwen3"])
+    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead)
+    engine, steps = mux.engine, mux.engine.multiplexer
+    assert steps.chunk_after_decode is after
+    order: list[str] = []  # per engine step: "|", then the decode launch and a chunk's first part
+    decode_launch, engine_step = engine.runner.launch, engine.step
+    engine.runner.launch = lambda *a, **k: order.append("decode") or decode_launch(*a, **k)
+    engine.step = lambda: order.append("|") or engine_step()
+    lane = steps.partitions.lanes[0]
+    first_part = lane.activate
+    lane.activate = lambda: order.append("chunk") or first_part()
+    lane.resume = first_part  # a chunk's later parts (the inline lane resumes by activating): not logged
+    assert run_staggered(engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
+    both = [step for step in "".join(order).split("|") if "decode" in step and "chunk" in step]
+    assert both  # chunks were launched beside decode steps
+    first = "decode" if after else "chunk"
+    assert all(step.startswith(first) for step in both), both
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
 def test_a_failed_chunk_launch_leaves_the_engine_serving(tiny_model_dirs, monkeypatch):
     mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
     engine = mux.engine
