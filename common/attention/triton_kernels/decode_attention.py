@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from common.attention import kv_fp8
+from common.attention.triton_kernels.decode_plan import SkewHelp
 from common.attention.triton_kernels.fp8 import scale_args, token_scales
 from common.layers.pdl import pdl_enabled, pdl_wait
 from common.layers.split_arrival import ArrivalCounters, arrive, depart
@@ -39,8 +40,8 @@ DECODE_LAUNCH = {"tile_bytes": 16384, "num_warps": 4, "num_stages": 3}
 DECODE_COUNTERS = ArrivalCounters("paged_decode_attention", 4096)
 
 
-# Split count and table width vary between eager steps; don't recompile for each combination.
-@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
+# Split count, table width and the batch vary between eager steps; don't recompile for each combination.
+@triton.jit(do_not_specialize=["num_splits", "num_rows", "num_helped", "min_split_len", "stride_bt"])
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -56,6 +57,9 @@ def _decode_kernel(
     v_scale_ptr,
     qk_scale,
     num_splits,
+    num_rows,
+    num_helped,
+    min_split_len,
     stride_qb,
     stride_qh,
     stride_cb,
@@ -79,20 +83,32 @@ def _decode_kernel(
     DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,  # launched as a programmatic dependent (common/layers/pdl.py)
     FP8: tl.constexpr,  # an fp8 cache: per-token scales at k/v_scale_ptr (fp8.py)
+    HELPERS: tl.constexpr,  # an unsplit launch whose longest `num_helped` rows split anyway (SkewHelp)
 ):
     # Everything this kernel reads (q, the KV cache just stored, lengths) may come from the previous
     # kernels, and the counters are shared: nothing before the wait.
     pdl_wait(PDL)
-    rank = tl.program_id(0) // NUM_KV_HEADS
-    kvh = tl.program_id(0) % NUM_KV_HEADS
+    pid = tl.program_id(0)
+    kvh = pid % NUM_KV_HEADS
+    rank = pid // NUM_KV_HEADS
     split = tl.program_id(1)
+    parts = num_splits
+    if HELPERS:
+        # Programs past the rows' own (one per row and KV head) are the helpers: splits 1.. of the
+        # `num_helped` longest rows, KV head fastest. Other rows take one split.
+        helper = tl.maximum(pid - num_rows * NUM_KV_HEADS, 0)
+        is_helper = pid >= num_rows * NUM_KV_HEADS
+        rank = tl.where(is_helper, helper // (NUM_KV_HEADS * (num_splits - 1)), rank)
+        split = tl.where(is_helper, 1 + (helper // NUM_KV_HEADS) % (num_splits - 1), 0)
+        parts = tl.where(rank < num_helped, num_splits, 1)
     b = rank
     if ORDERED:
         b = tl.load(order_ptr + rank).to(tl.int32)
     seq_len = tl.load(seq_lens_ptr + b)
     # Split length from this sequence's own length, rounded to whole tiles (one tile at least, so a
-    # zero-length padding row has one split, which writes zeros).
-    split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N), 1) * TILE_N
+    # zero-length padding row has one split, which writes zeros), and `min_split_len` at least.
+    split_tiles = tl.maximum(tl.cdiv(tl.cdiv(seq_len, parts), TILE_N), tl.cdiv(min_split_len, TILE_N))
+    split_len = tl.maximum(split_tiles, 1) * TILE_N
     start = split * split_len
     rows = tl.arange(0, GROUP_P)
     dims = tl.arange(0, BLOCK_D)
@@ -134,11 +150,13 @@ def _decode_kernel(
         else:
             # Scratch rows: partial [batch, num_heads, num_splits, HEAD_DIM], lse [batch, num_heads,
             # num_splits], both contiguous; `first` is this program's first head's split 0.
-            first = (b.to(tl.int64) * NUM_KV_HEADS * GROUP + kvh * GROUP) * num_splits
+            # With helpers only the helped ranks merge: their scratch and counters are indexed by rank.
+            slot = rank if HELPERS else b
+            first = (slot.to(tl.int64) * NUM_KV_HEADS * GROUP + kvh * GROUP) * num_splits
             at = first + rows * num_splits + split
             tl.store(part_ptr + at[:, None] * HEAD_DIM + dims[None, :], out, mask=o_mask)
             tl.store(lse_ptr + at, lse, mask=row_mask)
-            counter = counter_ptr + b * NUM_KV_HEADS + kvh
+            counter = counter_ptr + slot * NUM_KV_HEADS + kvh
             if arrive(counter, used):  # the last split of this (sequence, KV head) merges them all
                 for g in tl.static_range(GROUP):
                     head_at = first + g * num_splits
@@ -241,11 +259,16 @@ def paged_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,
     order: torch.Tensor | None = None,
+    help: SkewHelp | None = None,
 ) -> torch.Tensor:
     """One query token per sequence: q [batch, num_heads, head_dim] -> [batch, num_heads, head_dim].
 
     `order` ([batch] integers, a permutation of the rows, e.g. `longest_first(seq_lens)`) only sets
     which rows' programs start first; the result is the same with or without it.
+
+    `help` (with `num_splits` 1 and a longest-first `order`): the `help.rows` longest rows split anyway,
+    into up to `help.splits` pieces of at least `help.min_split_tokens`, by helper programs launched
+    after the rows' own; every other row stays one program. The result is the same as without it.
 
     One launch. Never synchronises with the host; scratch is allocated from host-known shapes only,
     so the call can be captured in a CUDA graph (the capture's memory pool then owns the scratch).
@@ -264,13 +287,20 @@ def paged_decode_attention(
     q = q if q.stride(-1) == 1 else q.contiguous()
     pdl = pdl_enabled(q.device)
     k_scales, v_scales, stride_sb, stride_ss = scale_args(k_cache, v_cache)
+    helped, min_split_len, grid = 0, 0, (batch * num_kv_heads, num_splits)
+    if help is not None and help.splits > 1 and help.rows > 0:
+        if num_splits != 1 or order is None:
+            raise ValueError("paged_decode_attention: help needs num_splits 1 and a longest-first order")
+        helped, num_splits, min_split_len = min(help.rows, batch), help.splits, help.min_split_tokens
+        grid = (batch * num_kv_heads + helped * num_kv_heads * (num_splits - 1), 1)
     if num_splits == 1:  # the one split writes the output itself: no scratch, no counters
         part = lse = counters = out
     else:
-        part = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=q.device)
-        counters = DECODE_COUNTERS.get(q.device, batch * num_kv_heads)
-    _decode_kernel[(batch * num_kv_heads, num_splits)](
+        slots = helped or batch  # with helpers only the helped rows merge (scratch indexed by rank)
+        part = torch.empty((slots, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((slots, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        counters = DECODE_COUNTERS.get(q.device, slots * num_kv_heads)
+    _decode_kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -285,6 +315,9 @@ def paged_decode_attention(
         v_scales,
         scale * _LOG2E,
         num_splits,
+        batch,
+        helped,
+        min_split_len,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -299,6 +332,7 @@ def paged_decode_attention(
         MERGE=num_splits > 1,
         PDL=pdl,
         FP8=kv_fp8.is_fp8(k_cache),
+        HELPERS=helped > 0,
         launch_pdl=pdl,
         BLOCK_S=triton.next_power_of_2(num_splits),
         **_constants(q, k_cache, num_heads // num_kv_heads, head_dim),

@@ -4,6 +4,7 @@ splits a launch uses and in which order its rows' programs start. Plain torch, n
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -15,6 +16,28 @@ _MAX_SPLITS = 64
 # batch 64 x 8 KV heads (3.9 per SM) already reads at full bandwidth with one split, and extra
 # splits there cost 5-20% (merge traffic, shorter loops).
 _PROGRAMS_PER_SM = 4
+# SkewHelp's defaults: the longest rows of an unsplit launch, their most pieces, a piece's least tokens.
+_HELPED_ROWS = 4
+_HELP_SPLITS = 8
+_HELP_MIN_SPLIT_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class SkewHelp:
+    """An unsplit launch (one program per sequence and KV head) lasts as long as its longest row's
+    programs: a 6,000-token row among 64 rows of a few hundred tokens streams its whole context
+    while the others are long done (on the H100, steps with such a row took ~1.3-1.45x the others,
+    docs/benchmarks.md). With this help the `rows` longest rows (by the longest-first order) split into
+    up to `splits` pieces of at least `min_split_tokens`, each piece its own program launched after the
+    rows' own ones; shorter rows keep one split (no merge), and the helpers of a short row do nothing."""
+
+    rows: int
+    splits: int
+    min_split_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or self.splits < 2 or self.min_split_tokens < 1:
+            raise ValueError(f"SkewHelp needs rows >= 1, splits >= 2, min_split_tokens >= 1: {self}")
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -44,3 +67,10 @@ def wants_order(batch: int, num_kv_heads: int, num_splits: int, num_sms: int) ->
     """Longest-first dispatch pays where the programs take more than one wave of SMs, i.e. a large
     unsplit batch whose lengths differ; a small batch (the latency-bound steps) skips the sort."""
     return num_splits == 1 and batch * num_kv_heads > num_sms
+
+
+def skew_help(batch: int, num_kv_heads: int, num_splits: int, num_sms: int) -> SkewHelp | None:
+    """The help for a launch that `wants_order` (large and unsplit); None for any other."""
+    if not wants_order(batch, num_kv_heads, num_splits, num_sms):
+        return None
+    return SkewHelp(min(batch, _HELPED_ROWS), _HELP_SPLITS, _HELP_MIN_SPLIT_TOKENS)
