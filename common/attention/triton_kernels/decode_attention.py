@@ -92,7 +92,6 @@ def _decode_kernel(
     kvh = pid % NUM_KV_HEADS
     rank = pid // NUM_KV_HEADS
     split = tl.program_id(1)
-    parts = num_splits
     if HELPERS:
         # Programs past the rows' own (one per row and KV head) are the helpers: splits 1.. of the
         # `num_helped` longest rows, KV head fastest. Other rows take one split.
@@ -100,14 +99,18 @@ def _decode_kernel(
         is_helper = pid >= num_rows * NUM_KV_HEADS
         rank = tl.where(is_helper, helper // (NUM_KV_HEADS * (num_splits - 1)), rank)
         split = tl.where(is_helper, 1 + (helper // NUM_KV_HEADS) % (num_splits - 1), 0)
-        parts = tl.where(rank < num_helped, num_splits, 1)
     b = rank
     if ORDERED:
         b = tl.load(order_ptr + rank).to(tl.int32)
     seq_len = tl.load(seq_lens_ptr + b)
     # Split length from this sequence's own length, rounded to whole tiles (one tile at least, so a
-    # zero-length padding row has one split, which writes zeros), and `min_split_len` at least.
-    split_tiles = tl.maximum(tl.cdiv(tl.cdiv(seq_len, parts), TILE_N), tl.cdiv(min_split_len, TILE_N))
+    # zero-length padding row has one split, which writes zeros); a helped row's, `min_split_len` at
+    # least (helpers off, this compiles to the plain rule).
+    if HELPERS:
+        parts = tl.where(rank < num_helped, num_splits, 1)
+        split_tiles = tl.maximum(tl.cdiv(tl.cdiv(seq_len, parts), TILE_N), tl.cdiv(min_split_len, TILE_N))
+    else:
+        split_tiles = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N)
     split_len = tl.maximum(split_tiles, 1) * TILE_N
     start = split * split_len
     rows = tl.arange(0, GROUP_P)
