@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import triton_interpret
+from tests.helpers.decode_kernel import DEVICE, DTYPE, HEAD_DIM, NUM_KV_HEADS, TOL
 from tests.helpers.paged_kv import PagedContext, generator
 
 triton_interpret.setup_or_skip()  # before the kernel modules are imported below
@@ -27,11 +28,6 @@ from common.attention.triton_kernels.decode_plan import SkewHelp, longest_first 
 
 pytestmark = [] if INTERPRET else [pytest.mark.gpu]
 
-DEVICE = "cpu" if INTERPRET else "cuda"
-DTYPE = torch.float32 if INTERPRET else torch.bfloat16
-HEAD_DIM = 32 if INTERPRET else 128
-NUM_KV_HEADS = 2
-TOL = dict(atol=2e-5, rtol=1e-5) if INTERPRET else dict(atol=2e-2, rtol=2e-2)
 TILE_N = decode_tile_n(HEAD_DIM, DTYPE.itemsize)
 REFERENCE = TorchAttentionBackend()
 # Two long rows among short ones, a one-token row and an empty (padding) row.

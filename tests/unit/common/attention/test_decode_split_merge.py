@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.helpers import triton_interpret
+from tests.helpers.decode_kernel import DEVICE, DTYPE, HEAD_DIM, NUM_KV_HEADS, TOL
 from tests.helpers.paged_kv import PagedContext, generator
 
 triton_interpret.setup_or_skip()  # before the kernel modules are imported below
@@ -30,11 +31,6 @@ from common.layers.split_arrival import ArrivalCounters  # noqa: E402
 
 pytestmark = [] if INTERPRET else [pytest.mark.gpu]
 
-DEVICE = "cpu" if INTERPRET else "cuda"
-DTYPE = torch.float32 if INTERPRET else torch.bfloat16
-HEAD_DIM = 32 if INTERPRET else 128
-NUM_KV_HEADS = 2
-TOL = dict(atol=2e-5, rtol=1e-5) if INTERPRET else dict(atol=2e-2, rtol=2e-2)
 REFERENCE = TorchAttentionBackend()
 # A sequence with more tokens than `splits` tiles fills every split; shorter ones leave some empty,
 # and one that fits in a single tile takes the direct path (no merge) inside a merging launch.
