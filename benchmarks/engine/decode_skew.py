@@ -39,12 +39,12 @@ def time_arm(batch: int, short: int, long: int, long_rows: int, q_heads: int, he
     q = torch.randn(batch, q_heads, HEAD_DIM, device="cuda", dtype=DTYPE)
     sms = num_sms(q.device)
     splits = choose_num_splits(batch, NUM_KV_HEADS, max(short, long), sms)
-    help = skew_help(batch, NUM_KV_HEADS, splits, sms) if helped else None
+    skew = skew_help(batch, NUM_KV_HEADS, splits, sms) if helped else None
     order = longest_first(lens) if splits == 1 else None
 
     def call() -> None:
         paged_decode_attention(
-            q, k_cache, v_cache, tables, lens, HEAD_DIM**-0.5, splits, order=order, help=help
+            q, k_cache, v_cache, tables, lens, HEAD_DIM**-0.5, splits, order=order, skew=skew
         )
 
     return time_graph(call)

@@ -62,7 +62,7 @@ class TritonAttentionBackend(AttentionBackend):
         # model (contexts 128-1,024) within noise, 64 rows at 1k context 1.469-1.472 vs 1.465-1.481 ms.
         self.longest_first = env_switch("PDSERVE_DECODE_LONGEST_FIRST", default=True)
         # The longest rows of such a batch split anyway (decode_plan.SkewHelp); opt-in until measured.
-        self.skew_help = env_switch("PDSERVE_DECODE_SKEW_HELP", default=False)
+        self.help_long_rows = env_switch("PDSERVE_DECODE_SKEW_HELP", default=False)
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping)
@@ -117,12 +117,12 @@ class TritonAttentionBackend(AttentionBackend):
     def decode(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         batch, kv_heads, sms = q.shape[0], k_cache.shape[2], num_sms(q.device)
         splits = self.decode_num_splits or choose_num_splits(batch, kv_heads, meta.max_seq_len, sms)
-        order = help = None
+        order = skew = None
         if self.longest_first and wants_order(batch, kv_heads, splits, sms):
             if meta.decode_order is None:
                 meta.decode_order = longest_first(meta.seq_lens)
             order = meta.decode_order
-            help = skew_help(batch, kv_heads, splits, sms) if self.skew_help else None
+            skew = skew_help(batch, kv_heads, splits, sms) if self.help_long_rows else None
         return paged_decode_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, splits, order=order, help=help
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, splits, order=order, skew=skew
         )

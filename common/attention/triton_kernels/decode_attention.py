@@ -152,7 +152,8 @@ def _decode_kernel(
             tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
         else:
             # Scratch rows: partial [batch, num_heads, num_splits, HEAD_DIM], lse [batch, num_heads,
-            # num_splits], both contiguous; `first` is this program's first head's split 0.
+            # num_splits] (with helpers [num_helped, ...]), both contiguous; `first` is this program's
+            # first head's split 0.
             # With helpers only the helped ranks merge: their scratch and counters are indexed by rank.
             slot = rank if HELPERS else b
             first = (slot.to(tl.int64) * NUM_KV_HEADS * GROUP + kvh * GROUP) * num_splits
@@ -262,15 +263,15 @@ def paged_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,
     order: torch.Tensor | None = None,
-    help: SkewHelp | None = None,
+    skew: SkewHelp | None = None,
 ) -> torch.Tensor:
     """One query token per sequence: q [batch, num_heads, head_dim] -> [batch, num_heads, head_dim].
 
     `order` ([batch] integers, a permutation of the rows, e.g. `longest_first(seq_lens)`) only sets
     which rows' programs start first; the result is the same with or without it.
 
-    `help` (with `num_splits` 1 and a longest-first `order`): the `help.rows` longest rows split anyway,
-    into up to `help.splits` pieces of at least `help.min_split_tokens`, by helper programs launched
+    `skew` (with `num_splits` 1 and a longest-first `order`): the `skew.rows` longest rows split anyway,
+    into up to `skew.splits` pieces of at least `skew.min_split_tokens`, by helper programs launched
     after the rows' own; every other row stays one program. The result is the same as without it.
 
     One launch. Never synchronises with the host; scratch is allocated from host-known shapes only,
@@ -291,10 +292,10 @@ def paged_decode_attention(
     pdl = pdl_enabled(q.device)
     k_scales, v_scales, stride_sb, stride_ss = scale_args(k_cache, v_cache)
     helped, min_split_len, grid = 0, 0, (batch * num_kv_heads, num_splits)
-    if help is not None and help.splits > 1 and help.rows > 0:
+    if skew is not None:
         if num_splits != 1 or order is None:
-            raise ValueError("paged_decode_attention: help needs num_splits 1 and a longest-first order")
-        helped, num_splits, min_split_len = min(help.rows, batch), help.splits, help.min_split_tokens
+            raise ValueError("paged_decode_attention: skew help needs num_splits 1 and a longest-first order")
+        helped, num_splits, min_split_len = min(skew.rows, batch), skew.splits, skew.min_split_tokens
         grid = (batch * num_kv_heads + helped * num_kv_heads * (num_splits - 1), 1)
     if num_splits == 1:  # the one split writes the output itself: no scratch, no counters
         part = lse = counters = out

@@ -42,10 +42,10 @@ def _case(seq_lens, group, key):
     return ctx, q, lens
 
 
-def _helped(ctx, q, lens, help: SkewHelp) -> torch.Tensor:
+def _helped(ctx, q, lens, skew: SkewHelp) -> torch.Tensor:
     out = torch.full_like(q, float("nan"))
     args = (q, ctx.k_cache, ctx.v_cache, ctx.block_tables, lens, HEAD_DIM**-0.5, 1)
-    return paged_decode_attention(*args, out=out, order=longest_first(lens), help=help)
+    return paged_decode_attention(*args, out=out, order=longest_first(lens), skew=skew)
 
 
 def _reference(ctx, q, lens) -> torch.Tensor:
@@ -59,10 +59,10 @@ def _counters_are_zero() -> bool:
 
 
 @pytest.mark.parametrize("group", [1, 4])
-@pytest.mark.parametrize("help", [SkewHelp(2, 4, TILE_N), SkewHelp(3, 8, 1), SkewHelp(20, 2, 3 * TILE_N)])
-def test_helped_rows_give_the_reference_output(group, help):
-    ctx, q, lens = _case(SKEWED, group, (help.rows, help.splits))
-    out = _helped(ctx, q, lens, help)
+@pytest.mark.parametrize("skew", [SkewHelp(2, 4, TILE_N), SkewHelp(3, 8, 1), SkewHelp(20, 2, 3 * TILE_N)])
+def test_helped_rows_give_the_reference_output(group, skew):
+    ctx, q, lens = _case(SKEWED, group, (skew.rows, skew.splits))
+    out = _helped(ctx, q, lens, skew)
     assert not out.isnan().any(), "kernel left NaN (poisoned or unwritten) values in the output"
     torch.testing.assert_close(out.float(), _reference(ctx, q, lens).float(), **TOL)
     empty = SKEWED.index(0)
@@ -92,10 +92,10 @@ def test_back_to_back_helped_launches_reset_the_counters():
 def test_help_needs_an_unsplit_ordered_launch():
     ctx, q, lens = _case(SKEWED, 1, "bad")
     args = (q, ctx.k_cache, ctx.v_cache, ctx.block_tables, lens, 1.0)
-    with pytest.raises(ValueError, match="help needs num_splits 1"):
-        paged_decode_attention(*args, 2, order=longest_first(lens), help=SkewHelp(2, 4, 1))
+    with pytest.raises(ValueError, match="skew help needs num_splits 1"):
+        paged_decode_attention(*args, 2, order=longest_first(lens), skew=SkewHelp(2, 4, 1))
     with pytest.raises(ValueError, match="longest-first order"):
-        paged_decode_attention(*args, 1, help=SkewHelp(2, 4, 1))
+        paged_decode_attention(*args, 1, skew=SkewHelp(2, 4, 1))
 
 
 def test_the_backend_helps_a_large_unsplit_batch_when_asked(monkeypatch):
@@ -103,7 +103,7 @@ def test_the_backend_helps_a_large_unsplit_batch_when_asked(monkeypatch):
     with a row longer than the default piece (1,024 tokens) gets the reference output."""
     monkeypatch.setenv("PDSERVE_DECODE_SKEW_HELP", "1")
     backend = TritonAttentionBackend()
-    assert backend.skew_help
+    assert backend.help_long_rows
     lengths = [2_500 if INTERPRET else 6_000, 30, 200, 7, 64, 300]
     ctx, q, lens = _case(lengths, 2, "backend")
     meta = ctx.meta([1] * len(lengths), is_decode=True)
