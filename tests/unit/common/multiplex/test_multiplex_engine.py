@@ -218,14 +218,16 @@ def test_a_failed_chunk_launch_leaves_the_engine_serving(tiny_model_dirs, monkey
     assert mux.generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)[0]["token_ids"] == want[0]["token_ids"]
 
 
-def _forward_running_out_of_memory(monkeypatch, model, times: int) -> list[int]:
-    """Make the next `times` chunk launches in parts raise the CUDA allocator's error in their second
-    part (as an eager chunk on an 80-GB H100 did); returns the count of errors raised so far."""
+def _forward_running_out_of_memory(monkeypatch, model, times: int, at_part: int = 1) -> list[int]:
+    """Make the next `times` chunk launches in parts raise the CUDA allocator's error in their part
+    `at_part` (0 or 1; the second, as an eager chunk on an 80-GB H100 did); returns the count of errors
+    raised so far."""
     real, raised = model.forward_in_parts, [0]
 
     def failing(*args):
         parts = real(*args)
-        yield next(parts)
+        if at_part:
+            yield next(parts)
         if raised[0] < times:
             raised[0] += 1
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 342.00 MiB")
@@ -235,11 +237,16 @@ def _forward_running_out_of_memory(monkeypatch, model, times: int) -> list[int]:
     return raised
 
 
-def test_a_chunk_out_of_memory_is_computed_again_and_decoding_goes_on(tiny_model_dirs, monkeypatch):
+@pytest.mark.parametrize("after,at_part", [(False, 1), (False, 0), (True, 0), (True, 1)])
+def test_a_chunk_out_of_memory_is_computed_again_and_decoding_goes_on(
+    tiny_model_dirs, monkeypatch, after, at_part
+):
     """The chunk's sequences go back to the queue and are computed again; the sequence decoding beside
-    it keeps decoding; every token equals the aggregated engine's and every block comes back."""
+    it keeps decoding; every token equals the aggregated engine's and every block comes back (the
+    chunk started beside its step's decode step or after it, failing in its first part or later)."""
     mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
     engine = mux.engine
+    engine.multiplexer.chunk_after_decode = after
     got: dict[str, list[int]] = {"a": [], "b": []}
 
     def step() -> None:
@@ -249,7 +256,7 @@ def test_a_chunk_out_of_memory_is_computed_again_and_decoding_goes_on(tiny_model
 
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     step()  # b prefilled: it decodes from the next step on, so a's chunk runs in parts
-    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1)
+    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1, at_part=at_part)
     engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
     while engine.has_unfinished:
         step()
