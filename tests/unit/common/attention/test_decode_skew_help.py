@@ -109,3 +109,32 @@ def test_the_backend_helps_a_large_unsplit_batch_when_asked(monkeypatch):
     meta = ctx.meta([1] * len(lengths), is_decode=True)
     out = backend.decode(q, ctx.k_cache, ctx.v_cache, meta, HEAD_DIM**-0.5)
     torch.testing.assert_close(out.float(), _reference(ctx, q, lens).float(), **TOL)
+
+
+@pytest.mark.skipif(INTERPRET or not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_helped_launch_is_graph_capturable_and_follows_new_lengths(monkeypatch):
+    """Captured with every row short (no helper works), replayed with a long row among short ones (the
+    helpers split it): the output follows, with no host sync in the capture."""
+    monkeypatch.setenv("PDSERVE_DECODE_SKEW_HELP", "1")
+    batch = 160  # 160 x 2 KV heads: past one program per SM, so the launch is unsplit and ordered
+    ctx, q, lens = _case([3000] * batch, 4, "graph")
+    meta = ctx.meta([1] * batch, is_decode=True)
+    meta.max_seq_len = 4096  # the runner's fixed bound at capture
+    meta.seq_lens.fill_(100)
+    backend = TritonAttentionBackend()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        backend.decode(q, ctx.k_cache, ctx.v_cache, meta, HEAD_DIM**-0.5)  # compiles outside the capture
+        meta.decode_order = None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = backend.decode(q, ctx.k_cache, ctx.v_cache, meta, HEAD_DIM**-0.5)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    new_lens = torch.full((batch,), 90, dtype=torch.int32, device=DEVICE)
+    new_lens[[7, 100]] = torch.tensor([3000, 2100], dtype=torch.int32, device=DEVICE)
+    meta.seq_lens.copy_(new_lens)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.testing.assert_close(out.float(), _reference(ctx, q, new_lens).float(), **TOL)
+    assert _counters_are_zero()
