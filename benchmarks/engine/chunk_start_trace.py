@@ -44,7 +44,7 @@ class DecodeStep:
 
     start: float
     end: float
-    kernels: list[tuple[str, float]] = field(default_factory=list)
+    kernels: dict[str, float] = field(default_factory=dict)  # decode kernel name -> us in the step
     lane_us: float = 0.0
     lane_kernels: dict[str, float] = field(default_factory=dict)  # lane kernel name -> us inside the span
     chunk_start: bool = False
@@ -73,7 +73,8 @@ def decode_steps(kernels: list[dict]) -> list[DecodeStep]:
     steps = []
     for ks in launches.values():
         step = DecodeStep(min(k["ts"] for k in ks), max(k["ts"] + k["dur"] for k in ks))
-        step.kernels = [(k["name"], float(k["dur"])) for k in ks]
+        for k in ks:
+            step.kernels[k["name"]] = step.kernels.get(k["name"], 0.0) + float(k["dur"])
         steps.append(step)
     steps.sort(key=lambda s: s.start)
     lane = sorted((k for ks in by_stream.values() for k in ks), key=lambda k: k["ts"])
@@ -104,7 +105,7 @@ def report(steps: list[DecodeStep], top: int = 10) -> None:
     others = [s for s in steps if not s.chunk_start and s.lane_us > 0]
     print(f"{'step':>4} {'span ms':>8} {'busy ms':>8} {'lane ms':>8}  mark")
     for i, s in enumerate(steps):
-        busy, mark = sum(d for _, d in s.kernels) / 1e3, "start" if s.chunk_start else ""
+        busy, mark = sum(s.kernels.values()) / 1e3, "start" if s.chunk_start else ""
         print(f"{i:>4} {s.span_ms:>8.2f} {busy:>8.2f} {s.lane_us / 1e3:>8.2f}  {mark}")
     for name, group in (("chunk start", starts), ("beside, later", others)):
         if group:
@@ -112,8 +113,10 @@ def report(steps: list[DecodeStep], top: int = 10) -> None:
             print(f"{name:<14} {len(group):>3} steps, span p50 {statistics.median(spans):.2f} ms")
     if not starts or not others:
         return
-    _compare("decode kernels", _mean_per_name(starts, "kernels"), _mean_per_name(others, "kernels"), top)
-    _compare("lane kernels inside", _mean_per_name(starts, "lane"), _mean_per_name(others, "lane"), top)
+    decode = [s.kernels for s in starts], [s.kernels for s in others]
+    lane = [s.lane_kernels for s in starts], [s.lane_kernels for s in others]
+    _compare("decode kernels", _mean_per_name(decode[0]), _mean_per_name(decode[1]), top)
+    _compare("lane kernels inside", _mean_per_name(lane[0]), _mean_per_name(lane[1]), top)
 
 
 def _compare(what: str, at_start: dict[str, float], later: dict[str, float], top: int) -> None:
@@ -123,14 +126,13 @@ def _compare(what: str, at_start: dict[str, float], later: dict[str, float], top
         print(f"  {at_start[n]:>9.1f} {later.get(n, 0.0):>9.1f}  {n[:100]}")
 
 
-def _mean_per_name(steps: list[DecodeStep], which: str) -> dict[str, float]:
-    """Mean us per step of each decode kernel name (`kernels`) or of each lane kernel inside (`lane`)."""
+def _mean_per_name(per_step: list[dict[str, float]]) -> dict[str, float]:
+    """Mean us per step of each kernel name, from each step's us per name."""
     total: dict[str, float] = defaultdict(float)
-    for s in steps:
-        pairs = s.kernels if which == "kernels" else s.lane_kernels.items()
-        for name, dur in pairs:
-            total[name] += dur
-    return {n: t / len(steps) for n, t in total.items()}
+    for step in per_step:
+        for name, us in step.items():
+            total[name] += us
+    return {n: t / len(per_step) for n, t in total.items()}
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
