@@ -126,12 +126,16 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: ChatRole
-    content: str | list[TextPart] | None = None
+    # Only an assistant message may come without content (OpenAI's rule: one that called tools).
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
     name: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_only(cls, value: Any) -> Any:
+    def _text_only(cls, value: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")  # absent if the role itself was invalid: that error comes first
+        if value is None and role is not None and role != "assistant":
+            raise ValueError(f"content is required for a {role} message")
         if isinstance(value, list):
             for part in value:
                 if isinstance(part, dict) and part.get("type") not in ("text", None):

@@ -38,6 +38,13 @@ def _single(value: Any) -> bool:
     return value is None or (type(value) is int and value == 1)
 
 
+def _best_of_is_n(body: dict[str, Any]) -> bool:
+    """`best_of` equal to `n`: n samples, all returned, which is plain sampling (as vLLM and OpenAI's
+    completions read it; n itself is validated by the request model)."""
+    best_of, n = body.get("best_of"), body.get("n")
+    return type(best_of) is int and type(n) is int and best_of == n
+
+
 # field -> whether a value leaves the answer as this server computes it. Both endpoints.
 _SHARED: dict[str, Callable[[Any], bool]] = {
     "best_of": _single,
@@ -78,4 +85,6 @@ def refuse_unsupported(body: dict[str, Any], route: str) -> None:
     this server does not do."""
     for name, leaves_answer in _BY_ROUTE[route].items():
         if name in body and not leaves_answer(body[name]):
+            if name == "best_of" and _best_of_is_n(body):
+                continue
             raise bad_request(f"{name} is not supported", param=name)

@@ -150,6 +150,14 @@ MISSING = [
     Case("completions with only max_tokens", CMPL, {"max_tokens": 5}, 400, "prompt"),
     Case("chat without messages", CHAT, {}, 400, "messages"),
     Case("chat with prompt instead of messages", CHAT, {"prompt": "x"}, 400, "messages"),
+    Case("user message without content", CHAT, {"messages": [{"role": "user"}]}, 400, "messages.0.content"),
+    Case(
+        "system message with null content",
+        CHAT,
+        {"messages": [{"role": "system", "content": None}]},
+        400,
+        "messages.0.content",
+    ),
 ]
 
 RANGES = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from router.protocol import CompletionRequest
+from router.protocol import ChatCompletionRequest, CompletionRequest
 
 PROMPT_UNION = TypeAdapter(str | list[str] | list[int] | list[list[int]], config=ConfigDict(strict=True))
 PROMPTS = [
@@ -55,3 +55,12 @@ def test_the_prompt_shape_check_accepts_what_the_strict_union_does(prompt) -> No
         return
     assert _union_accepts(prompt) and not empty
     assert request.prompt == prompt and type(request.prompt) is type(prompt)
+
+
+def test_only_an_assistant_message_may_come_without_content() -> None:
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "assistant", "content": None}]
+    request = ChatCompletionRequest.model_validate({"messages": turns})
+    assert [m.text() for m in request.messages] == ["hi", "", ""]
+    for role in ("system", "developer", "user", "tool"):
+        with pytest.raises(ValueError, match=f"content is required for a {role} message"):
+            ChatCompletionRequest.model_validate({"messages": [{"role": role}]})

@@ -186,6 +186,8 @@ def test_n_fans_out_with_distinct_seeds(model_dir, tokenizer) -> None:
         assert seeds == [10, 10, 11, 11]
         assert r["usage"]["completion_tokens"] == 16
         assert r["usage"]["prompt_tokens"] == len(tokenizer.encode("a")) + len(tokenizer.encode("b"))
+        same = (await h.client.post("/v1/completions", json=body | {"best_of": 2})).json()  # best_of == n
+        assert [c["index"] for c in same["choices"]] == [0, 1, 2, 3]
 
     _run(model_dir, tokenizer, _pd(tokenizer), check)
 

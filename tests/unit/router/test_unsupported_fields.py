@@ -26,6 +26,7 @@ REFUSED = [
     (CHAT, {"chat_template": "{{ messages }}"}),
     (CHAT, {"echo": True}),
     (CHAT, {"best_of": 3}),
+    (CMPL, {"best_of": 4, "n": 2}),  # the best 2 of 4: not what sampling 2 gives
     (RESP, {"previous_response_id": "resp_1"}),
     (RESP, {"tools": [{"type": "function", "name": "f"}]}),
     (RESP, {"background": True}),
@@ -34,6 +35,8 @@ REFUSED = [
 
 NEUTRAL = [
     (CMPL, {"best_of": 1, "use_beam_search": False, "suffix": ""}),
+    (CMPL, {"best_of": 3, "n": 3}),  # n samples, all returned: plain sampling
+    (CHAT, {"best_of": 2, "n": 2}),
     (CMPL, {"best_of": None, "prompt_logprobs": None, "bad_words": [], "allowed_token_ids": None}),
     (CMPL, {"tools": [{"type": "function"}], "chat_template": "x"}),  # chat-only fields: not read here
     (CHAT, {"tools": [], "functions": None, "tool_choice": "auto", "function_call": "none", "echo": False}),
@@ -47,7 +50,7 @@ NEUTRAL = [
 def test_a_field_that_would_change_the_answer_is_a_400_naming_it(route: str, body: dict) -> None:
     with pytest.raises(APIError) as e:
         refuse_unsupported({"model": "m"} | body, route)
-    (name,) = body
+    name = next(iter(body))
     assert e.value.status == 400 and e.value.param == name and f"{name} is not supported" in e.value.message
 
 
