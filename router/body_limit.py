@@ -109,7 +109,7 @@ def parse_strict_json(body: bytes) -> object:
     except UnicodeDecodeError as e:
         raise ValueError(f"request body is not valid UTF-8 (byte {e.start})") from None
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = _DECODER.decode(text)
     except RecursionError:
         raise ValueError("request body is nested too deeply") from None
     except ValueError as e:  # a syntax error, NaN/Infinity, or an integer literal of > 4300 digits
@@ -121,6 +121,10 @@ def parse_strict_json(body: bytes) -> object:
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
+
+
+# One decoder for every body: json.loads with an argument builds a new one per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _has_lone_surrogate(value: object) -> bool:

@@ -41,8 +41,13 @@ DONE = "data: [DONE]\n\n"
 _MARK = "\u2063pdserve-text\u2063"  # stands for the text while a chunk template is built
 
 
+# Encoders built once: json.dumps with arguments builds a new one per call (per token, for the text).
+_encode_payload = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_encode_text = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_encode_payload(payload)}\n\n"
 
 
 def _blank(shape: type[BaseModel], **required: Any) -> dict:
@@ -154,7 +159,7 @@ class Formatter:
         if template is None:
             head, tail = sse(self._chunk(choice_index, SequenceUpdate(_MARK, [], None))).split(f'"{_MARK}"')
             template = self._templates[choice_index] = (head, tail)
-        return template[0] + json.dumps(text, ensure_ascii=False) + template[1]
+        return template[0] + _encode_text(text) + template[1]
 
     def _opening_chunks(self) -> list[dict]:
         return []
