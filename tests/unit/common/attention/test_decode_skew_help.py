@@ -54,6 +54,15 @@ def _reference(ctx, q, lens) -> torch.Tensor:
     return REFERENCE.decode(q, *ctx.clean_caches(), meta, HEAD_DIM**-0.5)
 
 
+def _assert_reference(out, ctx, q, lens) -> None:
+    """Rows with context equal the reference's; the empty row is zeros. (SDPA's answer for a row whose
+    mask is all False is not defined: on the GPU with GQA it gave a few small nonzero values.)"""
+    assert not out.isnan().any(), "kernel left NaN (poisoned or unwritten) values in the output"
+    full = lens > 0
+    torch.testing.assert_close(out[full].float(), _reference(ctx, q, lens)[full].float(), **TOL)
+    assert torch.equal(out[~full], torch.zeros_like(out[~full]))
+
+
 def _counters_are_zero() -> bool:
     return bool((DECODE_COUNTERS.get(torch.device(DEVICE), 0) == 0).all())
 
@@ -62,11 +71,7 @@ def _counters_are_zero() -> bool:
 @pytest.mark.parametrize("skew", [SkewHelp(2, 4, TILE_N), SkewHelp(3, 8, 1), SkewHelp(20, 2, 3 * TILE_N)])
 def test_helped_rows_give_the_reference_output(group, skew):
     ctx, q, lens = _case(SKEWED, group, (skew.rows, skew.splits))
-    out = _helped(ctx, q, lens, skew)
-    assert not out.isnan().any(), "kernel left NaN (poisoned or unwritten) values in the output"
-    torch.testing.assert_close(out.float(), _reference(ctx, q, lens).float(), **TOL)
-    empty = SKEWED.index(0)
-    assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    _assert_reference(_helped(ctx, q, lens, skew), ctx, q, lens)
     assert _counters_are_zero()
 
 
@@ -84,8 +89,7 @@ def test_back_to_back_helped_launches_reset_the_counters():
     gen = generator("skew-repeat")
     for _ in range(2 if INTERPRET else 20):
         new_q = torch.randn(q.shape, generator=gen).to(DEVICE, DTYPE)
-        out = _helped(ctx, new_q, lens, SkewHelp(2, 4, TILE_N))
-        torch.testing.assert_close(out.float(), _reference(ctx, new_q, lens).float(), **TOL)
+        _assert_reference(_helped(ctx, new_q, lens, SkewHelp(2, 4, TILE_N)), ctx, new_q, lens)
         assert _counters_are_zero()
 
 
