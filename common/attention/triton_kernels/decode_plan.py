@@ -26,9 +26,8 @@ _HELP_MIN_SPLIT_TOKENS = 1024
 class SkewHelp:
     """An unsplit launch (one program per sequence and KV head) lasts as long as its longest row's
     programs: a 6,000-token row among 64 rows of a few hundred tokens streams its whole context in one
-    program per KV head while the others are long done. (On the H100 the engine steps where such a row
-    had just joined the batch took ~1.3-1.45x the others; whether the row is why,
-    benchmarks/engine/decode_skew.py measures: docs/benchmarks.md.) With this help the `rows` longest
+    program per KV head while the others are long done (on the H100, 8B attention shape: 4x the launch
+    without that row; benchmarks/engine/decode_skew.py, docs/benchmarks.md). With this help the `rows` longest
     rows (by the longest-first order) split into up to `splits` pieces of at least `min_split_tokens`,
     each piece its own program launched after the rows' own ones; shorter rows keep one split (no
     merge), and the helpers of a short row do nothing."""
