@@ -41,7 +41,9 @@ DECODE_COUNTERS = ArrivalCounters("paged_decode_attention", 4096)
 
 
 # Split count, table width and the batch vary between eager steps; don't recompile for each combination.
-@triton.jit(do_not_specialize=["num_splits", "num_rows", "num_helped", "min_split_len", "stride_bt"])
+@triton.jit(
+    do_not_specialize=["num_splits", "num_rows", "num_helped", "min_split_len", "help_ratio", "stride_bt"]
+)
 def _decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -60,6 +62,7 @@ def _decode_kernel(
     num_rows,
     num_helped,
     min_split_len,
+    help_ratio,
     stride_qb,
     stride_qh,
     stride_cb,
@@ -105,9 +108,12 @@ def _decode_kernel(
     seq_len = tl.load(seq_lens_ptr + b)
     # Split length from this sequence's own length, rounded to whole tiles (one tile at least, so a
     # zero-length padding row has one split, which writes zeros); a helped row's, `min_split_len` at
-    # least (helpers off, this compiles to the plain rule).
+    # least (helpers off, this compiles to the plain rule). A helped row ranks among the `num_helped`
+    # longest and is `help_ratio` times the median row at least (every program of a row reads the same).
     if HELPERS:
-        parts = tl.where(rank < num_helped, num_splits, 1)
+        median_len = tl.load(seq_lens_ptr + tl.load(order_ptr + num_rows // 2))
+        helped = (rank < num_helped) & (seq_len >= help_ratio * median_len)
+        parts = tl.where(helped, num_splits, 1)
         split_tiles = tl.maximum(tl.cdiv(tl.cdiv(seq_len, parts), TILE_N), tl.cdiv(min_split_len, TILE_N))
     else:
         split_tiles = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N)
@@ -272,7 +278,8 @@ def paged_decode_attention(
 
     `skew` (with `num_splits` 1 and a longest-first `order`): the `skew.rows` longest rows split anyway,
     into up to `skew.splits` pieces of at least `skew.min_split_tokens`, by helper programs launched
-    after the rows' own; every other row stays one program. The result is the same as without it.
+    after the rows' own (with `skew.min_ratio`, only rows that long against the median row); every
+    other row stays one program. The result is the same as without it.
 
     One launch. Never synchronises with the host; scratch is allocated from host-known shapes only,
     so the call can be captured in a CUDA graph (the capture's memory pool then owns the scratch).
@@ -291,11 +298,12 @@ def paged_decode_attention(
     q = q if q.stride(-1) == 1 else q.contiguous()
     pdl = pdl_enabled(q.device)
     k_scales, v_scales, stride_sb, stride_ss = scale_args(k_cache, v_cache)
-    helped, min_split_len, grid = 0, 0, (batch * num_kv_heads, num_splits)
+    helped, min_split_len, ratio, grid = 0, 0, 0, (batch * num_kv_heads, num_splits)
     if skew is not None:
         if num_splits != 1 or order is None:
             raise ValueError("paged_decode_attention: skew help needs num_splits 1 and a longest-first order")
         helped, num_splits, min_split_len = min(skew.rows, batch), skew.splits, skew.min_split_tokens
+        ratio = skew.min_ratio
         grid = (batch * num_kv_heads + helped * num_kv_heads * (num_splits - 1), 1)
     if num_splits == 1:  # the one split writes the output itself: no scratch, no counters
         part = lse = counters = out
@@ -322,6 +330,7 @@ def paged_decode_attention(
         batch,
         helped,
         min_split_len,
+        ratio,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

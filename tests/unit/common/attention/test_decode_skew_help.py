@@ -68,7 +68,10 @@ def _counters_are_zero() -> bool:
 
 
 @pytest.mark.parametrize("group", [1, 4])
-@pytest.mark.parametrize("skew", [SkewHelp(2, 4, TILE_N), SkewHelp(3, 8, 1), SkewHelp(20, 2, 3 * TILE_N)])
+@pytest.mark.parametrize(
+    "skew",
+    [SkewHelp(2, 4, TILE_N), SkewHelp(3, 8, 1), SkewHelp(20, 2, 3 * TILE_N), SkewHelp(4, 4, TILE_N, 3)],
+)
 def test_helped_rows_give_the_reference_output(group, skew):
     ctx, q, lens = _case(SKEWED, group, (skew.rows, skew.splits))
     _assert_reference(_helped(ctx, q, lens, skew), ctx, q, lens)
@@ -82,6 +85,18 @@ def test_helpers_of_rows_shorter_than_a_piece_do_nothing():
         q, ctx.k_cache, ctx.v_cache, ctx.block_tables, lens, HEAD_DIM**-0.5, 1, order=longest_first(lens)
     )
     assert torch.equal(_helped(ctx, q, lens, SkewHelp(4, 8, 64 * TILE_N)), plain)
+
+
+def test_rows_long_only_in_tokens_not_against_the_median_do_not_split():
+    """`min_ratio`: rows of 4-6 tiles, the longest under 3x the median, keep one program each; the
+    unhelped launch's output, bit for bit."""
+    lengths = [5 * TILE_N, 4 * TILE_N + 3, 5 * TILE_N - 1, 4 * TILE_N, 6 * TILE_N, 5 * TILE_N + 7]
+    ctx, q, lens = _case(lengths, 2, "similar")
+    plain = paged_decode_attention(
+        q, ctx.k_cache, ctx.v_cache, ctx.block_tables, lens, HEAD_DIM**-0.5, 1, order=longest_first(lens)
+    )
+    assert torch.equal(_helped(ctx, q, lens, SkewHelp(4, 8, 1, 3)), plain)
+    assert _counters_are_zero()
 
 
 def test_back_to_back_helped_launches_reset_the_counters():
