@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
 from common.wire.token_ids import check_token_ids
 from router.body_limit import PARSED_BODY
@@ -93,6 +94,40 @@ def add_tokenize_routes(app: FastAPI, router: Router, error_responses: dict) -> 
     @app.get("/version")
     async def server_version() -> VersionResponse:
         return VersionResponse(version=_package_version())
+
+    _document_bodies(app)
+
+
+# The request bodies of the routes above, by path: a client's choice of one of them for /tokenize.
+_BODIES: dict[str, tuple[type[BaseModel], ...]] = {
+    "/tokenize": (TokenizePromptRequest, TokenizeChatRequest),
+    "/detokenize": (DetokenizeRequest,),
+}
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """FastAPI documents a request body only for a handler parameter, and these handlers take the body
+    BodyGuard already parsed (router/body_limit.py): their schemas join the generated document here."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        document = generate()  # FastAPI keeps it as app.openapi_schema: completed here once
+        mode: Literal["validation"] = "validation"
+        models = [(model, mode) for models in _BODIES.values() for model in models]
+        refs, defs = models_json_schema(models, ref_template="#/components/schemas/{model}")
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for name, schema in defs.get("$defs", {}).items():
+            schemas.setdefault(name, schema)
+        for path, bodies in _BODIES.items():
+            choices = [refs[(model, mode)] for model in bodies]
+            schema = choices[0] if len(choices) == 1 else {"anyOf": choices}
+            body = {"required": True, "content": {"application/json": {"schema": schema}}}
+            document["paths"][path]["post"]["requestBody"] = body
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def _tokenize(router: Router, body: TokenizePromptRequest | TokenizeChatRequest) -> list[int]:

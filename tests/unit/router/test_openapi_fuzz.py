@@ -76,6 +76,25 @@ def test_generation_endpoints_from_schema(schema, tally, path, mode) -> None:
     run()
 
 
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_tokenizer_endpoints_from_schema(schema, tally, path, mode) -> None:
+    """The router's own tokenizer answers these (no worker): a schema-conforming case is a 200, a 400 (a
+    check the schema does not state, e.g. an id past the vocabulary) or a 404 (a model name not served)."""
+
+    @_settings(EXAMPLES // 4)  # a small surface; CI time is short
+    @given(case=schema[path]["POST"].as_strategy(mode))
+    def run(case) -> None:
+        response = case.call()
+        tally[f"{path} {mode.value}"] += 1
+        _check(path, response.status_code, response.content)
+        if mode is GenerationMode.POSITIVE:
+            status = response.status_code
+            assert status in (200, 400, 404), f"{status}: {response.content[:300]!r}"
+
+    run()
+
+
 @pytest.mark.parametrize("path", list(GENERATION))
 def test_generation_endpoints_with_mutated_fields(schema, tally, path) -> None:
     fields = sorted(GENERATION[path].model_fields)

@@ -82,3 +82,37 @@ def test_bad_tokenize_requests_are_400s_naming_the_field(model_dir, tokenizer) -
         assert r.status_code == 200 and isinstance(r.json()["version"], str) and r.json()["version"]
 
     _run(model_dir, tokenizer, check)
+
+
+def test_the_openapi_document_carries_the_request_bodies(model_dir, tokenizer) -> None:
+    """Both routes read the body BodyGuard parsed, not a handler parameter; their schemas are still in
+    /openapi.json, and every reference in the document resolves."""
+
+    async def check(h) -> None:
+        document = (await h.client.get("/openapi.json")).json()
+        schemas = document["components"]["schemas"]
+
+        def resolve(ref: dict) -> dict:
+            return schemas[ref["$ref"].removeprefix("#/components/schemas/")]
+
+        def body(path: str) -> dict:
+            return document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+        prompt, chat = (resolve(choice) for choice in body("/tokenize")["anyOf"])
+        assert "prompt" in prompt["required"] and "messages" in chat["required"]
+        assert resolve(body("/detokenize"))["required"] == ["tokens"]
+        refs = []
+        _collect_refs(document, refs)
+        assert refs and all(resolve({"$ref": ref}) for ref in refs)
+
+    _run(model_dir, tokenizer, check)
+
+
+def _collect_refs(node, out: list) -> None:
+    if isinstance(node, dict):
+        out.extend(v for k, v in node.items() if k == "$ref")
+        for value in node.values():
+            _collect_refs(value, out)
+    elif isinstance(node, list):
+        for value in node:
+            _collect_refs(value, out)
