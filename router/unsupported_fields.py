@@ -84,7 +84,14 @@ def refuse_unsupported(body: dict[str, Any], route: str) -> None:
     """Raise a 400 naming the first field of `body` (a parsed request to `route`) that asks for what
     this server does not do."""
     for name, leaves_answer in _BY_ROUTE[route].items():
-        if name in body and not leaves_answer(body[name]):
-            if name == "best_of" and _best_of_is_n(body):
-                continue
+        if name in body and not leaves_answer(body[name]) and not _neutral_in(body, name):
             raise bad_request(f"{name} is not supported", param=name)
+
+
+# field -> a rule over the whole body under which its value changes nothing after all.
+_IN_CONTEXT: dict[str, Callable[[dict[str, Any]], bool]] = {"best_of": _best_of_is_n}
+
+
+def _neutral_in(body: dict[str, Any], name: str) -> bool:
+    rule = _IN_CONTEXT.get(name)
+    return rule is not None and rule(body)
