@@ -66,7 +66,7 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def main(argv: list[str] | None = None) -> list[tuple[int, int, float, float]]:
+def main(argv: list[str] | None = None) -> list[tuple[int, int, float, float, float]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", type=_ints, default=[64, 256])
     p.add_argument("--short", type=int, default=512)
