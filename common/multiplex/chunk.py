@@ -14,8 +14,8 @@ from common.runner.side_launch import SideLaunch
 @dataclass
 class ChunkInFlight:
     """`seqs` launched on lane `lane`; `completion` recorded once every part is launched. `tokens`,
-    `began` (perf_counter at scheduling) and `host_seconds` (the engine thread's time on it so far:
-    scheduling, launching, resolving) time it for the inline budget."""
+    `began` (perf_counter at its start, less the host time its scheduling took) and `host_seconds` (the
+    engine thread's time on it so far: scheduling, launching, resolving) time it for the inline budget."""
 
     seqs: list[Sequence]
     launch: SideLaunch

@@ -207,6 +207,9 @@ class MultiplexedSteps:
         chunk, self._unstarted = self._unstarted, None
         if chunk is None:
             return
+        # Its wall time (the inline budget's) counts from here, less its scheduling: not the decode
+        # step a chunk held for it waited on.
+        chunk.began = time.perf_counter() - chunk.host_seconds
         self._advance(chunk)
         if self._chunk is None:
             return  # abandoned (out of memory), its sequences waiting again: nothing was computed

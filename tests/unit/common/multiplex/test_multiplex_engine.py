@@ -6,6 +6,7 @@ preemption beside a chunk), not the overlap (tests/unit/common/multiplex/test_gp
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -176,17 +177,36 @@ def test_a_chunk_held_for_the_decode_step_starts_after_it_with_the_same_tokens(
     assert steps.chunk_after_decode is after
     order: list[str] = []  # per engine step: "|", then the decode launch and a chunk's first part
     decode_launch, engine_step = engine.runner.launch, engine.step
-    engine.runner.launch = lambda *a, **k: order.append("decode") or decode_launch(*a, **k)
-    engine.step = lambda: order.append("|") or engine_step()
+    decode_ends: list[float] = [0.0]  # when this step's decode launch returned (0: none yet)
+
+    def launch_decode(*a, **k):
+        order.append("decode")
+        out = decode_launch(*a, **k)
+        decode_ends[-1] = time.perf_counter()
+        return out
+
+    engine.runner.launch = launch_decode
+    engine.step = lambda: order.append("|") or decode_ends.append(0.0) or engine_step()
     lane = steps.partitions.lanes[0]
     first_part = lane.activate
-    lane.activate = lambda: order.append("chunk") or first_part()
+    timed_from: list[bool] = []  # per chunk started in a decoding step: timed from after the decode launch
+
+    def start_chunk():
+        chunk = steps._chunk
+        if decode_ends[-1]:  # its wall time less its scheduling starts after this step's decode launch
+            timed_from.append(chunk.began + chunk.host_seconds >= decode_ends[-1])
+        order.append("chunk")
+        return first_part()
+
+    lane.activate = start_chunk
     lane.resume = first_part  # a chunk's later parts (the inline lane resumes by activating): not logged
     assert run_staggered(engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
     both = [step for step in "".join(order).split("|") if "decode" in step and "chunk" in step]
     assert both  # chunks were launched beside decode steps
     first = "decode" if after else "chunk"
     assert all(step.startswith(first) for step in both), both
+    if after:  # the inline budget's timing of a held chunk leaves out the decode step it waited for
+        assert timed_from and all(timed_from), timed_from
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
