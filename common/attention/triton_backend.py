@@ -61,9 +61,10 @@ class TritonAttentionBackend(AttentionBackend):
         # Measured (docs/benchmarks.md): 1.03x on the Qwen3-0.6B-shape offline workload; on the default
         # model (contexts 128-1,024) within noise, 64 rows at 1k context 1.469-1.472 vs 1.465-1.481 ms.
         self.longest_first = env_switch("PDSERVE_DECODE_LONGEST_FIRST", default=True)
-        # The longest rows of such a batch split anyway (decode_plan.SkewHelp). Opt-in: on the H100 it
-        # paid 1.04-1.07x on the 8B shape and cost 0.8% on the 0.6B standard workload (docs/benchmarks.md).
-        self.help_long_rows = env_switch("PDSERVE_DECODE_SKEW_HELP", default=False)
+        # The longest rows of such a batch split anyway, where 4x the median row (decode_plan.SkewHelp);
+        # =0 for A/B runs. Measured on the H100 (docs/benchmarks.md, session 27): 8B shape 1.04-1.07x,
+        # multiplexed ITL p99 0.76x; the real model and the 0.6B standard workload 0.998-0.999x (noise).
+        self.help_long_rows = env_switch("PDSERVE_DECODE_SKEW_HELP", default=True)
 
     def store_kv(self, k, v, k_cache, v_cache, slot_mapping) -> None:
         store_kv(k, v, k_cache, v_cache, slot_mapping)

@@ -117,10 +117,13 @@ def test_help_needs_an_unsplit_ordered_launch():
         paged_decode_attention(*args, 1, skew=SkewHelp(2, 4, 1))
 
 
-def test_the_backend_helps_a_large_unsplit_batch_when_asked(monkeypatch):
-    """PDSERVE_DECODE_SKEW_HELP=1: a batch past one program per SM (on the CPU the stand-in is 4 SMs)
-    with a row longer than the default piece (1,024 tokens) gets the reference output."""
-    monkeypatch.setenv("PDSERVE_DECODE_SKEW_HELP", "1")
+def test_the_backend_helps_a_large_unsplit_batch_by_default(monkeypatch):
+    """By default (PDSERVE_DECODE_SKEW_HELP unset; =0 turns the help off) a batch past one program per
+    SM (on the CPU the stand-in is 4 SMs) with a row longer than the default piece (1,024 tokens) gets
+    the reference output."""
+    monkeypatch.setenv("PDSERVE_DECODE_SKEW_HELP", "0")
+    assert not TritonAttentionBackend().help_long_rows
+    monkeypatch.delenv("PDSERVE_DECODE_SKEW_HELP")
     backend = TritonAttentionBackend()
     assert backend.help_long_rows
     lengths = [2_500 if INTERPRET else 6_000, 30, 200, 7, 64, 300]
@@ -134,7 +137,7 @@ def test_the_backend_helps_a_large_unsplit_batch_when_asked(monkeypatch):
 def test_the_helped_launch_is_graph_capturable_and_follows_new_lengths(monkeypatch):
     """Captured with every row short (no helper works), replayed with a long row among short ones (the
     helpers split it): the output follows, with no host sync in the capture."""
-    monkeypatch.setenv("PDSERVE_DECODE_SKEW_HELP", "1")
+    monkeypatch.delenv("PDSERVE_DECODE_SKEW_HELP", raising=False)  # the default: on
     batch = 160  # 160 x 2 KV heads: past one program per SM, so the launch is unsplit and ordered
     ctx, q, lens = _case([3000] * batch, 4, "graph")
     meta = ctx.meta([1] * batch, is_decode=True)
