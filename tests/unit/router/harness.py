@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,26 @@ from router.config import RouterConfig
 from router.server import Router, build_router
 from router.tokenizer import ModelTokenizer
 from tests.unit.router.fake_workers import FakeWorker, Script, start_workers
+
+# What the scripted workers answer by default: multi-byte characters included, then EOS.
+REPLY_TEXT = " Hello 😀 世界! The end."
+EOS = 2
+
+
+def scripted_reply(tokenizer: ModelTokenizer) -> list[int]:
+    """REPLY_TEXT's token ids and EOS: a scripted worker's default reply."""
+    return tokenizer.encode(REPLY_TEXT, add_special_tokens=False) + [EOS]
+
+
+def pd_specs(tokenizer: ModelTokenizer, prefill: Script | None = None, decode: Script | None = None) -> list:
+    """One prefill and one decode worker (prefill-0, decode-0), each replying `scripted_reply` unless
+    its script says otherwise."""
+    reply = scripted_reply(tokenizer)
+    prefill = prefill or Script()
+    decode = decode or Script()
+    prefill.reply = prefill.reply or reply
+    decode.reply = decode.reply or reply
+    return [("prefill-0", "prefill", prefill), ("decode-0", "decode", decode)]
 
 
 @dataclass
@@ -68,3 +89,26 @@ async def running_router(
         for w in workers:
             await w.stop()
         await router.stop()
+
+
+def run_router(
+    model_dir: Path, tokenizer: ModelTokenizer, specs: list, fn: Callable[[Harness], Awaitable], **overrides
+):
+    """`fn(harness)` against a running router with `specs`' workers, in a fresh event loop; its result."""
+
+    async def main():
+        async with running_router(model_dir, tokenizer, specs, **overrides) as h:
+            return await fn(h)
+
+    return asyncio.run(main())
+
+
+def sse_events(text: str) -> list:
+    """The JSON payload of each `data:` event of a chat/completions stream, "[DONE]" as itself."""
+    events = []
+    for block in text.split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: "), block
+            payload = block[len("data: ") :]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events

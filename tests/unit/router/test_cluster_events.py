@@ -10,15 +10,7 @@ from common.wire.hashing import block_hashes
 from common.wire.kv_events import BlockRemoved, BlockStored
 from common.wire.messages import PrefillRequest, Shutdown, TokenOutput, encode
 from tests.unit.router.fake_workers import Script
-from tests.unit.router.harness import running_router, wait_for
-
-
-def _run(model_dir, tokenizer, specs, fn, **overrides):
-    async def main():
-        async with running_router(model_dir, tokenizer, specs, **overrides) as h:
-            return await fn(h)
-
-    return asyncio.run(main())
+from tests.unit.router.harness import run_router, wait_for
 
 
 def test_event_gap_triggers_a_snapshot(model_dir, tokenizer) -> None:
@@ -38,7 +30,7 @@ def test_event_gap_triggers_a_snapshot(model_dir, tokenizer) -> None:
         await p0.publish([BlockRemoved(tuple(hashes[2:]))])
         await wait_for(lambda: h.router.index.match(hashes) == {"p0": 2}, what="removal applied")
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)
 
 
 def test_garbage_on_the_inbox_is_ignored(model_dir, tokenizer) -> None:
@@ -52,7 +44,7 @@ def test_garbage_on_the_inbox_is_ignored(model_dir, tokenizer) -> None:
         r = await h.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)
 
 
 def test_outputs_from_unknown_workers_are_dropped(model_dir, tokenizer) -> None:
@@ -66,7 +58,7 @@ def test_outputs_from_unknown_workers_are_dropped(model_dir, tokenizer) -> None:
         [first] = await asyncio.wait_for(queue.get_batch(), timeout=5)
         assert first.worker_id == "p0" and first.token_ids == [8] and queue.empty()
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)
 
 
 def test_restarted_worker_fails_over_in_flight_requests(model_dir, tokenizer) -> None:
@@ -91,7 +83,7 @@ def test_restarted_worker_fails_over_in_flight_requests(model_dir, tokenizer) ->
         assert len(retried) == 1 and retried[0].request_id.endswith("~retry1")
         assert "pdserve_retries_total 1" in (await h.client.get("/metrics")).text
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)
 
 
 def test_shutdown_workers(model_dir, tokenizer) -> None:
@@ -103,4 +95,4 @@ def test_shutdown_workers(model_dir, tokenizer) -> None:
             await wait_for(lambda w=w: w.of_type(Shutdown), what=f"shutdown of {w.worker_id}")
             assert w.of_type(Shutdown)[0].reason == "bye"
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)

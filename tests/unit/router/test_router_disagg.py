@@ -11,31 +11,18 @@ import pytest
 from common.wire.messages import Abort, DecodeRequest, GenerateRequest, PrefillRequest
 from router.live_rates import EWMA_ALPHA
 from tests.unit.router.fake_workers import Script
-from tests.unit.router.harness import running_router, wait_for
+from tests.unit.router.harness import REPLY_TEXT, run_router, scripted_reply, wait_for
 
-REPLY_TEXT = " Hello 😀 世界! The end."
 PROMPT = list(range(1000, 1040))  # two full blocks of 16 and a partial one
 
 
-def _reply(tokenizer) -> list[int]:
-    return tokenizer.encode(REPLY_TEXT, add_special_tokens=False) + [2]
-
-
 def _specs(tokenizer, **roles: tuple[str, Script]) -> list:
-    reply = _reply(tokenizer)
+    reply = scripted_reply(tokenizer)
     out = []
     for worker_id, (role, script) in roles.items():
         script.reply = script.reply or reply
         out.append((worker_id.replace("_", "-"), role, script))
     return out
-
-
-def _run(model_dir, tokenizer, specs, fn, **overrides):
-    async def main():
-        async with running_router(model_dir, tokenizer, specs, **overrides) as h:
-            return await fn(h)
-
-    return asyncio.run(main())
 
 
 def _metric(text: str, name: str) -> float:
@@ -70,7 +57,7 @@ def test_mixed_workers_alone_serve_and_share_the_prefix_index(model_dir, tokeniz
         assert debug["disagg"]["mode"] == "always"
         assert debug["disagg"]["learned"]["prefill_tokens_per_s"][holder]["samples"] == 2
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)
 
 
 def test_stop_string_deadline_and_failures_on_a_local_route(model_dir, tokenizer) -> None:
@@ -92,7 +79,7 @@ def test_stop_string_deadline_and_failures_on_a_local_route(model_dir, tokenizer
         assert r.status_code == 503 and r.json()["error"]["code"] == "no_workers"
         assert h.router.registry.loads.in_flight("mixed-a") == 0  # nothing leaks from any of these
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)
 
 
 def test_a_lost_mixed_worker_is_replayed_on_another(model_dir, tokenizer) -> None:
@@ -114,7 +101,7 @@ def test_a_lost_mixed_worker_is_replayed_on_another(model_dir, tokenizer) -> Non
         assert h.worker("mixed-b").of_type(GenerateRequest)[0].request_id.endswith("~retry1")
         assert _metric((await h.client.get("/metrics")).text, "pdserve_retries_total") == 1
 
-    _run(model_dir, tokenizer, specs, check, heartbeat_timeout=0.3)
+    run_router(model_dir, tokenizer, specs, check, heartbeat_timeout=0.3)
 
 
 def test_always_disaggregates_onto_decode_and_mixed_targets(model_dir, tokenizer) -> None:
@@ -135,7 +122,7 @@ def test_always_disaggregates_onto_decode_and_mixed_targets(model_dir, tokenizer
         assert _metric(metrics, 'pdserve_disagg_decisions_total{decision="remote"}') == 1
         assert _metric(metrics, 'pdserve_disagg_decisions_total{decision="local"}') == 0
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)
 
 
 def test_never_makes_decode_workers_prefill(model_dir, tokenizer) -> None:
@@ -152,7 +139,7 @@ def test_never_makes_decode_workers_prefill(model_dir, tokenizer) -> None:
         health = await h.client.get("/health")
         assert health.status_code == 200
 
-    _run(model_dir, tokenizer, specs, check, disagg="never")
+    run_router(model_dir, tokenizer, specs, check, disagg="never")
 
 
 def test_auto_weighs_the_decode_batch_against_the_prefill_queue(model_dir, tokenizer) -> None:
@@ -176,7 +163,7 @@ def test_auto_weighs_the_decode_batch_against_the_prefill_queue(model_dir, token
         assert _metric(metrics, 'pdserve_disagg_decisions_total{decision="remote"}') == 1
         assert _metric(metrics, 'pdserve_disagg_decisions_total{decision="local"}') == 1
 
-    _run(model_dir, tokenizer, specs, check, disagg="auto")
+    run_router(model_dir, tokenizer, specs, check, disagg="auto")
 
 
 def test_stage_timings_reach_metrics_and_the_learned_figures(model_dir, tokenizer) -> None:
@@ -201,4 +188,4 @@ def test_stage_timings_reach_metrics_and_the_learned_figures(model_dir, tokenize
         assert learned["transfer_bytes_per_s"]["prefill-0->decode-0"]["value"] == 1024 / 0.001
         assert learned["kv_bytes_per_token"]["value"] == 1024 / len(PROMPT)
 
-    _run(model_dir, tokenizer, specs, check)
+    run_router(model_dir, tokenizer, specs, check)
