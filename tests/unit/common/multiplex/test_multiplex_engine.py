@@ -9,17 +9,13 @@ import random
 import time
 
 import pytest
-import torch
 
 from common import LLM, SamplingParams
-from common.attention.context import get_forward_context
 from common.multiplex.inline_budget import DEFAULT_CAP
 from common.multiplex.partitions import InlinePartitions
 from tests.helpers.counted_run import generate_counted
-from tests.helpers.out_of_memory import forward_running_out_of_memory
 from tests.helpers.staggered import run_staggered
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+from tests.unit.common.multiplex.tiny_llm import GREEDY, tiny_llm
 
 
 def _prompts(seed: int = 0) -> list[list[int]]:
@@ -29,18 +25,11 @@ def _prompts(seed: int = 0) -> list[list[int]]:
     return fresh + [shared + [rng.randrange(512) for _ in range(n)] for n in (5, 23)] + [shared]
 
 
-def _llm(model_dir: str, **kw) -> LLM:
-    llm = LLM(model_dir, num_kvcache_blocks=96, kvcache_block_size=16, max_num_batched_tokens=32, **kw)
-    if llm.engine.multiplexer is not None:
-        llm.engine.multiplexer.layers_per_part = 1  # the tiny models' 2 layers: chunks in 2 parts
-    return llm
-
-
 @pytest.mark.parametrize("arch,ahead", [("qwen3", False), ("llama", False), ("qwen3", True)])
 def test_greedy_equals_aggregated(tiny_model_dirs, arch, ahead):
     prompts = _prompts()
-    plain = _llm(tiny_model_dirs[arch])
-    mux = _llm(tiny_model_dirs[arch], pd_multiplex=True, async_scheduling=ahead)
+    plain = tiny_llm(tiny_model_dirs[arch])
+    mux = tiny_llm(tiny_model_dirs[arch], pd_multiplex=True, async_scheduling=ahead)
     assert isinstance(mux.engine.multiplexer.partitions, InlinePartitions)
     # Twice: the second round's prompts hit the prefix cache filled by the first.
     for _ in range(2):
@@ -53,8 +42,8 @@ def test_greedy_equals_aggregated(tiny_model_dirs, arch, ahead):
 @pytest.mark.parametrize("ahead", [False, True])
 def test_staggered_arrivals_equal_aggregated(tiny_model_dirs, ahead):
     prompts = _prompts(1)
-    plain = _llm(tiny_model_dirs["qwen3"])
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead)
+    plain = tiny_llm(tiny_model_dirs["qwen3"])
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead)
     assert run_staggered(mux.engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
     stats = mux.engine.multiplexer.stats
     chunks = sum(stats.chunks_per_lane.values())
@@ -64,8 +53,8 @@ def test_staggered_arrivals_equal_aggregated(tiny_model_dirs, ahead):
 
 def test_the_knee_split_gives_the_same_tokens(tiny_model_dirs):
     prompts = _prompts(1)
-    plain = _llm(tiny_model_dirs["qwen3"])
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="knee")
+    plain = tiny_llm(tiny_model_dirs["qwen3"])
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="knee")
     controller = mux.engine.multiplexer.controller
     told, next_lane = [], controller.next_lane
     controller.next_lane = lambda decoding, behind: told.append(behind) or next_lane(decoding, behind)
@@ -74,11 +63,11 @@ def test_the_knee_split_gives_the_same_tokens(tiny_model_dirs):
     # Chunks of 32 tokens: the 70- and 101-token prompts fill several (prefill behind), the rest do not.
     assert True in told and False in told
     with pytest.raises(ValueError, match="mux_split"):
-        _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="fast")
+        tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="fast")
 
 
 def test_abort_of_a_chunk_in_flight_waits_for_it(tiny_model_dirs):
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
     engine = mux.engine
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     engine.step()  # b's prompt: nothing decodes, so the chunk is waited for and resolved
@@ -94,10 +83,10 @@ def test_abort_of_a_chunk_in_flight_waits_for_it(tiny_model_dirs):
 
 def test_refuses_what_does_not_combine(tiny_model_dirs):
     with pytest.raises(ValueError, match="speculative"):
-        _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, speculative="ngram")
+        tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, speculative="ngram")
     with pytest.raises(ValueError, match="role"):
-        _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, role="prefill")
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
+        tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, role="prefill")
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
     with pytest.raises(ValueError, match="layers_per_part"):
         mux.engine.runner.launch_side([], mux.engine.multiplexer.partitions.lanes[0], 0)
 
@@ -136,7 +125,7 @@ def test_run_ahead_matches_aggregated(tiny_model_dirs, kv_blocks):
 
 
 def test_abort_beside_a_run_ahead_step(tiny_model_dirs):
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
     engine = mux.engine
     for rid in ("b", "c"):
         engine.add_request([5, 6, 7], GREEDY, request_id=rid)
@@ -159,7 +148,7 @@ def test_layers_per_part_comes_from_the_environment(tiny_model_dirs, monkeypatch
 
     assert layers_per_part() is None  # unset: chunks launched whole
     monkeypatch.setenv("PDSERVE_MUX_LAYERS_PER_PART", "1")
-    assert _llm(tiny_model_dirs["qwen3"], pd_multiplex=True).engine.multiplexer.layers_per_part == 1
+    assert tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True).engine.multiplexer.layers_per_part == 1
     monkeypatch.setenv("PDSERVE_MUX_LAYERS_PER_PART", "-2")
     with pytest.raises(ValueError, match="PDSERVE_MUX_LAYERS_PER_PART"):
         layers_per_part()
@@ -171,8 +160,8 @@ def test_a_chunk_held_for_the_decode_step_starts_after_it_with_the_same_tokens(
 ):
     monkeypatch.setenv("PDSERVE_MUX_CHUNK_AFTER_DECODE", "1" if after else "0")
     prompts = _prompts(1)
-    plain = _llm(tiny_model_dirs["qwen3"])
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead)
+    plain = tiny_llm(tiny_model_dirs["qwen3"])
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead)
     engine, steps = mux.engine, mux.engine.multiplexer
     assert steps.chunk_after_decode is after
     order: list[str] = []  # per engine step: "|", then the decode launch and a chunk's first part
@@ -210,107 +199,13 @@ def test_a_chunk_held_for_the_decode_step_starts_after_it_with_the_same_tokens(
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def test_a_failed_chunk_launch_leaves_the_engine_serving(tiny_model_dirs, monkeypatch):
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
-    engine = mux.engine
-    engine.add_request([5, 6, 7], GREEDY, request_id="b")
-    engine.step()  # b prefilled; it decodes from the next step on
-    model = engine.runner.model
-    real = model.forward_in_parts
-
-    def failing(*args):
-        parts = real(*args)
-        yield next(parts)  # the first of its two parts
-        raise RuntimeError("device error")
-
-    monkeypatch.setattr(model, "forward_in_parts", lambda *a: failing(*a))
-    engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
-    with pytest.raises(RuntimeError, match="device error"):
-        for _ in range(3):
-            engine.step()  # a's chunk: its first part, a decode step for b, then the failing part
-    assert not engine.multiplexer.chunk_in_flight
-    monkeypatch.setattr(model, "forward_in_parts", real)
-    assert sorted(s.request_id for s in engine.abort(["a", "b"])) == ["a", "b"]  # as a worker's fail_all
-    while engine.has_unfinished:
-        engine.step()
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    want = _llm(tiny_model_dirs["qwen3"]).generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)
-    assert mux.generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)[0]["token_ids"] == want[0]["token_ids"]
-
-
-def _forward_running_out_of_memory(monkeypatch, model, times: int, at_part: int = 1) -> list[int]:
-    """Make the next `times` chunk launches in parts raise the CUDA allocator's error in their part
-    `at_part` (0 or 1; the second, as an eager chunk on an 80-GB H100 did); returns the count of errors
-    raised so far."""
-    real, raised = model.forward_in_parts, [0]
-
-    def failing(*args):
-        parts = real(*args)
-        if at_part:
-            yield next(parts)
-        if raised[0] < times:
-            raised[0] += 1
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 342.00 MiB")
-        yield from parts
-
-    monkeypatch.setattr(model, "forward_in_parts", lambda *a: failing(*a))
-    return raised
-
-
-@pytest.mark.parametrize("after,at_part", [(False, 1), (False, 0), (True, 0), (True, 1)])
-def test_a_chunk_out_of_memory_is_computed_again_and_decoding_goes_on(
-    tiny_model_dirs, monkeypatch, after, at_part
-):
-    """The chunk's sequences go back to the queue and are computed again; the sequence decoding beside
-    it keeps decoding; every token equals the aggregated engine's and every block comes back (the
-    chunk started beside its step's decode step or after it, failing in its first part or later)."""
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
-    engine = mux.engine
-    engine.multiplexer.chunk_after_decode = after
-    got: dict[str, list[int]] = {"a": [], "b": []}
-
-    def step() -> None:
-        for update in engine.step().updates:
-            if update.new_token_id is not None:
-                got[update.seq.request_id].append(update.new_token_id)
-
-    engine.add_request([5, 6, 7], GREEDY, request_id="b")
-    step()  # b prefilled: it decodes from the next step on, so a's chunk runs in parts
-    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1, at_part=at_part)
-    engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
-    while engine.has_unfinished:
-        step()
-    assert raised[0] == 1 and engine.multiplexer.memory_retries.recomputed == 1
-    plain = _llm(tiny_model_dirs["qwen3"]).generate([list(range(1, 40)), [5, 6, 7]], GREEDY, use_tqdm=False)
-    assert got == {"a": plain[0]["token_ids"], "b": plain[1]["token_ids"]}
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-
-
-def test_a_chunk_that_keeps_running_out_of_memory_fails_the_step(tiny_model_dirs, monkeypatch):
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
-    engine = mux.engine
-    engine.add_request([5, 6, 7], GREEDY, request_id="b")
-    engine.step()
-    retries = engine.multiplexer.memory_retries.max_retries
-    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
-    engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
-    with pytest.raises(torch.OutOfMemoryError):
-        for _ in range(10 * (retries + 1)):
-            engine.step()
-    assert raised[0] == retries + 1 and engine.multiplexer.memory_retries.recomputed == retries
-    assert sorted(s.request_id for s in engine.abort(["a", "b"])) == ["a", "b"]  # as a worker's fail_all
-    while engine.has_unfinished:
-        engine.step()
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-
-
 @pytest.mark.parametrize("ahead,mixed_ahead", [(False, False), (True, False), (True, True)])
 def test_inlined_prompts_equal_aggregated(tiny_model_dirs, monkeypatch, ahead, mixed_ahead):
     """Short prompts ride in decode steps, long ones still go to chunks; the tokens do not change."""
     monkeypatch.setenv("PDSERVE_MIXED_RUN_AHEAD", "1" if mixed_ahead else "0")
     prompts = _prompts(2)  # 3 to 101 tokens: the first (3) and the prefix hits' rest fit 24
-    plain = _llm(tiny_model_dirs["qwen3"])
-    mux = _llm(
+    plain = tiny_llm(tiny_model_dirs["qwen3"])
+    mux = tiny_llm(
         tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead, mux_inline_prompt_tokens=24
     )
     assert mux.engine.multiplexer.mixed_ahead == mixed_ahead
@@ -323,7 +218,7 @@ def test_inlined_prompts_equal_aggregated(tiny_model_dirs, monkeypatch, ahead, m
 
 
 def test_inlining_leaves_long_prompts_and_idle_engines_to_chunks(tiny_model_dirs):
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8)
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8)
     engine = mux.engine
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     engine.step()  # nothing decodes: b's short prompt is a chunk of its own, waited for
@@ -339,7 +234,7 @@ def test_inlining_leaves_long_prompts_and_idle_engines_to_chunks(tiny_model_dirs
 
 
 def test_short_prompts_waiting_together_ride_in_one_decode_step(tiny_model_dirs):
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8)
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=8)
     engine = mux.engine
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     engine.step()  # b's prompt (nothing decodes yet)
@@ -353,7 +248,7 @@ def test_short_prompts_waiting_together_ride_in_one_decode_step(tiny_model_dirs)
 def test_inline_prompt_tokens_is_checked(tiny_model_dirs):
     for bad in (-1, 2.5, True):
         with pytest.raises(ValueError, match="mux_inline_prompt_tokens"):
-            _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=bad)
+            tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_prompt_tokens=bad)
 
 
 @pytest.mark.parametrize("ahead", [False, True])
@@ -362,8 +257,10 @@ def test_a_measured_inline_budget_gives_the_same_tokens(tiny_model_dirs, ahead):
     that (on the CPU a chunk's launch is its whole computation, so the break-even is about a chunk)
     short prompts do, and the tokens stay the aggregated engine's."""
     prompts = _prompts(3)
-    plain = _llm(tiny_model_dirs["qwen3"])
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead, mux_inline_measured=True)
+    plain = tiny_llm(tiny_model_dirs["qwen3"])
+    mux = tiny_llm(
+        tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=ahead, mux_inline_measured=True
+    )
     budget = mux.engine.multiplexer.inline_budget
     assert budget is not None and budget.tokens == 0 and budget.cap == DEFAULT_CAP
     for every in (1, 2):
@@ -376,30 +273,4 @@ def test_a_measured_inline_budget_gives_the_same_tokens(tiny_model_dirs, ahead):
 
 def test_inline_measured_is_checked(tiny_model_dirs):
     with pytest.raises(ValueError, match="mux_inline_measured"):
-        _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_measured="yes")
-
-
-def test_a_decode_step_out_of_memory_is_computed_again(tiny_model_dirs, monkeypatch):
-    """The decode step's sequences go back to the queue (preempted by recompute) and their tokens do
-    not change; every block comes back."""
-    mux = _llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
-    engine = mux.engine
-    got: dict[str, list[int]] = {"b": []}
-    engine.add_request([5, 6, 7], GREEDY, request_id="b")
-    for _ in range(3):  # b prefilled by a chunk, then decoding
-        for update in engine.step().updates:
-            if update.new_token_id is not None:
-                got["b"].append(update.new_token_id)
-
-    def in_a_decode_step() -> None:  # decode steps call forward; chunks run forward_in_parts
-        assert get_forward_context().meta.is_decode
-
-    raised = forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1, check=in_a_decode_step)
-    while engine.has_unfinished:
-        for update in engine.step().updates:
-            if update.new_token_id is not None:
-                got["b"].append(update.new_token_id)
-    assert raised[0] == 1 and engine.multiplexer.memory_retries.recomputed == 1
-    plain = _llm(tiny_model_dirs["qwen3"]).generate([[5, 6, 7]], GREEDY, use_tqdm=False)
-    assert got == {"b": plain[0]["token_ids"]}
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+        tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_inline_measured="yes")
