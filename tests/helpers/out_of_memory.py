@@ -1,5 +1,5 @@
-"""The CUDA allocator's out-of-memory error raised from a model's forward, for the CPU tests of the
-engines' recovery (common/runner/memory_retry.py)."""
+"""The CUDA allocator's out-of-memory error raised from a model's forward (or a chunk's launch in
+parts), for the CPU tests of the engines' recovery (common/runner/memory_retry.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,31 @@ def forward_running_out_of_memory(
             if check is not None:
                 check()
             raised[0] += 1
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 342.00 MiB")
+            raise _allocator_error()
         return real(*args, **kwargs)
 
     monkeypatch.setattr(model, "forward", failing)
     return raised
+
+
+def parts_running_out_of_memory(monkeypatch, model, times: int, at_part: int = 1) -> list[int]:
+    """The next `times` chunk launches in parts (`model.forward_in_parts`) raise the allocator's error in
+    their part `at_part` (0 or 1; the second, as an eager chunk on an 80-GB H100 did); returns the count
+    raised so far, as a one-item list."""
+    real, raised = model.forward_in_parts, [0]
+
+    def failing(*args):
+        parts = real(*args)
+        if at_part:
+            yield next(parts)
+        if raised[0] < times:
+            raised[0] += 1
+            raise _allocator_error()
+        yield from parts
+
+    monkeypatch.setattr(model, "forward_in_parts", lambda *a: failing(*a))
+    return raised
+
+
+def _allocator_error() -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 342.00 MiB")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.attention.context import get_forward_context
-from tests.helpers.out_of_memory import forward_running_out_of_memory
+from tests.helpers.out_of_memory import forward_running_out_of_memory, parts_running_out_of_memory
 from tests.unit.common.multiplex.tiny_llm import GREEDY, tiny_llm
 
 
@@ -40,25 +40,6 @@ def test_a_failed_chunk_launch_leaves_the_engine_serving(tiny_model_dirs, monkey
     assert mux.generate([[9, 8, 7, 6]], GREEDY, use_tqdm=False)[0]["token_ids"] == want[0]["token_ids"]
 
 
-def _forward_running_out_of_memory(monkeypatch, model, times: int, at_part: int = 1) -> list[int]:
-    """Make the next `times` chunk launches in parts raise the CUDA allocator's error in their part
-    `at_part` (0 or 1; the second, as an eager chunk on an 80-GB H100 did); returns the count of errors
-    raised so far."""
-    real, raised = model.forward_in_parts, [0]
-
-    def failing(*args):
-        parts = real(*args)
-        if at_part:
-            yield next(parts)
-        if raised[0] < times:
-            raised[0] += 1
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 342.00 MiB")
-        yield from parts
-
-    monkeypatch.setattr(model, "forward_in_parts", lambda *a: failing(*a))
-    return raised
-
-
 @pytest.mark.parametrize("after,at_part", [(False, 1), (False, 0), (True, 0), (True, 1)])
 def test_a_chunk_out_of_memory_is_computed_again_and_decoding_goes_on(
     tiny_model_dirs, monkeypatch, after, at_part
@@ -78,7 +59,7 @@ def test_a_chunk_out_of_memory_is_computed_again_and_decoding_goes_on(
 
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     step()  # b prefilled: it decodes from the next step on, so a's chunk runs in parts
-    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1, at_part=at_part)
+    raised = parts_running_out_of_memory(monkeypatch, engine.runner.model, times=1, at_part=at_part)
     engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
     while engine.has_unfinished:
         step()
@@ -96,7 +77,7 @@ def test_a_chunk_that_keeps_running_out_of_memory_fails_the_step(tiny_model_dirs
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
     engine.step()
     retries = engine.multiplexer.memory_retries.max_retries
-    raised = _forward_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
+    raised = parts_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
     engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
     with pytest.raises(torch.OutOfMemoryError):
         for _ in range(10 * (retries + 1)):
