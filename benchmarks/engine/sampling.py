@@ -3,6 +3,8 @@
 python benchmarks/engine/sampling.py                 # batch 1, 64, 256 at vocab 151,936, bf16 logits
 python benchmarks/engine/sampling.py --vocab 49152 151936 --batches 1 8 64 256 --top-p
 python benchmarks/engine/sampling.py --sweep         # also the kernel alone at each programs-per-row count
+python benchmarks/engine/sampling.py --top-k 20      # also Qwen3's T=0.6, top_k 20, top_p 0.95: the rows
+                                                     # sorted against their best 20 (PDSERVE_TOPK_CANDIDATES)
 
 No CUDA graphs: `host` is the time to enqueue one call (perf_counter, no sync), `gpu` the device
 time per call (CUDA events around a run of calls), `wall` the time per call of that run, synchronised.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,18 +26,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common.runner.sampler import Sampler, SamplingBatch  # noqa: E402
 
 
-def make_batch(rows: int, temperature: float, device: torch.device, top_p: float = 1.0) -> SamplingBatch:
-    """What prepare_sampling builds for `rows` rows of one temperature (and top-p: the torch path)."""
-    filtered = top_p < 1.0
+def make_batch(
+    rows: int, temperature: float, device: torch.device, top_p: float = 1.0, top_k: int = 0
+) -> SamplingBatch:
+    """What prepare_sampling builds for `rows` rows of one temperature (and top-p or top-k: the torch
+    path)."""
+    filtered = top_p < 1.0 or top_k > 0
     return SamplingBatch(
         temperatures=torch.full((rows,), temperature, device=device),
-        top_k=None,
+        top_k=torch.full((rows,), top_k, device=device) if top_k else None,
         top_p=torch.full((rows,), top_p, device=device) if filtered else None,
         min_p=None,
         all_greedy=temperature == 0,
         any_greedy=temperature == 0,
         generators=[],
         plain_rows=[not filtered] * rows,
+        top_k_bound=top_k or None,
     )
 
 
@@ -73,6 +80,20 @@ def compare(rows: int, vocab: int, temperature: float, iters: int, top_p: float 
     return out
 
 
+def compare_top_k(rows: int, vocab: int, top_k: int, iters: int) -> dict:
+    """The torch path at T=0.6, top_p 0.95 and `top_k`: each row sorted, against its best `top_k`."""
+    device = torch.device("cuda")
+    logits = (torch.randn(rows, vocab, device=device) * 4).to(torch.bfloat16)
+    batch = make_batch(rows, 0.6, device, top_p=0.95, top_k=top_k)
+    sampler = Sampler(fused=False)
+    out: dict = {"vocab": vocab, "batch": rows, "top_k": top_k}
+    for arm, candidates in (("sorted", "0"), ("best", str(top_k))):
+        os.environ["PDSERVE_TOPK_CANDIDATES"] = candidates
+        out[arm] = time_calls(lambda: sampler(logits, batch), iters)
+    out["speedup_wall"] = round(out["sorted"]["wall_us"] / out["best"]["wall_us"], 2)
+    return out
+
+
 def sweep(rows: int, vocab: int, iters: int) -> dict:
     """The kernel alone (temperature 0.6) at each count of programs per row."""
     from common.runner import sampling_kernel
@@ -99,16 +120,22 @@ def main() -> None:
         "--top-p", action="store_true", help="also T=0.6 with top_p 0.9 (the torch path's sort)"
     )
     parser.add_argument("--sweep", action="store_true", help="also time the kernel per programs-per-row")
+    parser.add_argument(
+        "--top-k", type=int, default=0, help="also T=0.6, top_p 0.95 and this top_k, both ways"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/engine/sampling.py needs a CUDA GPU")
     cases = [(0.0, 1.0), (0.6, 1.0)] + ([(0.6, 0.9)] if args.top_p else [])
-    results = []
+    results, top_k_results = [], []
     for vocab in args.vocab:
         for rows in args.batches:
             for temperature, top_p in cases:
                 results.append(compare(rows, vocab, temperature, args.iters, top_p))
                 print(json.dumps(results[-1]))
+            if args.top_k:
+                top_k_results.append(compare_top_k(rows, vocab, args.top_k, args.iters))
+                print(json.dumps(top_k_results[-1]))
             if args.sweep:
                 print(json.dumps(sweep(rows, vocab, args.iters)))
     print("| vocab | batch | T | top_p | fused host / gpu / wall us | torch host / gpu / wall us |")
@@ -118,6 +145,14 @@ def main() -> None:
             f"| {r['vocab']} | {r['batch']} | {r['temperature']} | {r['top_p']} "
             f"| {f['host_us']} / {f['gpu_us']} / {f['wall_us']} "
             f"| {t['host_us']} / {t['gpu_us']} / {t['wall_us']} |"
+        )
+    if top_k_results:
+        print("| vocab | batch | top_k | sorted host / gpu / wall us | best host / gpu / wall us | speed |")
+    for r in top_k_results:
+        a, b = r["sorted"], r["best"]
+        print(
+            f"| {r['vocab']} | {r['batch']} | {r['top_k']} | {a['host_us']} / {a['gpu_us']} / {a['wall_us']} "
+            f"| {b['host_us']} / {b['gpu_us']} / {b['wall_us']} | {r['speedup_wall']}x |"
         )
 
 

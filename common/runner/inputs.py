@@ -196,7 +196,14 @@ def _parameter_columns(
         generators=[],
         num_logprobs=per_row(logprobs, counts) if any(n is not None for n in logprobs) else None,
         plain_rows=[plain[0]] * sum(counts) if all(q == plain[0] for q in plain) else per_row(plain, counts),
+        top_k_bound=_top_k_bound(params),
     )
+
+
+def _top_k_bound(params: list[SamplingParams]) -> int | None:
+    """The largest top-k of the sampling rows when every one has a top-k (SamplingBatch.top_k_bound)."""
+    ks = [p.top_k for p in params if not p.greedy]
+    return max(ks) if ks and min(ks) > 0 else None
 
 
 def sampling_rows(seqs: list[Sequence], counts: list[int]) -> tuple[list[Sequence], list[int]]:

@@ -11,7 +11,13 @@ argmax for greedy rows, the same exponential race in log space (Gumbel-max) for 
 Philox noise keyed by a per-row seed drawn on the device each step. A seeded row draws that seed
 from its own generator, so the same seed gives the same tokens whatever else is in the batch. Rows
 with top-k/top-p/min-p, penalties, a logit bias or banned ids take the torch path below, on their rows
-alone.
+alone. There the filters sort each row; when every sampling row has a top-k of at most
+N (`PDSERVE_TOPK_CANDIDATES=N`, opt-in until measured on a GPU; host-known:
+`SamplingBatch.top_k_bound`; Qwen3's generation config asks top_k 20), they take the rows'
+`top_k_bound` best tokens instead (`torch.topk`) and filter those: the same filters over the same
+tokens (every survivor of top-k, and so of top-p and min-p, is among them), without sorting the
+vocabulary. Which of several tokens with equal logits at the top-k boundary survives is not fixed
+either way (neither sort is stable).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from common.env_flags import env_choice
+from common.env_flags import env_choice, env_int
 from common.layers.fused import use_fused
 from common.wire.logprobs import TokenLogprob
 
@@ -49,6 +55,9 @@ class SamplingBatch:
     # Host-known, per row: True when the row needs nothing beyond temperature (or greedy) and the
     # grammar mask, so the fused kernel may take it. None: unknown, every row takes the torch path.
     plain_rows: list[bool] | None = None
+    # Host-known: every sampling row keeps at most this many tokens (its top_k); None: some row may
+    # keep more (no top-k). Greedy rows do not count: filters never change their token.
+    top_k_bound: int | None = None
 
 
 @dataclass
@@ -143,6 +152,12 @@ _SEED_BOUND = 2**62
 _FUSED_MODES = ("auto", "0", "1")
 
 
+def top_k_candidates() -> int:
+    """`PDSERVE_TOPK_CANDIDATES=N`: the largest top-k bound under which the filters take each row's best
+    tokens instead of sorting it (module docstring); 0, the default: always sort."""
+    return env_int("PDSERVE_TOPK_CANDIDATES", 0, 0, 1 << 20)
+
+
 def fused_sampling_mode() -> str:
     """`PDSERVE_FUSED_SAMPLING`: auto (default), 0 or 1 (see Sampler)."""
     return env_choice("PDSERVE_FUSED_SAMPLING", _FUSED_MODES, "auto")
@@ -211,12 +226,32 @@ def _add_bias(logits: torch.Tensor, bias: list[list[tuple[int, float]]]) -> torc
 def _filter(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.top_k is None and batch.top_p is None and batch.min_p is None:
         return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
+    candidates = candidate_count(batch, vocab)
+    if candidates is not None:  # every survivor is among each row's best `candidates`: filter only those
+        best, order = logits.topk(candidates, dim=-1)
+        return torch.full_like(logits, float("-inf")).scatter_(1, order, _filter_sorted(best, batch, vocab))
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    return torch.empty_like(logits).scatter_(1, order, _filter_sorted(sorted_logits, batch, vocab))
+
+
+def candidate_count(batch: SamplingBatch, vocab: int) -> int | None:
+    """How many of each row's best tokens the filters take instead of the sorted row: the batch's
+    `top_k_bound`, where it is below the vocabulary and within `top_k_candidates()`; None: sort."""
+    bound = batch.top_k_bound
+    if bound is None or bound >= vocab or bound > top_k_candidates():
+        return None
+    return bound
+
+
+def _filter_sorted(sorted_logits: torch.Tensor, batch: SamplingBatch, vocab: int) -> torch.Tensor:
+    """The filters over each row's best logits in descending order (the whole row, or a prefix that
+    holds every token top-k keeps); what they drop becomes -inf."""
     drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    position = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device).unsqueeze(0)
     if batch.top_k is not None:
         k = torch.where(batch.top_k <= 0, vocab, batch.top_k).clamp(max=vocab)
-        drop |= torch.arange(vocab, device=logits.device).unsqueeze(0) >= k.unsqueeze(1)
+        drop |= position >= k.unsqueeze(1)
     if batch.top_p is not None:
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
@@ -225,8 +260,7 @@ def _filter(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         drop |= probs < batch.min_p.unsqueeze(1) * probs[:, :1]
     drop[:, 0] = False  # the most likely token always survives
-    filtered = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, filtered)
+    return sorted_logits.masked_fill(drop, float("-inf"))
 
 
 def _exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:

@@ -1,0 +1,101 @@
+"""The filters over each row's best tokens (`PDSERVE_TOPK_CANDIDATES`, common/runner/sampler.py): where
+every sampling row has a top-k within the bound, they keep exactly what the sorted rows keep, and the
+sampler draws the same tokens; elsewhere the rows are sorted as before."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.core.sequence import Sequence
+from common.runner import sampler as sampler_module
+from common.runner.inputs import prepare_sampling
+from common.runner.sampler import Sampler, SamplingBatch, candidate_count
+from common.wire.sampling_params import SamplingParams
+
+VOCAB = 3_000
+ROWS = 6
+
+
+def _batch(
+    top_k: list[int], top_p: list[float], min_p: list[float], temperatures: list[float]
+) -> SamplingBatch:
+    sampling = [t > 0 for t in temperatures]
+    bound_ks = [k for k, s in zip(top_k, sampling, strict=True) if s]
+    return SamplingBatch(
+        temperatures=torch.tensor(temperatures),
+        top_k=torch.tensor(top_k),
+        top_p=torch.tensor(top_p),
+        min_p=torch.tensor(min_p),
+        all_greedy=not any(sampling),
+        any_greedy=not all(sampling),
+        generators=[torch.Generator().manual_seed(100 + row) for row in range(len(top_k))],
+        top_k_bound=max(bound_ks) if bound_ks and min(bound_ks) > 0 else None,
+    )
+
+
+def _logits(seed: int) -> torch.Tensor:
+    # Random normal logits in float32: no two equal, so which token survives a boundary is decided.
+    return torch.randn(ROWS, VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+CASES = [
+    # top_k, top_p, min_p per row; the greedy row (temperature 0) has no top-k: it does not bound
+    ([20, 5, 40, 1, 20, 0], [1.0, 0.8, 0.95, 1.0, 0.5, 0.9], [0.0, 0.0, 0.1, 0.0, 0.05, 0.0]),
+    ([64, 64, 64, 64, 64, 0], [0.95] * 6, [0.0] * 6),
+    ([3, 10, 2, 7, 9, 0], [1.0] * 6, [0.2, 0.0, 0.0, 0.3, 0.0, 0.0]),
+]
+TEMPERATURES = [0.6, 1.0, 0.8, 0.6, 1.2, 0.0]
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", CASES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_best_tokens_keep_what_the_sorted_rows_keep(monkeypatch, top_k, top_p, min_p, seed):
+    batch = _batch(top_k, top_p, min_p, TEMPERATURES)
+    logits = _logits(seed)
+    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "0")
+    assert candidate_count(batch, VOCAB) is None
+    sorted_rows = sampler_module._filter(logits, batch)
+    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "1024")
+    assert candidate_count(batch, VOCAB) == max(top_k)
+    best_rows = sampler_module._filter(logits, batch)
+    sampling = torch.tensor(TEMPERATURES) > 0  # a greedy row's filtered logits are never drawn from
+    assert torch.equal(best_rows[sampling], sorted_rows[sampling])
+    kept = torch.isfinite(best_rows[sampling]).sum(dim=-1)
+    assert (kept >= 1).all() and (kept <= torch.tensor(top_k)[sampling]).all()
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", CASES)
+def test_the_sampler_draws_the_same_tokens_either_way(monkeypatch, top_k, top_p, min_p):
+    logits = _logits(7)
+    tokens = {}
+    for candidates in ("0", "1024"):
+        monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", candidates)
+        batch = _batch(top_k, top_p, min_p, TEMPERATURES)  # fresh generators: the same draws
+        tokens[candidates] = [Sampler(fused=False)(logits, batch).token_ids for _ in range(5)]
+    assert all(torch.equal(a, b) for a, b in zip(tokens["0"], tokens["1024"], strict=True))
+    assert tokens["0"][0][-1] == logits[-1].argmax()  # the greedy row
+
+
+def test_rows_are_sorted_where_a_top_k_is_missing_or_past_the_bound(monkeypatch):
+    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "32")
+    batch = _batch([20, 0, 5, 1, 2, 3], [1.0] * 6, [0.0] * 6, [0.6] * 6)
+    assert batch.top_k_bound is None and candidate_count(batch, VOCAB) is None  # a sampling row without
+    batch = _batch([20, 40, 5, 1, 2, 3], [1.0] * 6, [0.0] * 6, [0.6] * 6)
+    assert candidate_count(batch, VOCAB) is None  # 40 > 32
+    assert candidate_count(batch, 40) is None  # the whole vocabulary: nothing to save
+    assert candidate_count(batch, VOCAB + 1) is None
+    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "40")
+    assert candidate_count(batch, VOCAB) == 40
+
+
+def test_the_runner_states_the_bound_from_the_sampling_rows():
+    def bound(*params: SamplingParams) -> int | None:
+        seqs = [Sequence([1, 2, 3], p, block_size=16) for p in params]
+        return prepare_sampling(seqs, VOCAB, torch.device("cpu")).top_k_bound
+
+    qwen3 = SamplingParams(temperature=0.6, top_p=0.95, top_k=20)
+    assert bound(qwen3) == 20
+    assert bound(qwen3, SamplingParams(temperature=1.0, top_k=50), SamplingParams(temperature=0.0)) == 50
+    assert bound(qwen3, SamplingParams(temperature=0.7, top_p=0.9)) is None  # a sampling row without top-k
+    assert bound(SamplingParams(temperature=0.0)) is None
