@@ -140,20 +140,17 @@ def main() -> None:
                 print(json.dumps(sweep(rows, vocab, args.iters)))
     print("| vocab | batch | T | top_p | fused host / gpu / wall us | torch host / gpu / wall us |")
     for r in results:
-        f, t = r["fused"], r["torch"]
-        print(
-            f"| {r['vocab']} | {r['batch']} | {r['temperature']} | {r['top_p']} "
-            f"| {f['host_us']} / {f['gpu_us']} / {f['wall_us']} "
-            f"| {t['host_us']} / {t['gpu_us']} / {t['wall_us']} |"
-        )
+        head = f"| {r['vocab']} | {r['batch']} | {r['temperature']} | {r['top_p']}"
+        print(f"{head} | {_us(r['fused'])} | {_us(r['torch'])} |")
     if top_k_results:
         print("| vocab | batch | top_k | sorted host / gpu / wall us | best host / gpu / wall us | speed |")
     for r in top_k_results:
-        a, b = r["sorted"], r["best"]
-        print(
-            f"| {r['vocab']} | {r['batch']} | {r['top_k']} | {a['host_us']} / {a['gpu_us']} / {a['wall_us']} "
-            f"| {b['host_us']} / {b['gpu_us']} / {b['wall_us']} | {r['speedup_wall']}x |"
-        )
+        head = f"| {r['vocab']} | {r['batch']} | {r['top_k']}"
+        print(f"{head} | {_us(r['sorted'])} | {_us(r['best'])} | {r['speedup_wall']}x |")
+
+
+def _us(timing: dict[str, float]) -> str:
+    return f"{timing['host_us']} / {timing['gpu_us']} / {timing['wall_us']}"
 
 
 if __name__ == "__main__":
