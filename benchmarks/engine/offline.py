@@ -71,7 +71,9 @@ def run_engine(model: str, prompts, outputs, args) -> dict:
     engine_kwargs = json.loads(args.engine_kwargs)
     llm = LLM(model, max_model_len=4096, enforce_eager=args.enforce_eager, dtype=args.dtype, **engine_kwargs)
     params = [
-        SamplingParams(temperature=args.temperature, ignore_eos=True, max_tokens=n, seed=None)
+        SamplingParams(
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, ignore_eos=True, max_tokens=n
+        )
         for n in outputs
     ]
     # Warm-up on a slice of the real workload, so one-off compilation stays out of the timing.
@@ -113,7 +115,12 @@ def run_transformers(model: str, prompts, outputs, args, dtype_name: str) -> dic
         mask[i, width - len(p) :] = 1
     new = max(outputs)
     kwargs = dict(
-        do_sample=True, temperature=args.temperature, top_k=0, max_new_tokens=new, min_new_tokens=new
+        do_sample=True,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        max_new_tokens=new,
+        min_new_tokens=new,
     )
     with torch.no_grad():
         hf.generate(ids[:1, -8:].to(device), max_new_tokens=2, pad_token_id=0)  # warm-up
@@ -138,6 +145,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--input-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
     p.add_argument("--output-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
     p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-k", type=int, default=0, help="every request's top_k (0: off; Qwen3's config: 20)")
+    p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (Qwen3's config: 0.95)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--dtype", default="auto", help="engine (and transformers) dtype, e.g. bfloat16")
