@@ -14,16 +14,22 @@ from common.runner.side_launch import SideLaunch
 @dataclass
 class ChunkInFlight:
     """`seqs` launched on lane `lane`; `completion` recorded once every part is launched. `tokens`,
-    `began` (perf_counter at its start, less the host time its scheduling took) and `host_seconds` (the
-    engine thread's time on it so far: scheduling, launching, resolving) time it for the inline budget."""
+    `host_seconds` (the engine thread's time on it so far: scheduling, launching, resolving) and `began`
+    (perf_counter at its start, less the host time its scheduling took; set by `start`) time it for the
+    inline budget."""
 
     seqs: list[Sequence]
     launch: SideLaunch
     lane: int
     tokens: int
-    began: float
     host_seconds: float = 0.0
+    began: float = 0.0
     completion: Completion | None = None
+
+    def start(self, now: float) -> None:
+        """The chunk starts now: its wall time counts from here, less its scheduling, so a chunk held
+        for its step's decode step leaves out the decode step it waited for."""
+        self.began = now - self.host_seconds
 
     @property
     def done(self) -> bool:

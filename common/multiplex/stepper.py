@@ -198,8 +198,7 @@ class MultiplexedSteps:
             self.timings.shared_chunk_sms += share.sms
         per_part = self.layers_per_part if decoding else None
         launch = self.runner.launch_side(batch.seqs, share, per_part)
-        chunk = ChunkInFlight(batch.seqs, launch, lane, batch.num_prefill_tokens, began)
-        chunk.host_seconds = time.perf_counter() - began
+        chunk = ChunkInFlight(batch.seqs, launch, lane, batch.num_prefill_tokens, time.perf_counter() - began)
         self._chunk = self._unstarted = chunk
 
     def _start_chunk(self, result: StepResult) -> None:
@@ -207,9 +206,7 @@ class MultiplexedSteps:
         chunk, self._unstarted = self._unstarted, None
         if chunk is None:
             return
-        # Its wall time (the inline budget's) counts from here, less its scheduling: not the decode
-        # step a chunk held for it waited on.
-        chunk.began = time.perf_counter() - chunk.host_seconds
+        chunk.start(time.perf_counter())
         self._advance(chunk)
         if self._chunk is None:
             return  # abandoned (out of memory), its sequences waiting again: nothing was computed

@@ -89,6 +89,7 @@ class Sampler:
     def __init__(self, fused: bool | None = None) -> None:
         self.fused = fused
         self._mode = fused_sampling_mode()  # read once, not per step
+        self._top_k_candidates = top_k_candidates()
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         plain = batch.plain_rows
@@ -141,7 +142,7 @@ class Sampler:
         # A mixed batch needs the argmax rows too; an all-sampling batch skips a full pass over the logits.
         greedy = logits.argmax(dim=-1) if batch.any_greedy else None
         temps = batch.temperatures.clamp_min(1e-5).unsqueeze(1)
-        logits = _filter(logits / temps, batch)
+        logits = _filter(logits / temps, batch, self._top_k_candidates)
         probs = torch.softmax(logits, dim=-1)
         noise = _exponential_noise(probs, batch.generators)
         sampled = (probs / noise).argmax(dim=-1)
@@ -223,11 +224,12 @@ def _add_bias(logits: torch.Tensor, bias: list[list[tuple[int, float]]]) -> torc
     return logits.index_put(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
 
 
-def _filter(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def _filter(logits: torch.Tensor, batch: SamplingBatch, max_candidates: int = 0) -> torch.Tensor:
+    """top-k, top-p and min-p; `max_candidates`: `top_k_candidates()`, read by the Sampler once."""
     if batch.top_k is None and batch.top_p is None and batch.min_p is None:
         return logits
     vocab = logits.shape[-1]
-    candidates = candidate_count(batch, vocab)
+    candidates = candidate_count(batch, vocab, max_candidates)
     if candidates is not None:  # every survivor is among each row's best `candidates`: filter only those
         best, order = logits.topk(candidates, dim=-1)
         return torch.full_like(logits, float("-inf")).scatter_(1, order, _filter_sorted(best, batch, vocab))
@@ -235,11 +237,11 @@ def _filter(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(1, order, _filter_sorted(sorted_logits, batch, vocab))
 
 
-def candidate_count(batch: SamplingBatch, vocab: int) -> int | None:
+def candidate_count(batch: SamplingBatch, vocab: int, max_candidates: int) -> int | None:
     """How many of each row's best tokens the filters take instead of the sorted row: the batch's
-    `top_k_bound`, where it is below the vocabulary and within `top_k_candidates()`; None: sort."""
+    `top_k_bound`, where it is below the vocabulary and at most `max_candidates`; None: sort."""
     bound = batch.top_k_bound
-    if bound is None or bound >= vocab or bound > top_k_candidates():
+    if bound is None or bound >= vocab or bound > max_candidates:
         return None
     return bound
 

@@ -10,7 +10,7 @@ import torch
 from common.core.sequence import Sequence
 from common.runner import sampler as sampler_module
 from common.runner.inputs import prepare_sampling
-from common.runner.sampler import Sampler, SamplingBatch, candidate_count
+from common.runner.sampler import Sampler, SamplingBatch, candidate_count, top_k_candidates
 from common.wire.sampling_params import SamplingParams
 
 VOCAB = 3_000
@@ -50,15 +50,13 @@ TEMPERATURES = [0.6, 1.0, 0.8, 0.6, 1.2, 0.0]
 
 @pytest.mark.parametrize("top_k,top_p,min_p", CASES)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_best_tokens_keep_what_the_sorted_rows_keep(monkeypatch, top_k, top_p, min_p, seed):
+def test_the_best_tokens_keep_what_the_sorted_rows_keep(top_k, top_p, min_p, seed):
     batch = _batch(top_k, top_p, min_p, TEMPERATURES)
     logits = _logits(seed)
-    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "0")
-    assert candidate_count(batch, VOCAB) is None
-    sorted_rows = sampler_module._filter(logits, batch)
-    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "1024")
-    assert candidate_count(batch, VOCAB) == max(top_k)
-    best_rows = sampler_module._filter(logits, batch)
+    assert candidate_count(batch, VOCAB, 0) is None
+    sorted_rows = sampler_module._filter(logits, batch, 0)
+    assert candidate_count(batch, VOCAB, 1024) == max(top_k)
+    best_rows = sampler_module._filter(logits, batch, 1024)
     sampling = torch.tensor(TEMPERATURES) > 0  # a greedy row's filtered logits are never drawn from
     assert torch.equal(best_rows[sampling], sorted_rows[sampling])
     kept = torch.isfinite(best_rows[sampling]).sum(dim=-1)
@@ -79,14 +77,17 @@ def test_the_sampler_draws_the_same_tokens_either_way(monkeypatch, top_k, top_p,
 
 def test_rows_are_sorted_where_a_top_k_is_missing_or_past_the_bound(monkeypatch):
     monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "32")
+    limit = top_k_candidates()
     batch = _batch([20, 0, 5, 1, 2, 3], [1.0] * 6, [0.0] * 6, [0.6] * 6)
-    assert batch.top_k_bound is None and candidate_count(batch, VOCAB) is None  # a sampling row without
+    assert (
+        batch.top_k_bound is None and candidate_count(batch, VOCAB, limit) is None
+    )  # a sampling row without
     batch = _batch([20, 40, 5, 1, 2, 3], [1.0] * 6, [0.0] * 6, [0.6] * 6)
-    assert candidate_count(batch, VOCAB) is None  # 40 > 32
-    assert candidate_count(batch, 40) is None  # the whole vocabulary: nothing to save
-    assert candidate_count(batch, VOCAB + 1) is None
+    assert candidate_count(batch, VOCAB, limit) is None  # 40 > 32
+    assert candidate_count(batch, 40, limit) is None  # the whole vocabulary: nothing to save
+    assert candidate_count(batch, VOCAB + 1, limit) is None
     monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "40")
-    assert candidate_count(batch, VOCAB) == 40
+    assert candidate_count(batch, VOCAB, top_k_candidates()) == 40
 
 
 def test_the_runner_states_the_bound_from_the_sampling_rows():
