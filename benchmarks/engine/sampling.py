@@ -123,10 +123,13 @@ def main() -> None:
     parser.add_argument(
         "--top-k", type=int, default=0, help="also T=0.6, top_p 0.95 and this top_k, both ways"
     )
+    parser.add_argument("--top-k-only", action="store_true", help="with --top-k: only the top-k table")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/engine/sampling.py needs a CUDA GPU")
     cases = [(0.0, 1.0), (0.6, 1.0)] + ([(0.6, 0.9)] if args.top_p else [])
+    if args.top_k and args.top_k_only:
+        cases = []
     results, top_k_results = [], []
     for vocab in args.vocab:
         for rows in args.batches:
@@ -138,7 +141,8 @@ def main() -> None:
                 print(json.dumps(top_k_results[-1]))
             if args.sweep:
                 print(json.dumps(sweep(rows, vocab, args.iters)))
-    print("| vocab | batch | T | top_p | fused host / gpu / wall us | torch host / gpu / wall us |")
+    if results:
+        print("| vocab | batch | T | top_p | fused host / gpu / wall us | torch host / gpu / wall us |")
     for r in results:
         head = f"| {r['vocab']} | {r['batch']} | {r['temperature']} | {r['top_p']}"
         print(f"{head} | {_us(r['fused'])} | {_us(r['torch'])} |")

@@ -11,13 +11,10 @@ argmax for greedy rows, the same exponential race in log space (Gumbel-max) for 
 Philox noise keyed by a per-row seed drawn on the device each step. A seeded row draws that seed
 from its own generator, so the same seed gives the same tokens whatever else is in the batch. Rows
 with top-k/top-p/min-p, penalties, a logit bias or banned ids take the torch path below, on their rows
-alone. There the filters sort each row; when every sampling row has a top-k of at most
-N (`PDSERVE_TOPK_CANDIDATES=N`, opt-in until measured on a GPU; host-known:
-`SamplingBatch.top_k_bound`; Qwen3's generation config asks top_k 20), they take the rows'
-`top_k_bound` best tokens instead (`torch.topk`) and filter those: the same filters over the same
-tokens (every survivor of top-k, and so of top-p and min-p, is among them), without sorting the
-vocabulary. Which of several tokens with equal logits at the top-k boundary survives is not fixed
-either way (neither sort is stable).
+alone: the filters and the draw of runner/sampling_filters.py, over each sorted row or, when every
+sampling row has a top-k of at most N (`PDSERVE_TOPK_CANDIDATES=N`; host-known:
+`SamplingBatch.top_k_bound`; Qwen3's generation config asks top_k 20), over the rows' N best tokens
+only: the same tokens without sorting the vocabulary.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ import torch
 
 from common.env_flags import env_choice, env_int
 from common.layers.fused import use_fused
+from common.runner.sampling_filters import candidate_count, draw_among_best, draw_sorted
 from common.wire.logprobs import TokenLogprob
 
 
@@ -142,10 +140,11 @@ class Sampler:
         # A mixed batch needs the argmax rows too; an all-sampling batch skips a full pass over the logits.
         greedy = logits.argmax(dim=-1) if batch.any_greedy else None
         temps = batch.temperatures.clamp_min(1e-5).unsqueeze(1)
-        logits = _filter(logits / temps, batch, self._top_k_candidates)
-        probs = torch.softmax(logits, dim=-1)
-        noise = _exponential_noise(probs, batch.generators)
-        sampled = (probs / noise).argmax(dim=-1)
+        candidates = candidate_count(batch, logits.shape[-1], self._top_k_candidates)
+        if candidates is None:
+            sampled = draw_sorted(logits, temps, batch)
+        else:
+            sampled = draw_among_best(logits, temps, batch, candidates)
         return sampled if greedy is None else torch.where(batch.temperatures == 0, greedy, sampled)
 
 
@@ -222,63 +221,6 @@ def _add_bias(logits: torch.Tensor, bias: list[list[tuple[int, float]]]) -> torc
         torch.tensor(ids, dtype=torch.int64, device=device),
     )
     return logits.index_put(index, torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
-
-
-def _filter(logits: torch.Tensor, batch: SamplingBatch, max_candidates: int = 0) -> torch.Tensor:
-    """top-k, top-p and min-p; `max_candidates`: `top_k_candidates()`, read by the Sampler once."""
-    if batch.top_k is None and batch.top_p is None and batch.min_p is None:
-        return logits
-    vocab = logits.shape[-1]
-    candidates = candidate_count(batch, vocab, max_candidates)
-    if candidates is not None:  # every survivor is among each row's best `candidates`: filter only those
-        best, order = logits.topk(candidates, dim=-1)
-        return torch.full_like(logits, float("-inf")).scatter_(1, order, _filter_sorted(best, batch, vocab))
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    return torch.empty_like(logits).scatter_(1, order, _filter_sorted(sorted_logits, batch, vocab))
-
-
-def candidate_count(batch: SamplingBatch, vocab: int, max_candidates: int) -> int | None:
-    """How many of each row's best tokens the filters take instead of the sorted row: the batch's
-    `top_k_bound`, where it is below the vocabulary and at most `max_candidates`; None: sort."""
-    bound = batch.top_k_bound
-    if bound is None or bound >= vocab or bound > max_candidates:
-        return None
-    return bound
-
-
-def _filter_sorted(sorted_logits: torch.Tensor, batch: SamplingBatch, vocab: int) -> torch.Tensor:
-    """The filters over each row's best logits in descending order (the whole row, or a prefix that
-    holds every token top-k keeps); what they drop becomes -inf."""
-    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
-    position = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device).unsqueeze(0)
-    if batch.top_k is not None:
-        k = torch.where(batch.top_k <= 0, vocab, batch.top_k).clamp(max=vocab)
-        drop |= position >= k.unsqueeze(1)
-    if batch.top_p is not None:
-        probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
-        drop |= before >= batch.top_p.unsqueeze(1)
-    if batch.min_p is not None:
-        probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-        drop |= probs < batch.min_p.unsqueeze(1) * probs[:, :1]
-    drop[:, 0] = False  # the most likely token always survives
-    return sorted_logits.masked_fill(drop, float("-inf"))
-
-
-def _exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    noise = _exponential(torch.empty_like(probs), None)
-    for row, gen in enumerate(generators):
-        if gen is not None:
-            _exponential(noise[row], gen)
-    return noise
-
-
-def _exponential(out: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
-    """Exp(1) samples in place. On the CPU `exponential_` is scalar code (~11 ms for 16 x 49k); -log(U)
-    with a vectorised uniform draw gives the same distribution an order of magnitude faster."""
-    if out.is_cuda:
-        return out.exponential_(generator=gen)
-    return out.uniform_(generator=gen).clamp_(min=1e-30).log_().neg_()
 
 
 def _logprobs(

@@ -1,6 +1,7 @@
-"""The filters over each row's best tokens (`PDSERVE_TOPK_CANDIDATES`, common/runner/sampler.py): where
-every sampling row has a top-k within the bound, they keep exactly what the sorted rows keep, and the
-sampler draws the same tokens; elsewhere the rows are sorted as before."""
+"""The filters over each row's best tokens (`PDSERVE_TOPK_CANDIDATES`, common/runner/sampling_filters.py):
+where every sampling row has a top-k within the bound, they keep exactly what the sorted rows keep, the
+sampler draws the same tokens for seeded rows and the same distribution for the others; elsewhere the
+rows are sorted as before."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from common.core.sequence import Sequence
-from common.runner import sampler as sampler_module
 from common.runner.inputs import prepare_sampling
-from common.runner.sampler import Sampler, SamplingBatch, candidate_count, top_k_candidates
+from common.runner.sampler import Sampler, SamplingBatch, top_k_candidates
+from common.runner.sampling_filters import best_tokens, candidate_count, filter_logits
 from common.wire.sampling_params import SamplingParams
 
 VOCAB = 3_000
@@ -54,9 +55,11 @@ def test_the_best_tokens_keep_what_the_sorted_rows_keep(top_k, top_p, min_p, see
     batch = _batch(top_k, top_p, min_p, TEMPERATURES)
     logits = _logits(seed)
     assert candidate_count(batch, VOCAB, 0) is None
-    sorted_rows = sampler_module._filter(logits, batch, 0)
+    temps = batch.temperatures.clamp_min(1e-5).unsqueeze(1)
+    sorted_rows = filter_logits(logits / temps, batch)
     assert candidate_count(batch, VOCAB, 1024) == max(top_k)
-    best_rows = sampler_module._filter(logits, batch, 1024)
+    best = best_tokens(logits, temps, batch, max(top_k))
+    best_rows = torch.full_like(logits, float("-inf")).scatter_(1, best.ids, best.logits)
     sampling = torch.tensor(TEMPERATURES) > 0  # a greedy row's filtered logits are never drawn from
     assert torch.equal(best_rows[sampling], sorted_rows[sampling])
     kept = torch.isfinite(best_rows[sampling]).sum(dim=-1)
@@ -100,3 +103,55 @@ def test_the_runner_states_the_bound_from_the_sampling_rows():
     assert bound(qwen3, SamplingParams(temperature=1.0, top_k=50), SamplingParams(temperature=0.0)) == 50
     assert bound(qwen3, SamplingParams(temperature=0.7, top_p=0.9)) is None  # a sampling row without top-k
     assert bound(SamplingParams(temperature=0.0)) is None
+
+
+def test_unseeded_rows_draw_the_filtered_distribution(monkeypatch):
+    """Rows without a seed draw noise for their candidates only: the frequencies of many draws match
+    the softmax of the sorted way's filtered logits."""
+    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "64")
+    rows, vocab = 4_000, 200
+    torch.manual_seed(3)
+    logits = (torch.randn(vocab, generator=torch.Generator().manual_seed(11)) * 2).expand(rows, vocab)
+
+    def batch_of(n: int) -> SamplingBatch:
+        return SamplingBatch(
+            temperatures=torch.full((n,), 0.8),
+            top_k=torch.full((n,), 8),
+            top_p=torch.full((n,), 0.9),
+            min_p=None,
+            all_greedy=False,
+            any_greedy=False,
+            generators=[],
+            top_k_bound=8,
+        )
+
+    counts = torch.zeros(vocab)
+    sampler = Sampler(fused=False)
+    for _ in range(5):
+        counts += torch.bincount(sampler(logits, batch_of(rows)).token_ids, minlength=vocab)
+    expected = torch.softmax(filter_logits(logits[:1] / 0.8, batch_of(1)), dim=-1)[0]
+    assert (counts[expected == 0] == 0).all()  # nothing outside top-k and top-p is ever drawn
+    assert (counts / counts.sum() - expected).abs().max() < 0.015
+
+
+def test_a_seeded_row_draws_the_same_tokens_whatever_the_other_rows_top_k(monkeypatch):
+    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "1024")
+    logits = _logits(5)[:2]
+
+    def draws(other_top_k: int) -> list[int]:
+        batch = SamplingBatch(
+            temperatures=torch.tensor([0.7, 1.0]),
+            top_k=torch.tensor([10, other_top_k]),
+            top_p=None,
+            min_p=None,
+            all_greedy=False,
+            any_greedy=False,
+            generators=[torch.Generator().manual_seed(42), None],
+            top_k_bound=max(10, other_top_k),
+        )
+        sampler = Sampler(fused=False)
+        return [int(sampler(logits, batch).token_ids[0]) for _ in range(20)]
+
+    first = draws(10)
+    assert first == draws(500) == draws(900)
+    assert len(set(first)) > 1  # the row samples: the equality is not the argmax's
