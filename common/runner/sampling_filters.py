@@ -59,7 +59,9 @@ def draw_among_best(
     return best.ids.gather(1, pick).squeeze(1)
 
 
-def best_tokens(logits: torch.Tensor, temps: torch.Tensor, batch: SamplingBatch, candidates: int) -> BestTokens:
+def best_tokens(
+    logits: torch.Tensor, temps: torch.Tensor, batch: SamplingBatch, candidates: int
+) -> BestTokens:
     """The filters over each row's `candidates` best tokens at its temperature. `temps` [B, 1] > 0:
     dividing by it keeps the order, so topk runs on the raw logits and only the N best are divided."""
     best, ids = logits.topk(candidates, dim=-1)
