@@ -43,7 +43,7 @@ from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
-from common.multiplex.chunk import ChunkInFlight, MultiplexStats
+from common.multiplex.chunk import ChunkBudget, ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ControllerConfig, ShareController
 from common.multiplex.inline_budget import DEFAULT_CAP, InlineBudget
 from common.multiplex.launch_knobs import (
@@ -60,7 +60,8 @@ if TYPE_CHECKING:
 
 
 class MultiplexedSteps:
-    """See the module docstring. `chunk_tokens`: the most prompt tokens one chunk computes;
+    """See the module docstring. `chunk_tokens`: the most prompt tokens one chunk computes (less for a
+    while after a chunk ran out of device memory: `chunk_budget`);
     `ahead`: decode steps run ahead (off on the CPU, where a launch already computes the step);
     `inline_tokens`: prompts of at most this many uncached tokens computed inside decode steps, as
     many as fit in `chunk_tokens` (0: every prompt runs as a chunk); `inline_budget`, when given,
@@ -101,6 +102,7 @@ class MultiplexedSteps:
         self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
         self._held_aborts: set[str] = set()
         self.memory_retries = MemoryRetries()
+        self.chunk_budget = ChunkBudget(chunk_tokens)
 
     @classmethod
     def build(
@@ -181,7 +183,8 @@ class MultiplexedSteps:
         decoding = None
         if limit and scheduler.waiting:
             decoding = any(map(is_decoding, scheduler.running))
-        batch = scheduler.schedule_prefill(self.chunk_tokens, limit if decoding else 0)
+        tokens = self.chunk_budget.tokens
+        batch = scheduler.schedule_prefill(tokens, limit if decoding else 0)
         result.num_preempted += len(batch.preempted)
         if not batch.seqs:
             return
@@ -189,7 +192,7 @@ class MultiplexedSteps:
             decoding = any(map(is_decoding, scheduler.running))
         # Prompt tokens left after a full chunk, or prompts left waiting: prefill is not keeping up.
         # (With inlining, a head left waiting may be one the next decode step takes: not counted.)
-        full = batch.num_prefill_tokens >= self.chunk_tokens
+        full = batch.num_prefill_tokens >= tokens
         behind = full or (bool(scheduler.waiting) and not (limit and decoding))
         lane = self.controller.next_lane(decoding, behind)
         share = self.partitions.lanes[lane]
@@ -237,6 +240,7 @@ class MultiplexedSteps:
             self._held_aborts = set()
             if not self.memory_retries.recover(e, self.scheduler, chunk.seqs):
                 raise
+            self.chunk_budget.ran_out()
         finally:
             spent = time.perf_counter() - began  # host time to launch it
             self.timings.prefill_forward += spent
@@ -319,6 +323,7 @@ class MultiplexedSteps:
             self._held_aborts = set()
         updates = self.scheduler.update_from_output(chunk.seqs, output)
         self.memory_retries.forget(chunk.seqs)
+        self.chunk_budget.resolved()
         if self.inline_budget is not None and chunk.tokens > 0:  # a chunk computes a token at least
             chunk.host_seconds += time.perf_counter() - done_at
             self.inline_budget.observe(chunk.timing(done_at))
