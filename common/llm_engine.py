@@ -14,6 +14,7 @@ from common.core.split_scheduler import SplitScheduler
 from common.core.step_records import EngineLoad, StepResult, StepTimings
 from common.device import resolve_platform
 from common.model_config import ModelConfig
+from common.multiplex.build import build_multiplexed_steps
 from common.multiplex.partitions import SMPartitions, partitions_for
 from common.multiplex.stepper import MultiplexedSteps
 from common.runner.aggregated_steps import AggregatedSteps
@@ -70,7 +71,7 @@ class LLMEngine:
             if speculator is not None:
                 raise ValueError("multiplexed mode runs without speculation")
             scheduler = SplitScheduler(self.scheduler_config, self.block_manager)
-            self.multiplexer = MultiplexedSteps.build(
+            self.multiplexer = build_multiplexed_steps(
                 config, scheduler, runner, partitions, self.timings, async_scheduling
             )
             self.scheduler = scheduler

@@ -37,21 +37,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from common.config import EngineConfig
 from common.core import run_ahead
 from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import StepResult, StepTimings
 from common.multiplex.chunk import ChunkBudget, ChunkInFlight, MultiplexStats
-from common.multiplex.controller import ControllerConfig, ShareController
-from common.multiplex.inline_budget import DEFAULT_CAP, InlineBudget
-from common.multiplex.launch_knobs import (
-    capture_share_graphs,
-    chunk_after_decode,
-    layers_per_part,
-    share_graphs_enabled,
-)
+from common.multiplex.controller import ShareController
+from common.multiplex.inline_budget import InlineBudget
 from common.multiplex.partitions import SMPartitions
 from common.runner.memory_retry import MemoryRetries
 
@@ -103,32 +96,6 @@ class MultiplexedSteps:
         self._held_aborts: set[str] = set()
         self.memory_retries = MemoryRetries()
         self.chunk_budget = ChunkBudget(chunk_tokens)
-
-    @classmethod
-    def build(
-        cls,
-        config: EngineConfig,
-        scheduler: SplitScheduler,
-        runner: ModelRunner,
-        partitions: SMPartitions,
-        timings: StepTimings,
-        ahead: bool,
-    ) -> MultiplexedSteps:
-        """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms` by the
-        `mux_split` rule, prompts of up to `mux_inline_prompt_tokens` inside decode steps (with
-        `mux_inline_measured`: prompts up to the measured break-even, at most that many or DEFAULT_CAP)."""
-        lanes = len(partitions.lanes)
-        knee = config.mux_split == "knee"
-        controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes, knee=knee))
-        chunk = config.max_num_batched_tokens
-        if runner.prefill_graphs is not None and share_graphs_enabled():
-            capture_share_graphs(runner, partitions)
-        inline = config.mux_inline_prompt_tokens
-        budget = InlineBudget(inline or DEFAULT_CAP) if config.mux_inline_measured else None
-        parts, after = layers_per_part(), chunk_after_decode()
-        return cls(
-            scheduler, runner, partitions, controller, chunk, timings, ahead, parts, inline, budget, after
-        )
 
     @property
     def in_flight(self) -> bool:
