@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Top-k among each row's best tokens (`PDSERVE_TOPK_CANDIDATES`, runner/sampling_filters.py) against
+# sorted rows, on what a default is chosen on; docs/benchmarks.md "Top-k among each row's best tokens".
+#   bash benchmarks/engine/top_k_ab.sh [REAL_MODEL_DIR]     # ~5 min on an H100, one device call
+# The sampler's tests on the GPU, the per-call table at the default model's vocabulary and Qwen3's
+# (T=0.6, top_p 0.95, top_k 20: Qwen3's generation config), then the real default model's mixed
+# workload (2,048 prompts of 128-512 in / out) and the Qwen3-0.6B shape's standard workload, both at
+# top_k 20 / top_p 0.95, with the switch 0, 1024, 1024, 0, 0, 1024, each a fresh process.
+# REAL_MODEL_DIR defaults to `python3 -m common.tools.default_model` (after `source
+# benchmarks/device_prep.sh`). Logs and JSON go to ${OUT:-/tmp/pdserve-gpu}/top_k.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+LOG="${OUT:-/tmp/pdserve-gpu}/top_k"
+mkdir -p "$LOG"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+T0=$(date +%s)
+elapsed() { echo $(( $(date +%s) - T0 )); }
+quiet() { grep -v "Loading\|it/s\]" | tail -1; }
+REAL="${1:-$(python3 -m common.tools.default_model)}"
+Q=/tmp/qwen3-0.6b
+python3 -m pytest -q -p no:cacheprovider tests/unit/common/runner/test_top_k_candidates.py \
+  tests/unit/common/runner/test_sampling_kernel.py tests/unit/common/test_sampling.py 2>&1 | tail -3 \
+  | tee "$LOG/tests.txt"
+python3 benchmarks/engine/sampling.py --vocab 49152 151936 --batches 1 8 64 256 --top-k 20 --top-k-only \
+  > "$LOG/sampling.txt" 2>&1
+tail -9 "$LOG/sampling.txt"
+[ -d $Q ] || python3 -m common.tools.random_model --preset qwen3-0.6b --out $Q --tokenizer-from "$REAL" \
+  --device cuda >/dev/null
+n=0
+for c in 0 1024 1024 0 0 1024; do
+  [ "$(elapsed)" -gt 520 ] && echo "stopped after $n pairs (time)" && break
+  n=$((n + 1))
+  PDSERVE_TOPK_CANDIDATES=$c python3 benchmarks/engine/offline.py --model "$REAL" --quiet --input-len 128 512 \
+    --output-len 128 512 --num-seqs 2048 --top-k 20 --top-p 0.95 --json-out "$LOG/mixed_c${c}_$n.json" 2>&1 | quiet
+  PDSERVE_TOPK_CANDIDATES=$c python3 benchmarks/engine/offline.py --model $Q --quiet --top-k 20 --top-p 0.95 \
+    --engine-kwargs '{"max_num_seqs": 256}' --json-out "$LOG/std_c${c}_$n.json" 2>&1 | quiet
+done
+python3 - "$LOG" <<'PY'
+import json, pathlib, statistics, sys
+rows = {}
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*_c*_*.json")):
+    figure, rest = path.stem.split("_c")
+    rows.setdefault((figure, rest.split("_")[0]), []).append(json.loads(path.read_text())[0]["tok_per_s"])
+for (figure, c), runs in sorted(rows.items()):
+    print(f"{figure} candidates={c}: {[round(r) for r in runs]} median {round(statistics.median(runs))}")
+PY
