@@ -10,14 +10,7 @@
 # `source benchmarks/device_prep.sh`). `8b`: the Qwen3-8B shape's floors, then `pd_multiplex.py`
 # (aggregated chunk 512, the fixed 64-SM share, the same with `:after`) with the help 0, 1, 1, 0.
 # Each part fits one device call (600 s); logs and JSON go to ${OUT:-/tmp/pdserve-gpu}/skew_help.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-LOG="${OUT:-/tmp/pdserve-gpu}/skew_help"
-mkdir -p "$LOG"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-T0=$(date +%s)
-elapsed() { echo $(( $(date +%s) - T0 )); }
-quiet() { grep -v "Loading\|it/s\]" | tail -1; }
+source "$(dirname "${BASH_SOURCE[0]}")/env_ab.sh" skew_help
 
 small() {
   local real="${1:-$(python3 -m common.tools.default_model)}" q=/tmp/qwen3-0.6b n=0
@@ -37,17 +30,7 @@ small() {
     PDSERVE_DECODE_SKEW_HELP=$help python3 benchmarks/engine/offline.py --model "$real" --quiet \
       --input-len 128 512 --output-len 128 512 --num-seqs 2048 --json-out "$LOG/mixed_help${help}_$n.json" 2>&1 | quiet
   done
-  python3 - "$LOG" <<'PY'
-import json, pathlib, statistics, sys
-runs = {}
-for path in sorted(pathlib.Path(sys.argv[1]).glob("*_help*.json")):
-    figure, rest = path.stem.split("_help")
-    runs.setdefault(figure, {}).setdefault(rest.split("_")[0], []).append(json.loads(path.read_text())[0]["tok_per_s"])
-for figure, arms in sorted(runs.items()):
-    off, on = arms.get("0", []), arms.get("1", [])
-    ratio = statistics.median(on) / statistics.median(off) if off and on else float("nan")
-    print(f"{figure:6} help off {[round(x) for x in off]}  on {[round(x) for x in on]}  on/off {ratio:.3f}x")
-PY
+  medians help 0
 }
 
 eight_b() {

@@ -8,14 +8,7 @@
 # top_k 20 / top_p 0.95, with the switch 0, 1024, 1024, 0, 0, 1024, each a fresh process.
 # REAL_MODEL_DIR defaults to `python3 -m common.tools.default_model` (after `source
 # benchmarks/device_prep.sh`). Logs and JSON go to ${OUT:-/tmp/pdserve-gpu}/top_k.
-set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-LOG="${OUT:-/tmp/pdserve-gpu}/top_k"
-mkdir -p "$LOG"
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-T0=$(date +%s)
-elapsed() { echo $(( $(date +%s) - T0 )); }
-quiet() { grep -v "Loading\|it/s\]" | tail -1; }
+source "$(dirname "${BASH_SOURCE[0]}")/env_ab.sh" top_k
 REAL="${1:-$(python3 -m common.tools.default_model)}"
 Q=/tmp/qwen3-0.6b
 python3 -m pytest -q -p no:cacheprovider tests/unit/common/runner/test_top_k_candidates.py \
@@ -35,12 +28,4 @@ for c in 0 1024 1024 0 0 1024; do
   PDSERVE_TOPK_CANDIDATES=$c python3 benchmarks/engine/offline.py --model $Q --quiet --top-k 20 --top-p 0.95 \
     --engine-kwargs '{"max_num_seqs": 256}' --json-out "$LOG/std_c${c}_$n.json" 2>&1 | quiet
 done
-python3 - "$LOG" <<'PY'
-import json, pathlib, statistics, sys
-rows = {}
-for path in sorted(pathlib.Path(sys.argv[1]).glob("*_c*_*.json")):
-    figure, rest = path.stem.split("_c")
-    rows.setdefault((figure, rest.split("_")[0]), []).append(json.loads(path.read_text())[0]["tok_per_s"])
-for (figure, c), runs in sorted(rows.items()):
-    print(f"{figure} candidates={c}: {[round(r) for r in runs]} median {round(statistics.median(runs))}")
-PY
+medians c 0
