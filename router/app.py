@@ -28,17 +28,16 @@ from router.config import RouterConfig
 from router.errors import install_error_handlers
 from router.generation_routes import GenerationRoutes, check_model
 from router.inflight import InflightGate
-from router.protocol import (
-    ChatCompletionRequest,
+from router.protocol import ChatCompletionRequest, CompletionRequest
+from router.request_id import RequestIdMiddleware
+from router.response_models import (
     ChatCompletionResponse,
-    CompletionRequest,
     CompletionResponse,
     ErrorResponse,
     ModelCard,
     ModelList,
     now,
 )
-from router.request_id import RequestIdMiddleware
 from router.responses_api import ResponsesRequest, add_stored_response_routes
 from router.status_views import debug_index, health_report, refresh_worker_gauges
 from router.tokenize_routes import add_tokenize_routes

@@ -28,10 +28,11 @@ from router.client_watch import ClientWatch
 from router.errors import APIError, shorten, validated
 from router.fanout import run_sequences
 from router.openai_responses import DONE, ChatFormatter, CompletionFormatter, Formatter, sse
-from router.protocol import ChatCompletionRequest, CompletionRequest, now
+from router.protocol import ChatCompletionRequest, CompletionRequest
 from router.request_builder import GenerationPlan
 from router.request_id import new_id
 from router.request_lifecycle import SequenceRequest
+from router.response_models import now
 from router.responses_api import ResponsesFormatter, ResponsesRequest
 from router.route_planner import RETRY_AFTER
 from router.unsupported_fields import refuse_unsupported

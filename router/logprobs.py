@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from common.wire.logprobs import TokenLogprob
-from router.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from router.response_models import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 from router.tokenizer import ModelTokenizer
 
 

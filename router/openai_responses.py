@@ -17,7 +17,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from router.logprobs import chat_logprobs, completion_logprobs
-from router.protocol import (
+from router.request_builder import GenerationPlan
+from router.request_lifecycle import ChoiceUpdate
+from router.response_models import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -32,8 +34,6 @@ from router.protocol import (
     PromptTokensDetails,
     Usage,
 )
-from router.request_builder import GenerationPlan
-from router.request_lifecycle import ChoiceUpdate
 from router.token_stream import SequenceOutput, SequenceUpdate, StreamInterval
 from router.tokenizer import ModelTokenizer
 

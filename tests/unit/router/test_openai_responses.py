@@ -13,18 +13,17 @@ from common.wire.messages import FinishReason
 from common.wire.sampling_params import SamplingParams
 from router.fanout import ChoiceUpdate
 from router.openai_responses import DONE, ChatFormatter, CompletionFormatter
-from router.protocol import (
+from router.protocol import ChatCompletionRequest, StreamOptions
+from router.request_builder import GenerationPlan, RequestBuilder
+from router.response_models import (
     ChatChunkChoice,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     CompletionChoice,
     CompletionChunk,
     DeltaMessage,
     PromptTokensDetails,
-    StreamOptions,
     Usage,
 )
-from router.request_builder import GenerationPlan, RequestBuilder
 from router.token_stream import SequenceOutput, SequenceUpdate
 
 # Quotes, a backslash, a newline, non-ASCII and a control character: everything JSON must escape.
