@@ -14,7 +14,8 @@ with top-k/top-p/min-p, penalties, a logit bias or banned ids take the torch pat
 alone: the filters and the draw of runner/sampling_filters.py, over each sorted row or, when every
 sampling row has a top-k of at most N (`PDSERVE_TOPK_CANDIDATES=N`; host-known:
 `SamplingBatch.top_k_bound`; Qwen3's generation config asks top_k 20), over the rows' N best tokens
-only: the same tokens without sorting the vocabulary.
+only: the same tokens without sorting the vocabulary, the filters and the draw there as one Triton
+launch where the fused kernel runs (runner/candidate_kernel.py).
 """
 
 from __future__ import annotations
@@ -80,9 +81,10 @@ class Sampler:
       greedy, 151,936: 48 / 42 / 39 / 39 vs 18 / 15 / 23 / 54
     so the kernel wins every sampling batch (1.4-7x) and torch every greedy one but 256 x 151,936.
     Rows with top-k/top-p/min-p sort on the torch path either way (T=0.6, top_p 0.9: 0.34 ms at
-    batch 1, 1.8 ms at 256 x 49,152, 5.0 ms at 256 x 151,936). End to end the kernel and torch are
-    within noise on the real model (issue 27's workload: 75,148 vs 74,561 tok/s), now that the kernel
-    compiles at start-up (`warm_up`) instead of mid-run."""
+    batch 1, 1.8 ms at 256 x 49,152, 5.0 ms at 256 x 151,936); among their best tokens
+    (`PDSERVE_TOPK_CANDIDATES`) the same switch gives their filters and draw to the candidate kernel.
+    End to end the kernel and torch are within noise on the real model (issue 27's workload: 75,148
+    vs 74,561 tok/s), now that the kernel compiles at start-up (`warm_up`) instead of mid-run."""
 
     def __init__(self, fused: bool | None = None) -> None:
         self.fused = fused
@@ -103,9 +105,11 @@ class Sampler:
         probe = torch.empty(0, device=device)
         if self.fused is False or (self.fused is None and self._mode == "0") or not use_fused(probe):
             return
-        from common.runner import sampling_kernel
+        from common.runner import candidate_kernel, sampling_kernel
 
         sampling_kernel.warm_up(device, vocab, dtype)
+        if self._top_k_candidates:
+            candidate_kernel.warm_up(device, vocab)
 
     def _use_kernel(self, logits: torch.Tensor, batch: SamplingBatch) -> bool:
         if self.fused is not None:
@@ -144,7 +148,7 @@ class Sampler:
         if candidates is None:
             sampled = draw_sorted(logits, temps, batch)
         else:
-            sampled = draw_among_best(logits, temps, batch, candidates)
+            sampled = draw_among_best(logits, temps, batch, candidates, self._use_kernel(logits, batch))
         return sampled if greedy is None else torch.where(batch.temperatures == 0, greedy, sampled)
 
 

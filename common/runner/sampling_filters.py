@@ -12,20 +12,12 @@ survives is not fixed either way (neither sort is stable).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:  # the sampler imports this module
     from common.runner.sampler import SamplingBatch
-
-
-class BestTokens(NamedTuple):
-    """Each row's best tokens after the filters: `logits` [B, N] in descending order (-inf where a
-    filter dropped the token) and `ids` [B, N], their vocabulary ids."""
-
-    logits: torch.Tensor
-    ids: torch.Tensor
 
 
 def candidate_count(batch: SamplingBatch, vocab: int, max_candidates: int) -> int | None:
@@ -44,28 +36,27 @@ def draw_sorted(logits: torch.Tensor, temps: torch.Tensor, batch: SamplingBatch)
 
 
 def draw_among_best(
-    logits: torch.Tensor, temps: torch.Tensor, batch: SamplingBatch, candidates: int
+    logits: torch.Tensor, temps: torch.Tensor, batch: SamplingBatch, candidates: int, kernel: bool = False
 ) -> torch.Tensor:
     """[B] token ids drawn among each row's `candidates` best tokens (`candidate_count`): no pass over
-    the vocabulary but `topk` (and a seeded row's noise)."""
-    best = best_tokens(logits, temps, batch, candidates)
-    probs = torch.softmax(best.logits, dim=-1)
-    noise = _exponential(torch.empty_like(probs), None)
+    the vocabulary but `topk` (and a seeded row's noise). `temps` [B, 1] > 0: dividing by it keeps the
+    order, so topk runs on the raw logits and only the N best are divided. `kernel`: the filters and
+    the draw as one Triton launch (runner/candidate_kernel.py; the caller checks that Triton runs)."""
+    vocab = logits.shape[-1]
+    best, ids = logits.topk(candidates, dim=-1)
+    noise = _exponential(torch.empty_like(best), None)
     for row, gen in enumerate(batch.generators):
         if gen is not None:  # the sorted way's draw for this row, read at its candidates
-            full = _exponential(torch.empty(logits.shape[-1], device=logits.device), gen)
-            noise[row] = full[best.ids[row]]
+            noise[row] = _exponential(torch.empty(vocab, device=logits.device), gen)[ids[row]]
+    if kernel:
+        from common.runner import candidate_kernel
+
+        if candidate_kernel.fits(candidates):
+            filters = (batch.top_k, batch.top_p, batch.min_p)
+            return candidate_kernel.draw(best, ids, noise, batch.temperatures, *filters, vocab)
+    probs = torch.softmax(filter_sorted(best / temps, batch, vocab), dim=-1)
     pick = (probs / noise).argmax(dim=-1, keepdim=True)
-    return best.ids.gather(1, pick).squeeze(1)
-
-
-def best_tokens(
-    logits: torch.Tensor, temps: torch.Tensor, batch: SamplingBatch, candidates: int
-) -> BestTokens:
-    """The filters over each row's `candidates` best tokens at its temperature. `temps` [B, 1] > 0:
-    dividing by it keeps the order, so topk runs on the raw logits and only the N best are divided."""
-    best, ids = logits.topk(candidates, dim=-1)
-    return BestTokens(filter_sorted(best / temps, batch, logits.shape[-1]), ids)
+    return ids.gather(1, pick).squeeze(1)
 
 
 def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

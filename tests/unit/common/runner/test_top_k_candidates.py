@@ -11,7 +11,7 @@ import torch
 from common.core.sequence import Sequence
 from common.runner.inputs import prepare_sampling
 from common.runner.sampler import Sampler, SamplingBatch, top_k_candidates
-from common.runner.sampling_filters import best_tokens, candidate_count, filter_logits
+from common.runner.sampling_filters import candidate_count, filter_logits, filter_sorted
 from common.wire.sampling_params import SamplingParams
 
 VOCAB = 3_000
@@ -58,8 +58,9 @@ def test_the_best_tokens_keep_what_the_sorted_rows_keep(top_k, top_p, min_p, see
     temps = batch.temperatures.clamp_min(1e-5).unsqueeze(1)
     sorted_rows = filter_logits(logits / temps, batch)
     assert candidate_count(batch, VOCAB, 1024) == max(top_k)
-    best = best_tokens(logits, temps, batch, max(top_k))
-    best_rows = torch.full_like(logits, float("-inf")).scatter_(1, best.ids, best.logits)
+    best, ids = logits.topk(max(top_k), dim=-1)
+    kept = filter_sorted(best / temps, batch, VOCAB)
+    best_rows = torch.full_like(logits, float("-inf")).scatter_(1, ids, kept)
     sampling = torch.tensor(TEMPERATURES) > 0  # a greedy row's filtered logits are never drawn from
     assert torch.equal(best_rows[sampling], sorted_rows[sampling])
     kept = torch.isfinite(best_rows[sampling]).sum(dim=-1)
