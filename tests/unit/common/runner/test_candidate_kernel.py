@@ -114,3 +114,32 @@ def test_the_kernel_refuses_more_candidates_than_its_block():
     one = torch.ones(1, device=DEVICE)
     with pytest.raises(ValueError, match="at most"):
         candidate_kernel.draw(best, ids, best + 1, one, None, None, None, VOCAB)
+
+
+@pytest.mark.skipif(triton_interpret.ENABLED, reason="the interpreter compiles nothing")
+def test_after_warm_up_no_batch_or_filter_compiles_a_kernel(monkeypatch):
+    """One variant serves every batch size, candidate count and mix of filters (as the fused kernel,
+    a variant compiled mid-run stalls the step loop)."""
+    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "1024")
+    candidate_kernel.warm_up(DEVICE, VOCAB)
+    cache = candidate_kernel._draw_kernel.device_caches[torch.cuda.current_device()][0]
+    before = len(cache)
+    sampler = Sampler(fused=True)
+    for rows in (1, 16, 64, 300):
+        for top_k, top_p, min_p in CASES:
+            logits = torch.randn(rows, VOCAB, device=DEVICE)
+            batch = _batch(top_k, top_p, min_p, seeded=False)
+            picked = torch.arange(rows, device=DEVICE) % ROWS  # the case's rows, repeated
+            batch = SamplingBatch(
+                temperatures=batch.temperatures[picked],
+                top_k=batch.top_k[picked],
+                top_p=None if batch.top_p is None else batch.top_p[picked],
+                min_p=None if batch.min_p is None else batch.min_p[picked],
+                all_greedy=False,
+                any_greedy=True,
+                generators=[],
+                plain_rows=[False] * rows,
+                top_k_bound=batch.top_k_bound,
+            )
+            sampler(logits, batch)
+    assert len(cache) == before
