@@ -8,8 +8,8 @@ the same for every token of a row), min-p compares exp(x_j - x_0) with min_p (p_
 running sum of exp(x_j - x_0) over the kept tokens with top_p times their total. The noise E is the
 caller's ([B, N], as the torch path draws it), so a seeded row's draw is the torch path's.
 
-One compiled variant: the block is MAX_CANDIDATES wide whatever N, and the filters present are
-runtime flags (masked loads), so a run never compiles a kernel after `warm_up`.
+One compiled variant per logits dtype: the block is MAX_CANDIDATES wide whatever N, and the filters
+present are runtime flags (masked loads), so a run never compiles a kernel after `warm_up`.
 Imported only on CUDA (or under the Triton interpreter), never on a plain CPU run.
 """
 
@@ -97,8 +97,8 @@ def draw(
         noise,
         temperatures,
         out if top_k is None else top_k,
-        best if top_p is None else top_p,
-        best if min_p is None else min_p,
+        noise if top_p is None else top_p,
+        noise if min_p is None else min_p,
         out,
         n,
         vocab,
@@ -112,10 +112,11 @@ def draw(
     return out
 
 
-def warm_up(device: torch.device, vocab: int) -> None:
-    """Compile the kernel now (start-up): one row, one candidate, every filter on, in the dtypes the
-    sampler passes (its torch path widens the logits to float32)."""
-    best = torch.zeros(1, 1, dtype=torch.float32, device=device)
+def warm_up(device: torch.device, vocab: int, dtype: torch.dtype) -> None:
+    """Compile the kernel now (start-up) for the candidates' dtypes the sampler passes: the model's
+    logits as they are, and float32 after penalties, a bias or a mask widened them."""
     ids = torch.zeros(1, 1, dtype=torch.int64, device=device)
     ones = torch.ones(1, dtype=torch.float32, device=device)
-    draw(best, ids, ones.view(1, 1), ones, ids.view(1), ones, ones * 0, vocab)
+    for best_dtype in {dtype, torch.float32}:
+        best = torch.zeros(1, 1, dtype=best_dtype, device=device)
+        draw(best, ids, ones.view(1, 1), ones, ids.view(1), ones, ones * 0, vocab)

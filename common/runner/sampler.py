@@ -109,7 +109,7 @@ class Sampler:
 
         sampling_kernel.warm_up(device, vocab, dtype)
         if self._top_k_candidates:
-            candidate_kernel.warm_up(device, vocab)
+            candidate_kernel.warm_up(device, vocab, dtype)
 
     def _use_kernel(self, logits: torch.Tensor, batch: SamplingBatch) -> bool:
         if self.fused is not None:
@@ -130,9 +130,14 @@ class Sampler:
         return tokens
 
     def _torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        unchanged = batch.allowed is None and batch.repetition is None and batch.output_counts is None
-        if batch.all_greedy and unchanged and not batch.banned and not batch.bias:
-            return logits.argmax(dim=-1)  # widening to fp32 is exact and keeps the order: no copy
+        adjusted = (
+            batch.allowed is not None or batch.repetition is not None or batch.output_counts is not None
+        )
+        if not (adjusted or batch.banned or batch.bias):
+            # Nothing changes the logits: they are read in the model's dtype, with no widened copy of the
+            # vocabulary (widening to fp32 is exact and keeps the order; the filters and the draw divide
+            # by the temperature in fp32, as they would after widening).
+            return logits.argmax(dim=-1) if batch.all_greedy else self._sample(logits, batch)
         logits = _adjust_logits(logits.float(), batch)
         if batch.allowed is not None:
             logits = logits.masked_fill(~batch.allowed, float("-inf"))

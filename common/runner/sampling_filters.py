@@ -44,7 +44,7 @@ def draw_among_best(
     the draw as one Triton launch (runner/candidate_kernel.py; the caller checks that Triton runs)."""
     vocab = logits.shape[-1]
     best, ids = logits.topk(candidates, dim=-1)
-    noise = _exponential(torch.empty_like(best), None)
+    noise = _exponential(torch.empty(best.shape, device=best.device), None)  # fp32 whatever the logits
     for row, gen in enumerate(batch.generators):
         if gen is not None:  # the sorted way's draw for this row, read at its candidates
             noise[row] = _exponential(torch.empty(vocab, device=logits.device), gen)[ids[row]]

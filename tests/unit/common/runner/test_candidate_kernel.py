@@ -121,13 +121,13 @@ def test_after_warm_up_no_batch_or_filter_compiles_a_kernel(monkeypatch):
     """One variant serves every batch size, candidate count and mix of filters (as the fused kernel,
     a variant compiled mid-run stalls the step loop)."""
     monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", "1024")
-    candidate_kernel.warm_up(DEVICE, VOCAB)
+    candidate_kernel.warm_up(DEVICE, VOCAB, torch.bfloat16)
     cache = candidate_kernel._draw_kernel.device_caches[torch.cuda.current_device()][0]
     before = len(cache)
     sampler = Sampler(fused=True)
-    for rows in (1, 16, 64, 300):
+    for rows, dtype in ((1, torch.bfloat16), (16, torch.float32), (64, torch.bfloat16), (300, torch.float32)):
         for top_k, top_p, min_p in CASES:
-            logits = torch.randn(rows, VOCAB, device=DEVICE)
+            logits = torch.randn(rows, VOCAB, device=DEVICE).to(dtype)
             batch = _batch(top_k, top_p, min_p, seeded=False)
             picked = torch.arange(rows, device=DEVICE) % ROWS  # the case's rows, repeated
             batch = SamplingBatch(

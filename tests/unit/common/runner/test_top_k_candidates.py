@@ -156,3 +156,16 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_the_other_rows_top_k(monkey
     first = draws(10)
     assert first == draws(500) == draws(900)
     assert len(set(first)) > 1  # the row samples: the equality is not the argmax's
+
+
+@pytest.mark.parametrize("candidates", ["0", "1024"])
+def test_logits_in_the_models_dtype_draw_as_widened_ones(monkeypatch, candidates):
+    """With nothing to adjust the sampler reads bf16 logits as they are (no widened copy): the same
+    tokens as the same logits widened to float32, sorted or among the best."""
+    monkeypatch.setenv("PDSERVE_TOPK_CANDIDATES", candidates)
+    logits = _logits(9).to(torch.bfloat16)
+    tokens = []
+    for values in (logits, logits.float()):
+        batch = _batch(*CASES[0], TEMPERATURES)  # fresh generators: the same draws
+        tokens.append(torch.stack([Sampler(fused=False)(values, batch).token_ids for _ in range(4)]))
+    assert torch.equal(tokens[0], tokens[1])
