@@ -11,7 +11,7 @@ from common.core.block_manager import BlockManager
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler
-from common.core.step_records import EngineLoad, StepResult, StepTimings
+from common.core.step_records import EngineLoad, SequencesFailed, StepResult, StepTimings
 from common.device import resolve_platform
 from common.model_config import ModelConfig
 from common.multiplex.build import build_multiplexed_steps
@@ -171,9 +171,14 @@ class LLMEngine:
     # ---- the loop ------------------------------------------------------------------------------
     def step(self) -> StepResult:
         """One step; grammar requests whose matcher got ready join the scheduler first, and those
-        refused come back in `rejected`."""
+        refused come back in `rejected`. A step that failed for some requests alone raises
+        `SequencesFailed` (their ids and the step's result so far); abort them to go on."""
         rejected = self.grammars.admit_ready(self.scheduler, busy=self._busy()) if len(self.grammars) else []
-        result = self._step()
+        try:
+            result = self._step()
+        except SequencesFailed as e:  # the step's outcome so far travels with it, rejections included
+            e.result.rejected = rejected
+            raise
         result.rejected = rejected
         return result
 

@@ -1,6 +1,7 @@
 """What the engine reports about its steps and its fill, read by the worker roles, the multiplexed
 stepper and the benchmarks: `StepResult` (one step's sequence updates and token counts),
-`StepTimings` (where the steps' wall-clock time went) and `EngineLoad` (a heartbeat's figures)."""
+`StepTimings` (where the steps' wall-clock time went), `EngineLoad` (a heartbeat's figures) and
+`SequencesFailed` (a step that failed for some requests alone)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,24 @@ class StepResult:
     num_decode_tokens: int = 0
     num_preempted: int = 0
     rejected: list[RejectedSequence] = field(default_factory=list)
+
+
+class SequencesFailed(Exception):
+    """A step failed for the requests `request_ids` alone: the engine stays consistent, keeps serving
+    the others, and holds those until the caller aborts them. `result`: the step's outcome up to the
+    failure, whose updates still count (a worker sends them); `cause`: the error. Raised where a
+    multiplexed prefill chunk kept running out of device memory (common/multiplex/stepper.py): the
+    decode batch beside it is untouched, so only the chunk's requests fail."""
+
+    def __init__(self, request_ids: frozenset[str], cause: BaseException, result: StepResult | None = None):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.request_ids = request_ids
+        self.cause = cause
+        self.result = StepResult() if result is None else result
+
+    def with_result(self, result: StepResult) -> SequencesFailed:
+        """The same failure, carrying `result` (the step's outcome so far)."""
+        return SequencesFailed(self.request_ids, self.cause, result)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from common.core import run_ahead
 from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
-from common.core.step_records import StepResult, StepTimings
+from common.core.step_records import SequencesFailed, StepResult, StepTimings
 from common.multiplex.chunk import ChunkBudget, ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ShareController
 from common.multiplex.inline_budget import InlineBudget
@@ -96,6 +96,7 @@ class MultiplexedSteps:
         self._held_aborts: set[str] = set()
         self.memory_retries = MemoryRetries()
         self.chunk_budget = ChunkBudget(chunk_tokens)
+        self._failed: SequencesFailed | None = None  # a chunk given up on this step (raised by `step`)
 
     @property
     def in_flight(self) -> bool:
@@ -116,8 +117,13 @@ class MultiplexedSteps:
         return self.scheduler.abort(wanted)
 
     def step(self, result: StepResult) -> None:
+        """One step into `result`; a chunk that failed for good raises `SequencesFailed` carrying what
+        the step did before it."""
         with self.partitions.engine_scope():
             self._step(result)
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed.with_result(result) from failed.cause
 
     def _step(self, result: StepResult) -> None:
         if self._chunk is not None and self._chunk.done:
@@ -192,8 +198,9 @@ class MultiplexedSteps:
     def _advance(self, chunk: ChunkInFlight) -> None:
         """Launch the chunk's next part; once all are launched, record its completion. A part that
         fails abandons the chunk: out of device memory, its sequences are computed again
-        (common/runner/memory_retry.py); otherwise they stay running until aborted and the error
-        is raised."""
+        (common/runner/memory_retry.py), or past their retries they stay running until aborted and
+        `step` raises `SequencesFailed` for them once the step's decode work is done; any other error
+        is raised at once (they stay running until aborted)."""
         began = time.perf_counter()
         self.stats.chunk_parts += 1
         lane = self.partitions.lanes[chunk.lane]
@@ -205,9 +212,12 @@ class MultiplexedSteps:
             self._chunk = None
             self.scheduler.abort(self._held_aborts)
             self._held_aborts = set()
-            if not self.memory_retries.recover(e, self.scheduler, chunk.seqs):
+            recovered = self.memory_retries.recover(e, self.scheduler, chunk.seqs)
+            if not recovered and not isinstance(e, torch.OutOfMemoryError):
                 raise
             self.chunk_budget.ran_out()
+            if not recovered:  # past its retries: the decode side is untouched, so these alone fail
+                self._failed = SequencesFailed(chunk.request_ids, e)
         finally:
             spent = time.perf_counter() - began  # host time to launch it
             self.timings.prefill_forward += spent

@@ -181,12 +181,21 @@ class WorkerRole(ABC):
     def reject(self, request_id: str, error: str) -> None:
         """The engine refused a request it had taken (its grammar, built aside): drop it here too and
         tell its front it is invalid for this model (no other worker would take it)."""
+        self._give_up(request_id, error, retryable=False, invalid=True)
+
+    def fail_request(self, request_id: str, error: str) -> None:
+        """The engine failed this request alone (`SequencesFailed`: a prefill chunk that kept running
+        out of device memory): drop it, freeing its blocks, and fail it retryably (another worker, or
+        this one later, may have the memory); the others go on."""
+        self._give_up(request_id, error, retryable=True, invalid=False)
+
+    def _give_up(self, request_id: str, error: str, retryable: bool, invalid: bool) -> None:
         job = self.jobs.get(request_id)
         if job is None:
             return
         self.abort(request_id)
         self.jobs.pop(request_id, None)
-        self.ctx.fail(request_id, error, retryable=False, reply_to=job.request.reply_to, invalid=True)
+        self.ctx.fail(request_id, error, retryable=retryable, reply_to=job.request.reply_to, invalid=invalid)
 
     def fail_all(self, error: str) -> None:
         """The engine broke: fail every request (retryably) and forget it."""

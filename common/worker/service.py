@@ -16,6 +16,7 @@ import threading
 import time
 from typing import NamedTuple
 
+from common.core.step_records import SequencesFailed
 from common.host import host_cores
 from common.net.addresses import resolve_host, split_addresses
 from common.wire import request_log
@@ -207,8 +208,12 @@ class WorkerService:
     def _step(self) -> float:
         """One engine step and the role's messages for it; returns the seconds the role took."""
         began = time.perf_counter()
+        failed: SequencesFailed | None = None
         try:
             result = self.engine.step()
+        except SequencesFailed as e:  # some requests alone: the step's other work still counts
+            log.error("engine step failed for %d request(s), failing them alone: %s", len(e.request_ids), e)
+            result, failed = e.result, e
         except Exception as e:
             log.exception("engine step failed; failing the requests in flight")
             try:
@@ -223,6 +228,9 @@ class WorkerService:
         for rejected in result.rejected:  # refused after admission (a grammar built aside)
             self.role.reject(rejected.seq.request_id, rejected.error)
         self.role.on_step(result)
+        if failed is not None:
+            for request_id in failed.request_ids:
+                self.role.fail_request(request_id, f"engine error: {failed}")
         return time.perf_counter() - stepped
 
     def _post_load(self) -> None:

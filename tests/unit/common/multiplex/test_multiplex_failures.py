@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from common.attention.context import get_forward_context
+from common.core.step_records import SequencesFailed
 from common.multiplex.chunk import ChunkBudget
 from tests.helpers.out_of_memory import forward_running_out_of_memory, parts_running_out_of_memory
 from tests.unit.common.multiplex.tiny_llm import GREEDY, tiny_llm
@@ -72,21 +73,43 @@ def test_a_chunk_out_of_memory_is_computed_again_and_decoding_goes_on(
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def test_a_chunk_that_keeps_running_out_of_memory_fails_the_step(tiny_model_dirs, monkeypatch):
+@pytest.mark.parametrize("after,at_part", [(False, 1), (False, 0), (True, 0), (True, 1)])
+def test_a_chunk_that_keeps_running_out_of_memory_fails_its_requests_alone(
+    tiny_model_dirs, monkeypatch, after, at_part
+):
+    """Past its retries the chunk's requests fail (`SequencesFailed`, raised once the step's decode
+    work is done and carrying its result) and nothing else: once they are aborted the sequence decoding
+    beside it finishes with the aggregated engine's tokens, none lost, and every block comes back."""
     mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
     engine = mux.engine
+    engine.multiplexer.chunk_after_decode = after
+    got: list[int] = []
+
+    def record(result) -> None:
+        got.extend(u.new_token_id for u in result.updates if u.seq.request_id == "b" and u.new_token_id)
+
     engine.add_request([5, 6, 7], GREEDY, request_id="b")
-    engine.step()
+    record(engine.step())
     retries = engine.multiplexer.memory_retries.max_retries
-    raised = parts_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1)
+    raised = parts_running_out_of_memory(monkeypatch, engine.runner.model, times=retries + 1, at_part=at_part)
     engine.add_request(list(range(1, 40)), GREEDY, request_id="a")
-    with pytest.raises(torch.OutOfMemoryError):
-        for _ in range(10 * (retries + 1)):
-            engine.step()
+    failure = None
+    for _ in range(10 * (retries + 1)):
+        try:
+            record(engine.step())
+        except SequencesFailed as e:
+            failure = e
+            break
+    assert failure is not None and failure.request_ids == {"a"}
+    assert isinstance(failure.cause, torch.OutOfMemoryError)
     assert raised[0] == retries + 1 and engine.multiplexer.memory_retries.recomputed == retries
-    assert sorted(s.request_id for s in engine.abort(["a", "b"])) == ["a", "b"]  # as a worker's fail_all
+    assert failure.result.updates  # the decode step beside the failed chunk still counts
+    record(failure.result)
+    assert [s.request_id for s in engine.abort(["a"])] == ["a"]  # as a worker's fail_request
     while engine.has_unfinished:
-        engine.step()
+        record(engine.step())
+    plain = tiny_llm(tiny_model_dirs["qwen3"]).generate([[5, 6, 7]], GREEDY, use_tqdm=False)
+    assert got == plain[0]["token_ids"]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
