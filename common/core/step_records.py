@@ -83,10 +83,6 @@ class SequencesFailed(Exception):
         self.cause = cause
         self.result = StepResult() if result is None else result
 
-    def with_result(self, result: StepResult) -> SequencesFailed:
-        """The same failure, carrying `result` (the step's outcome so far)."""
-        return SequencesFailed(self.request_ids, self.cause, result)
-
 
 @dataclass(frozen=True)
 class EngineLoad:

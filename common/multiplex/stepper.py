@@ -78,7 +78,6 @@ class MultiplexedSteps:
         self.runner = runner
         self.partitions = partitions
         self.controller = controller
-        self.chunk_tokens = chunk_tokens
         self.timings = timings
         self.stats = MultiplexStats()
         self.ahead = ahead
@@ -123,7 +122,8 @@ class MultiplexedSteps:
             self._step(result)
         failed, self._failed = self._failed, None
         if failed is not None:
-            raise failed.with_result(result) from failed.cause
+            failed.result = result
+            raise failed from failed.cause
 
     def _step(self, result: StepResult) -> None:
         if self._chunk is not None and self._chunk.done:
@@ -239,7 +239,7 @@ class MultiplexedSteps:
             return False
         decode_rows = len(batch.seqs)  # all drawn from `running`, which `host_tokens` covered
         if limit := self._inline_limit():
-            self.scheduler.inline_prompts(batch, limit, self.chunk_tokens)
+            self.scheduler.inline_prompts(batch, limit, self.chunk_budget.full)
             self.timings.inline_prompts += len(batch.seqs) - decode_rows
         began = time.perf_counter()
         previous = self._decode_in_flight

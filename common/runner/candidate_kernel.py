@@ -19,9 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
+from common.runner.sampling_filters import MIN_TEMPERATURE
+
 # The widest candidate set the kernel takes (one block per row); wider sets take the torch path.
 MAX_CANDIDATES = 1024
-_MIN_TEMPERATURE = 1e-5  # as the torch path's clamp
 
 
 @triton.jit(do_not_specialize=["n", "vocab", "has_top_k", "has_top_p", "has_min_p"])
@@ -105,7 +106,7 @@ def draw(
         int(top_k is not None),
         int(top_p is not None),
         int(min_p is not None),
-        _MIN_TEMPERATURE,
+        MIN_TEMPERATURE,
         BLOCK=MAX_CANDIDATES,
         num_warps=4,
     )

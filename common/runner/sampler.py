@@ -148,12 +148,11 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         # A mixed batch needs the argmax rows too; an all-sampling batch skips a full pass over the logits.
         greedy = logits.argmax(dim=-1) if batch.any_greedy else None
-        temps = batch.temperatures.clamp_min(1e-5).unsqueeze(1)
         candidates = candidate_count(batch, logits.shape[-1], self._top_k_candidates)
         if candidates is None:
-            sampled = draw_sorted(logits, temps, batch)
+            sampled = draw_sorted(logits, batch)
         else:
-            sampled = draw_among_best(logits, temps, batch, candidates, self._use_kernel(logits, batch))
+            sampled = draw_among_best(logits, batch, candidates, self._use_kernel(logits, batch))
         return sampled if greedy is None else torch.where(batch.temperatures == 0, greedy, sampled)
 
 

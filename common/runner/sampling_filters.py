@@ -19,6 +19,10 @@ import torch
 if TYPE_CHECKING:  # the sampler imports this module
     from common.runner.sampler import SamplingBatch
 
+# The smallest temperature a sampling row is divided by (greedy rows, T = 0, take the argmax instead);
+# the Triton kernels clamp to the same.
+MIN_TEMPERATURE = 1e-5
+
 
 def candidate_count(batch: SamplingBatch, vocab: int, max_candidates: int) -> int | None:
     """How many of each row's best tokens the filters take instead of the sorted row: the batch's
@@ -29,17 +33,17 @@ def candidate_count(batch: SamplingBatch, vocab: int, max_candidates: int) -> in
     return bound
 
 
-def draw_sorted(logits: torch.Tensor, temps: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def draw_sorted(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """[B] token ids drawn from each row's filtered distribution over the whole vocabulary."""
-    probs = torch.softmax(filter_logits(logits / temps, batch), dim=-1)
+    probs = torch.softmax(filter_logits(logits / _temperatures(batch), batch), dim=-1)
     return (probs / exponential_noise(probs, batch.generators)).argmax(dim=-1)
 
 
 def draw_among_best(
-    logits: torch.Tensor, temps: torch.Tensor, batch: SamplingBatch, candidates: int, kernel: bool = False
+    logits: torch.Tensor, batch: SamplingBatch, candidates: int, kernel: bool = False
 ) -> torch.Tensor:
     """[B] token ids drawn among each row's `candidates` best tokens (`candidate_count`): no pass over
-    the vocabulary but `topk` (and a seeded row's noise). `temps` [B, 1] > 0: dividing by it keeps the
+    the vocabulary but `topk` (and a seeded row's noise). Dividing by a temperature > 0 keeps the
     order, so topk runs on the raw logits and only the N best are divided. `kernel`: the filters and
     the draw as one Triton launch (runner/candidate_kernel.py; the caller checks that Triton runs)."""
     vocab = logits.shape[-1]
@@ -54,9 +58,14 @@ def draw_among_best(
         if candidate_kernel.fits(candidates):
             filters = (batch.top_k, batch.top_p, batch.min_p)
             return candidate_kernel.draw(best, ids, noise, batch.temperatures, *filters, vocab)
-    probs = torch.softmax(filter_sorted(best / temps, batch, vocab), dim=-1)
+    probs = torch.softmax(filter_sorted(best / _temperatures(batch), batch, vocab), dim=-1)
     pick = (probs / noise).argmax(dim=-1, keepdim=True)
     return ids.gather(1, pick).squeeze(1)
+
+
+def _temperatures(batch: SamplingBatch) -> torch.Tensor:
+    """[B, 1] each row's temperature, at least MIN_TEMPERATURE (what the rows are divided by)."""
+    return batch.temperatures.clamp_min(MIN_TEMPERATURE).unsqueeze(1)
 
 
 def filter_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from common.runner.sampling_filters import MIN_TEMPERATURE
+
 # Columns per Philox call group: each of the 4 outputs of one Philox call feeds one of 4 sub-blocks
 # of LANES columns. Fixed (not tuned per shape) because it defines which random number each column
 # gets: changing it changes the draws a given seed produces.
@@ -29,7 +31,6 @@ LANES = 1024
 CHUNK = 4 * LANES
 NUM_WARPS = 8
 MAX_SPLITS = 64  # programs per row at most (a power of 2: the merge loads them as one block)
-_MIN_TEMPERATURE = 1e-5  # as the torch path's clamp
 
 
 @triton.jit
@@ -311,7 +312,7 @@ def pick_tokens(
         n_cols,
         per_split,
         n_chunks,
-        _MIN_TEMPERATURE,
+        MIN_TEMPERATURE,
         HAS_ALLOWED=allowed is not None,
         SPLIT=per_split < n_chunks,
         FAST=state.fast,
