@@ -8,6 +8,7 @@
 # workload (2,048 prompts of 128-512 in / out) and the Qwen3-0.6B shape's standard workload, both at
 # top_k 20 / top_p 0.95, arms sorted (c0), best drawn by torch (ctorch: PDSERVE_FUSED_SAMPLING=0) and
 # best drawn by the kernel (c1024), in the order of ARMS_ORDER, each a fresh process.
+# ARMS_ORDER and STOP_S (no new run after that many seconds; 520) may be set to fit a shorter call.
 # REAL_MODEL_DIR defaults to `python3 -m common.tools.default_model` (after `source
 # benchmarks/device_prep.sh`). Logs and JSON go to ${OUT:-/tmp/pdserve-gpu}/top_k.
 source "$(dirname "${BASH_SOURCE[0]}")/env_ab.sh" top_k
@@ -19,12 +20,12 @@ python3 -m pytest -q -p no:cacheprovider tests/unit/common/runner/test_top_k_can
 python3 benchmarks/engine/sampling.py --vocab 49152 151936 --batches 1 8 64 256 --top-k 20 --top-k-only \
   > "$LOG/sampling.txt" 2>&1
 tail -9 "$LOG/sampling.txt"
-ARMS_ORDER="0 torch 1024 1024 torch 0 0 1024 torch"
+ARMS_ORDER="${ARMS_ORDER:-0 torch 1024 1024 torch 0 0 1024 torch}"
 [ -d $Q ] || python3 -m common.tools.random_model --preset qwen3-0.6b --out $Q --tokenizer-from "$REAL" \
   --device cuda >/dev/null
 n=0
 for arm in $ARMS_ORDER; do
-  [ "$(elapsed)" -gt 520 ] && echo "stopped after $n runs (time)" && break
+  [ "$(elapsed)" -gt "${STOP_S:-520}" ] && echo "stopped after $n runs (time)" && break
   n=$((n + 1))
   c=$arm fused=auto
   [ "$arm" = torch ] && c=1024 fused=0
