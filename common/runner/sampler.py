@@ -12,7 +12,7 @@ Philox noise keyed by a per-row seed drawn on the device each step. A seeded row
 from its own generator, so the same seed gives the same tokens whatever else is in the batch. Rows
 with top-k/top-p/min-p, penalties, a logit bias or banned ids take the torch path below, on their rows
 alone: the filters and the draw of runner/sampling_filters.py, over each sorted row or, when every
-sampling row has a top-k of at most N (`PDSERVE_TOPK_CANDIDATES=N`; host-known:
+sampling row has a top-k of at most N (`PDSERVE_TOPK_CANDIDATES=N`, 1024 by default; host-known:
 `SamplingBatch.top_k_bound`; Qwen3's generation config asks top_k 20), over the rows' N best tokens
 only: the same tokens without sorting the vocabulary, the filters and the draw there as one Triton
 launch where the fused kernel runs (runner/candidate_kernel.py).
@@ -80,9 +80,10 @@ class Sampler:
       greedy, 49,152:  47 / 54 / 50 / 55 vs 15 / 14 / 14 / 20
       greedy, 151,936: 48 / 42 / 39 / 39 vs 18 / 15 / 23 / 54
     so the kernel wins every sampling batch (1.4-7x) and torch every greedy one but 256 x 151,936.
-    Rows with top-k/top-p/min-p sort on the torch path either way (T=0.6, top_p 0.9: 0.34 ms at
-    batch 1, 1.8 ms at 256 x 49,152, 5.0 ms at 256 x 151,936); among their best tokens
-    (`PDSERVE_TOPK_CANDIDATES`) the same switch gives their filters and draw to the candidate kernel.
+    Rows with top-p/min-p and no top-k sort on the torch path either way (T=0.6, top_p 0.9: 0.34 ms at
+    batch 1, 1.8 ms at 256 x 49,152, 5.0 ms at 256 x 151,936); rows with a top-k take their best tokens
+    (`PDSERVE_TOPK_CANDIDATES`) and the same switch gives their filters and draw to the candidate kernel
+    (113 us per call at batch 1, 415 at 256 x 151,936 on an H100, against 396 and 6,073 sorted).
     End to end the kernel and torch are within noise on the real model (issue 27's workload: 75,148
     vs 74,561 tok/s), now that the kernel compiles at start-up (`warm_up`) instead of mid-run."""
 
@@ -160,10 +161,15 @@ _SEED_BOUND = 2**62
 _FUSED_MODES = ("auto", "0", "1")
 
 
+# Measured (docs/benchmarks.md "Top-k among each row's best tokens"): 1.4x the sorted rows end to end at
+# top_k 20 on the real default model and the Qwen3-0.6B shape; exact whenever it applies.
+DEFAULT_TOP_K_CANDIDATES = 1024
+
+
 def top_k_candidates() -> int:
     """`PDSERVE_TOPK_CANDIDATES=N`: the largest top-k bound under which the filters take each row's best
-    tokens instead of sorting it (module docstring); 0, the default: always sort."""
-    return env_int("PDSERVE_TOPK_CANDIDATES", 0, 0, 1 << 20)
+    tokens instead of sorting it (module docstring); 1024 by default, 0: always sort."""
+    return env_int("PDSERVE_TOPK_CANDIDATES", DEFAULT_TOP_K_CANDIDATES, 0, 1 << 20)
 
 
 def fused_sampling_mode() -> str:
