@@ -12,7 +12,8 @@
 # default multiplexed worker (every prompt a chunk); muxm is mux with --mux-inline-measured (prompts
 # inline up to a measured break-even against a chunk); muxiN is mux with a fixed limit: prompts of up
 # to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N; muxk is mux with
-# --mux-split knee: the share stops where a larger one would slow decode), LONG_RATES
+# --mux-split knee: the share stops where a larger one would slow decode; muxa is mux with each new chunk
+# started after its engine step's decode step, PDSERVE_MUX_CHUNK_AFTER_DECODE=1), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
 # MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
 # serves every rate (about 5.5 minutes per arm at the defaults): split ARMS over device calls.
@@ -25,6 +26,7 @@ OUTDIR="${OUT:-/tmp/pdserve-pd1}"
 WL=""
 for rate in ${LONG_RATES:-0.5 1 2}; do WL="$WL interference@$rate"; done
 for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
+  after=0
   case $arm in
     agg*) setup=mixed extra="--max-num-batched-tokens ${arm#agg}" ;;
     mux) setup=ipc extra="${MUX_EXTRA:-}" ;;
@@ -32,10 +34,11 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
     muxi*) setup=ipc extra="--mux-inline-prompt-tokens ${arm#muxi} ${MUX_EXTRA:-}" ;;
     muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} ${MUX_EXTRA:-}" ;;
     muxk) setup=ipc extra="--mux-split knee ${MUX_EXTRA:-}" ;;
-    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN, muxtN or muxk)" >&2; exit 2 ;;
+    muxa) setup=ipc extra="${MUX_EXTRA:-}" after=1 ;;
+    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN, muxtN, muxk or muxa)" >&2; exit 2 ;;
   esac
   echo "== $arm"
-  env OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \
+  env PDSERVE_MUX_CHUNK_AFTER_DECODE=$after OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \
       GOODPUT="--goodput-ttft-ms 1000 --goodput-itl-ms ${ITL_SLO_MS:-50}" LAUNCH_EXTRA="$extra" \
       bash benchmarks/serving/gpu_cluster.sh $MODEL
 done
