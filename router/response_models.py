@@ -53,13 +53,21 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class CompletionResponse(BaseModel):
+class _Envelope(BaseModel):
+    """What every completion body and stream chunk carries, in OpenAI's order; a subclass names its
+    `object` and `choices` again, which keeps them in their places."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int
     model: str
-    choices: list[CompletionChoice]
+    choices: list
     usage: Usage | None = None
+
+
+class CompletionResponse(_Envelope):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
 
 
 class TopLogprob(BaseModel):
@@ -88,13 +96,9 @@ class ChatChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Envelope):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
-    usage: Usage | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -109,24 +113,13 @@ class ChatChunkChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
 
 
-class CompletionChunk(BaseModel):
+class CompletionChunk(CompletionResponse):
     """Streaming completions reuse the completion shape, one choice delta per chunk."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):
