@@ -28,7 +28,8 @@ from typing import ClassVar
 
 import msgpack
 
-from common.wire.wire_fields import MessageError, check_record, field_checkers, plain_on_the_wire, wire_form
+from common.wire.msgpack_values import plain_on_the_wire
+from common.wire.wire_fields import MessageError, check_record, field_checkers, wire_form
 
 MESSAGE_TYPES: dict[str, type[Message]] = {}
 

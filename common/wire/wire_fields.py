@@ -9,21 +9,21 @@ dataclass (a "record") travels as a msgpack map of its fields (`wire_form`); one
 variable also carries it as "kind", which is how the members of a union are told apart. Decoding a map
 checks its keys and each field's type, then builds the value, whose own constructor checks the rest
 (e.g. SamplingParams' ranges). A record handed to a message's constructor is checked field by field the
-same way, so a bad value fails where the message is built. Enums travel as their values.
+same way, so a bad value fails where the message is built. Enums travel as their values. What
+msgpack can carry, and the one-pass tests of long lists, are in `common.wire.msgpack_values`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import itertools
 import math
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
-_INT_MIN, _UINT64_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
+from common.wire.msgpack_values import BULK_CHECKS, INT_MIN, SCALARS, UINT64_MAX, only_type
 
 
 class MessageError(ValueError):
@@ -88,22 +88,6 @@ def field_checkers(cls: type) -> list[tuple[str, Checker]]:
     return _FIELD_CHECKERS[cls]
 
 
-def plain_on_the_wire(cls: type) -> frozenset[str]:
-    """The fields of a dataclass whose decoded msgpack value already is the field's value (scalars,
-    lists and maps of them): a trusted decode (`common.wire.codec`) takes those as they come."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    return frozenset(f.name for f in dataclasses.fields(cls) if _plain(hints[f.name]))
-
-
-def _plain(tp: Any) -> bool:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Annotated:
-        return _plain(args[0])
-    if origin in (Union, types.UnionType, list, dict):
-        return all(_plain(a) for a in args)
-    return tp is type(None) or tp in _SCALARS
-
-
 def check_record(record: Any) -> None:
     """Check every field of a dataclass where it is built (from its `__post_init__`; frozen ones too),
     so a bad value fails there, not on the far side of a socket."""
@@ -120,18 +104,6 @@ def wire_form(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     raise TypeError(f"cannot encode a {type(value).__name__}")
-
-
-_SCALARS: dict[type, Callable[[Any], bool]] = {
-    # exact types: bool is not an int here, and numpy scalars must be converted (.tolist()) by the sender
-    int: lambda v: type(v) is int and _INT_MIN <= v <= _UINT64_MAX,
-    float: lambda v: type(v) in (int, float),
-    str: lambda v: type(v) is str,
-    bool: lambda v: type(v) is bool,
-    dict: lambda v: type(v) is dict and all(type(k) is str for k in v),
-    list: lambda v: type(v) is list,
-    bytes: lambda v: type(v) is bytes,
-}
 
 
 def _compile(tp: Any) -> Checker:
@@ -202,7 +174,7 @@ def _sequence(origin: type, args: tuple) -> Checker:
         return _optional_int_list
     element = _compile(args[0])
     allowed = (list,) if origin is list else (list, tuple)
-    valid = _BULK_CHECKS.get(args[0])
+    valid = BULK_CHECKS.get(args[0])
 
     def check(value: Any, name: str) -> Any:
         if type(value) not in allowed:
@@ -212,30 +184,6 @@ def _sequence(origin: type, args: tuple) -> Checker:
         return origin(element(v, f"{name}[{i}]") for i, v in enumerate(value))
 
     return check
-
-
-def only_type(values: Iterable[Any], tp: type) -> bool:
-    """Whether every item is exactly a `tp` (a subclass is not: a bool is no int), in one pass in C:
-    token-id lists run to thousands of items. True for no items."""
-    return set(map(type, values)) <= {tp}
-
-
-def _all_str(value: list) -> bool:
-    return only_type(value, str)
-
-
-def _all_int_lists(value: list) -> bool:
-    if not only_type(value, list):
-        return False
-    flat = list(itertools.chain.from_iterable(value))
-    if not only_type(flat, int):
-        return False
-    return not flat or (min(flat) >= _INT_MIN and max(flat) <= _UINT64_MAX)
-
-
-# Element types whose lists are checked in one pass in C (a TokenBatch's ids and rows, a few hundred per
-# step); a list that fails it goes through the per-element checks, which name the bad element.
-_BULK_CHECKS: dict[Any, Callable[[list], bool]] = {str: _all_str, list[int]: _all_int_lists}
 
 
 def _fixed_tuple(elements: tuple[Checker, ...]) -> Checker:
@@ -289,7 +237,7 @@ def _record_from_map(cls: type, value: dict, name: str) -> Any:
 
 
 def _scalar(tp: type, value: Any, name: str) -> Any:
-    if not _SCALARS[tp](value):
+    if not SCALARS[tp](value):
         raise MessageError(f"{name} must be a {tp.__name__}, got {type(value).__name__}")
     return float(value) if tp is float else value
 
@@ -298,7 +246,7 @@ def _check_ints(value: Any, name: str) -> None:
     """Token ids and hashes: long sequences, so the element checks run in C (map/set/min/max)."""
     if not only_type(value, int):
         raise MessageError(f"{name} must be a list of ints")
-    if value and (min(value) < _INT_MIN or max(value) > _UINT64_MAX):
+    if value and (min(value) < INT_MIN or max(value) > UINT64_MAX):
         raise MessageError(f"{name} holds an int msgpack cannot carry")
 
 
