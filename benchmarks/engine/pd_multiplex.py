@@ -40,12 +40,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.engine.step_classes import StepClasses, StepClassifier, report_classes  # noqa: E402
+from benchmarks.engine.step_classes import StepClasses, report_classes  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
 from common.core import run_ahead  # noqa: E402
+from common.core.percentile import percentile  # noqa: E402
 from common.llm_engine import LLMEngine  # noqa: E402
 from common.multiplex.controller import ShareController  # noqa: E402
 from common.multiplex.partitions import build_partitions  # noqa: E402
+from common.multiplex.step_classes import StepClassifier  # noqa: E402
 from common.tools.default_model import resolve_model  # noqa: E402
 from common.tools.random_model import write_random_model  # noqa: E402
 
@@ -218,7 +220,7 @@ def _window(engine: LLMEngine, args, longs: list[list[int]], last: dict[str, flo
     one = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     start = time.perf_counter()
     sent = 0
-    classifier = StepClassifier(engine)
+    classifier = StepClassifier(engine.multiplexer)
     while len(stats.ttfts) < len(longs):
         now = time.perf_counter()
         while sent < len(longs) and now >= start + sent * args.long_interval_s:
@@ -245,13 +247,6 @@ def _window(engine: LLMEngine, args, longs: list[list[int]], last: dict[str, flo
     return stats
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def met_slo(runs: list[RunStats], itl_s: float, ttft_s: float) -> float:
     """The share of requests (decode streams and long prompts, all runs) that met the SLO."""
     good = sum(g <= itl_s for r in runs for g in r.worst_gap.values())
@@ -273,8 +268,8 @@ def report(
         gaps = [g for r in runs for g in r.gaps]
         ttfts = [t for r in runs for t in r.ttfts]
         rate = sum(r.tokens for r in runs) / max(sum(r.seconds for r in runs), 1e-9)
-        cells = [_pct(gaps, 0.5), _pct(gaps, 0.99), max(gaps, default=float("nan"))]
-        cells += [_pct(ttfts, 0.5), max(ttfts, default=float("nan"))]
+        cells = [percentile(gaps, 50), percentile(gaps, 99), max(gaps, default=float("nan"))]
+        cells += [percentile(ttfts, 50), max(ttfts, default=float("nan"))]
         met = met_slo(runs, slo_itl_ms / 1e3, slo_ttft_ms / 1e3)
         prefill = long_tokens * len(runs) / max(sum(r.seconds for r in runs), 1e-9)
         row = f"{arm:<22} {rate:>10.1f} " + " ".join(f"{1e3 * c:>9.2f}" for c in cells)
@@ -302,8 +297,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[RunStats]]:
     if args.step_classes:
         print("\nsteps of the window by kind (benchmarks/engine/step_classes.py):")
         for arm, runs in results.items():
-            tail_from = _pct([g for r in runs for g in r.gaps], 0.99)
-            report_classes(arm, [r.classes for r in runs], tail_from, _pct)
+            tail_from = percentile([g for r in runs for g in r.gaps], 99)
+            report_classes(arm, [r.classes for r in runs], tail_from)
     return results
 
 

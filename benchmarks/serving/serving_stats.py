@@ -9,6 +9,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from common.core.percentile import percentile
+
 
 @dataclass
 class RequestResult:
@@ -30,16 +32,6 @@ class RequestResult:
         if not self.ok or self.ttft_s is None or self.output_tokens < 2:
             return None
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default); NaN when there is nothing."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def is_good(

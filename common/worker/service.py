@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from common.core.step_records import SequencesFailed
 from common.host import host_cores
+from common.multiplex.step_classes import StepClassifier
 from common.net.addresses import resolve_host, split_addresses
 from common.wire import request_log
 from common.wire.cache_messages import SnapshotRequest
@@ -63,6 +64,7 @@ class WorkerService:
         self._next_deadline_check = 0.0
         self._next_load_post = 0.0
         self.stats = StatsLog(config.log_stats_interval_s)
+        self._classifier: StepClassifier | None = None  # made at the first step, from the engine's
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -209,6 +211,9 @@ class WorkerService:
         """One engine step and the role's messages for it; returns the seconds the role took."""
         began = time.perf_counter()
         failed: SequencesFailed | None = None
+        if self._classifier is None:
+            self._classifier = StepClassifier(self.engine.multiplexer)
+        self._classifier.before()
         try:
             result = self.engine.step()
         except SequencesFailed as e:  # some requests alone: the step's other work still counts
@@ -222,8 +227,9 @@ class WorkerService:
                 log.exception("could not clean up after the failed step")
             return 0.0
         stepped = time.perf_counter()
+        step_class = self._classifier.after(result.num_prefill_tokens)
         self.stats.record(
-            self.engine.timings, result.num_prefill_tokens, len(result.updates), stepped - began
+            self.engine.timings, result.num_prefill_tokens, len(result.updates), stepped - began, step_class
         )
         for rejected in result.rejected:  # refused after admission (a grammar built aside)
             self.role.reject(rejected.seq.request_id, rejected.error)

@@ -12,6 +12,9 @@ out the device wait, so there "engine host" is the whole step; the line then end
 launched beside decode steps, their mean SM share, and the prompts run inline in decode steps. With a
 `gc_meter` (the worker process installs one, common/net/gc_heap.py) the line also counts the interval's
 garbage collections and the longest: a stall of the loop that shows as a maximum inter-token gap.
+Steps recorded with their class (common/multiplex/step_classes.py) add each class's count and the
+p50 / p99 / max of its steps' wall time: a stream's inter-token gap is about the wall time of the step
+that made its token, so the class holding the long steps is where a served ITL tail comes from.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from common.core.percentile import percentile
 from common.core.step_records import EngineLoad, StepTimings
 from common.net.gc_heap import GcPauseMeter, GcPauses
 
@@ -35,6 +39,7 @@ class _Totals:
     commands_s: float = 0.0  # taking commands while busy (idle waits are not counted)
     role_s: float = 0.0  # role.on_step: the step's tokens as messages
     handoff_s: float = 0.0  # the turn's messages to the I/O thread or process
+    step_s_by_class: dict[str, list[float]] = field(default_factory=dict)  # steps recorded with a class
 
 
 class StatsLog:
@@ -48,8 +53,16 @@ class StatsLog:
         self._now = _Totals()
         self.gc_meter: GcPauseMeter | None = None  # set by the process that installed one
 
-    def record(self, timings: StepTimings, prompt_tokens: int, generated_tokens: int, step_s: float) -> None:
-        """One engine step: `timings` are the engine's cumulative counters after it."""
+    def record(
+        self,
+        timings: StepTimings,
+        prompt_tokens: int,
+        generated_tokens: int,
+        step_s: float,
+        step_class: str | None = None,
+    ) -> None:
+        """One engine step: `timings` are the engine's cumulative counters after it; `step_class`, what
+        the step did besides decoding (`StepClassifier`)."""
         if self._timings is None:
             self._timings = timings
             self._start = asdict(timings)
@@ -57,6 +70,8 @@ class StatsLog:
         now.prompt_tokens += prompt_tokens
         now.generated_tokens += generated_tokens
         now.step_s += step_s
+        if step_class is not None:
+            now.step_s_by_class.setdefault(step_class, []).append(step_s)
 
     def record_loop(self, commands_s: float, role_s: float, handoff_s: float) -> None:
         """The parts of one loop turn outside `engine.step` (each 0 when the turn had none)."""
@@ -99,7 +114,7 @@ class StatsLog:
             f" hand-off {_ms(now.handoff_s, steps)})",
             f"running {load.num_running}, waiting {load.num_waiting}",
         )
-        return ", ".join(parts + _multiplexed(d) + _collections(pauses))
+        return ", ".join(parts + _step_classes(now.step_s_by_class) + _multiplexed(d) + _collections(pauses))
 
 
 def _multiplexed(d: dict) -> tuple[str, ...]:
@@ -111,6 +126,18 @@ def _multiplexed(d: dict) -> tuple[str, ...]:
     return (
         f"chunks beside decode {chunks} (mean share {share} SMs), inline prompts {int(d['inline_prompts'])}",
     )
+
+
+def _step_classes(by_class: dict[str, list[float]]) -> tuple[str, ...]:
+    """Each class's steps, the most frequent first: count, p50 / p99 / max wall time in ms."""
+    if not by_class:
+        return ()
+    cells = [
+        f"{name} {len(seconds)} ({1e3 * percentile(seconds, 50):.2f} / {1e3 * percentile(seconds, 99):.2f}"
+        f" / {1e3 * max(seconds):.2f})"
+        for name, seconds in sorted(by_class.items(), key=lambda item: -len(item[1]))
+    ]
+    return ("step ms by class, p50 / p99 / max: " + "; ".join(cells),)
 
 
 def _collections(pauses: GcPauses | None) -> tuple[str, ...]:

@@ -90,3 +90,19 @@ def test_the_interval_garbage_collections_end_the_line(caplog):
     (line,) = [r.getMessage() for r in caplog.records]
     assert re.search(r"gc 2 collections \(1 full\), [0-9.]+ ms, longest [0-9.]+ ms$", line), line
     assert meter.take().collections == 0  # the line took the interval's figures
+
+
+def test_steps_recorded_with_a_class_split_the_wall_time_by_class(caplog):
+    stats = StatsLog(0.01)
+    stats.record(StepTimings(), prompt_tokens=0, generated_tokens=0, step_s=0.0)
+    for ms in range(1, 101):  # 100 beside steps of 1..100 ms; 2 launches
+        stats.record(StepTimings(decode_steps=ms), 0, 64, ms / 1e3, "beside")
+    stats.record(StepTimings(decode_steps=101), 0, 64, 0.012, "launch")
+    stats.record(StepTimings(decode_steps=102), 0, 64, 0.014, "launch")
+    time.sleep(0.02)
+    with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
+        stats.maybe_log(lambda: LOAD)
+    (line,) = [r.getMessage() for r in caplog.records]
+    # numpy's percentiles of 1..100: p50 50.5, p99 99.01; the most frequent class first
+    assert "step ms by class, p50 / p99 / max: beside 100 (50.50 / 99.01 / 100.00); launch 2 (13.00" in line
+    assert line.endswith("14.00)")  # nothing multiplexed in the counters, no collections

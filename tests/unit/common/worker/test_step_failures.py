@@ -79,3 +79,5 @@ def test_a_chunk_past_its_retries_fails_its_request_alone(tiny_model_dirs, monke
     assert role.tokens["b"] == plain[0]["token_ids"] and role.tokens["a"] == []
     assert not role.jobs and role.ctx.failed == [("a", True, "tcp://front-2")]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    line = service.stats.line(1.0, engine.load_report())  # the service classed the steps it ran
+    assert "step ms by class" in line and "solo" in line and "launch" in line
