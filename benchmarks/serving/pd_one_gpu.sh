@@ -18,7 +18,9 @@
 # MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
 # serves every rate (about 5.5 minutes per arm at the defaults): split ARMS over device calls.
 # Logs and tables: ${OUT:-/tmp/pdserve-pd1}/ARM/; each arm's table (benchmarks/serving/cluster_table.py)
-# is printed as it finishes: one row per rate, TTFT of the long prompts, TPOT and ITL of the chat.
+# is printed as it finishes: one row per rate, TTFT of the long prompts, TPOT and ITL of the chat. The
+# workers' logs (ARM/SETUP/logs/) carry a stats line every 10 s whose "step ms by class" part says which
+# steps (beside a chunk, the first after a launch, ...) are long: where the chat's ITL tail comes from.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 MODEL="${1:-}"
