@@ -64,7 +64,7 @@ class WorkerService:
         self._next_deadline_check = 0.0
         self._next_load_post = 0.0
         self.stats = StatsLog(config.log_stats_interval_s)
-        self._classifier: StepClassifier | None = None  # made at the first step, from the engine's
+        self._classifier: StepClassifier | None = None  # made at the first step (the engine's mode)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ class StatsLog:
         now.prompt_tokens += prompt_tokens
         now.generated_tokens += generated_tokens
         now.step_s += step_s
-        if step_class is not None:
+        if step_class is not None and self.interval_s > 0:  # with no line nothing takes (and clears) them
             now.step_s_by_class.setdefault(step_class, []).append(step_s)
 
     def record_loop(self, commands_s: float, role_s: float, handoff_s: float) -> None:

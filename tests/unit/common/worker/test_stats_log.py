@@ -51,9 +51,12 @@ def test_the_line_counts_the_interval_only(caplog):
 def test_zero_interval_logs_nothing(caplog):
     stats = StatsLog(0)
     stats.record(StepTimings(), 1, 1, 0.001)
+    for _ in range(1000):
+        stats.record(StepTimings(), 1, 1, 0.001, "decode")
     with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
         stats.maybe_log(lambda: LOAD)
     assert caplog.records == []
+    assert "step ms by class" not in stats.line(1.0, LOAD)  # nothing kept that no line would clear
 
 
 def test_multiplexed_chunks_and_inline_prompts_end_the_line(caplog):
