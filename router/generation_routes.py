@@ -24,10 +24,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.body_limit import PARSED_BODY
+from router.chat_formatter import ChatFormatter
 from router.client_watch import ClientWatch
 from router.errors import APIError, shorten, validated
 from router.fanout import run_sequences
-from router.openai_responses import DONE, ChatFormatter, CompletionFormatter, Formatter, sse
+from router.openai_responses import DONE, CompletionFormatter, Formatter, sse
 from router.protocol import ChatCompletionRequest, CompletionRequest
 from router.request_builder import GenerationPlan
 from router.request_id import new_id

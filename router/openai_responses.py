@@ -5,7 +5,7 @@ usage.prompt_tokens counts each prompt once; completion_tokens counts every choi
 prompt_tokens_details.cached_tokens is what the prefill workers reported for each prompt's first sample.
 With vLLM's `return_token_ids` a choice also carries its output's token ids (`token_ids`: in a stream,
 each chunk's own) and the prompt's (`prompt_token_ids`: on each completion choice, once per streamed
-choice; on the chat response, or its first chunk).
+choice; on the chat response, or its first chunk). The chat shape is router/chat_formatter.py.
 """
 
 from __future__ import annotations
@@ -16,21 +16,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from router.logprobs import chat_logprobs, completion_logprobs
+from router.logprobs import completion_logprobs
 from router.request_builder import GenerationPlan
 from router.request_lifecycle import ChoiceUpdate
 from router.response_models import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
-    ChatLogprobs,
     CompletionChoice,
     CompletionChunk,
     CompletionLogprobs,
     CompletionResponse,
-    DeltaMessage,
     PromptTokensDetails,
     Usage,
 )
@@ -50,7 +45,7 @@ def sse(payload: dict) -> str:
     return f"data: {_encode_payload(payload)}\n\n"
 
 
-def _blank(shape: type[BaseModel], **required: Any) -> dict:
+def blank_shape(shape: type[BaseModel], **required: Any) -> dict:
     """A model's JSON shape with its defaults (placeholders for the required fields), dumped once: the
     stream path fills copies of these, so a chunk's schema stays the models' (router/protocol.py) while
     no model object is built per request."""
@@ -58,12 +53,11 @@ def _blank(shape: type[BaseModel], **required: Any) -> dict:
 
 
 _HEADS = {
-    chunk: _blank(chunk, id="", created=0, model="", choices=[])
+    chunk: blank_shape(chunk, id="", created=0, model="", choices=[])
     for chunk in (CompletionChunk, ChatCompletionChunk)
 }
-_COMPLETION_CHOICE = _blank(CompletionChoice, index=0, text="")
-_CHAT_CHOICE = _blank(ChatChunkChoice, index=0, delta=DeltaMessage())
-_USAGE = _blank(Usage, prompt_tokens_details=PromptTokensDetails())
+_COMPLETION_CHOICE = blank_shape(CompletionChoice, index=0, text="")
+_USAGE = blank_shape(Usage, prompt_tokens_details=PromptTokensDetails())
 
 
 class Formatter:
@@ -245,67 +239,4 @@ class CompletionFormatter(Formatter):
         if self.plan.return_token_ids:
             for choice in body["choices"]:
                 choice["prompt_token_ids"] = self._prompt_of(choice["index"])
-        return body
-
-
-class ChatFormatter(Formatter):
-    _chunk_model = ChatCompletionChunk
-
-    def _opening_chunks(self) -> list[dict]:
-        """OpenAI streams the assistant role first, once per choice (the first with the prompt's
-        token ids under return_token_ids)."""
-        chunks = [
-            self._envelope(
-                [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
-            )
-            for i in range(self.num_choices)
-        ]
-        if self.plan.return_token_ids:
-            chunks[0]["prompt_token_ids"] = self.plan.prompts[0]
-        return chunks
-
-    def _logprobs(self, u: SequenceUpdate) -> ChatLogprobs | None:
-        if u.logprobs is None:
-            return None
-        return chat_logprobs(self.tokenizer, u.token_ids, u.logprobs, self.plan.tokens_as_ids)
-
-    def _chunk(self, choice_index: int, u: SequenceUpdate) -> dict:
-        lp = self._logprobs(u)
-        delta = _CHAT_CHOICE["delta"] | {"content": u.text or None}
-        fields = {
-            "index": choice_index,
-            "delta": {k: v for k, v in delta.items() if v is not None},  # OpenAI omits them
-            "logprobs": lp.model_dump() if lp else None,
-            "finish_reason": u.finish_reason,
-        }
-        if self.plan.return_token_ids:
-            fields["token_ids"] = u.token_ids
-        return self._envelope([_CHAT_CHOICE | fields])
-
-    async def collect(self, updates: AsyncIterator[ChoiceUpdate]) -> dict:
-        logprobs: dict[int, ChatLogprobs] = {}
-        async for item in updates:
-            self.outputs[item.choice_index] = item.output
-            lp = self._logprobs(item.update)
-            if lp is not None:
-                logprobs.setdefault(item.choice_index, ChatLogprobs()).content.extend(lp.content)
-        choices = [
-            ChatChoice(
-                index=i,
-                message=AssistantMessage(content=o.text),
-                logprobs=logprobs.get(i),
-                finish_reason=o.finish_reason,
-            )
-            for i, o in sorted(self.outputs.items())
-        ]
-        body = self._response_body(ChatCompletionResponse, choices)
-        if self.plan.return_token_ids:
-            body["prompt_token_ids"] = self.plan.prompts[0]  # a chat request has one prompt
         return body

@@ -18,8 +18,9 @@ from typing import Any
 from fastapi import FastAPI
 
 from common.wire.sampling_params import FinishReason
+from router.chat_formatter import ChatFormatter
 from router.errors import APIError, bad_request, validated
-from router.openai_responses import DONE, ChatFormatter, sse
+from router.openai_responses import DONE, sse
 from router.protocol import ChatCompletionRequest, Int64, _Strict
 from router.request_id import new_id
 from router.request_lifecycle import ChoiceUpdate

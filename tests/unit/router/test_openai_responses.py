@@ -11,8 +11,9 @@ import pytest
 from common.wire.detokenizer import IncrementalDetokenizer
 from common.wire.messages import FinishReason
 from common.wire.sampling_params import SamplingParams
+from router.chat_formatter import ChatFormatter
 from router.fanout import ChoiceUpdate
-from router.openai_responses import DONE, ChatFormatter, CompletionFormatter
+from router.openai_responses import DONE, CompletionFormatter
 from router.protocol import ChatCompletionRequest, StreamOptions
 from router.request_builder import GenerationPlan, RequestBuilder
 from router.response_models import (
