@@ -12,8 +12,9 @@ A retryable failure before any token was produced is re-dispatched to other work
 mix into the new one. After tokens were produced, only a request whose tokens a retry reproduces
 (greedy, or seeded) is retried: the retry regenerates from the prompt, the tokens already produced are
 checked equal and dropped, and the client's stream just continues; any other request (or a retry that
-diverges) ends with a 503 `worker_failed` (a final SSE error event). Workers get the deadline a little
-later than the router's own timer, so the client sees the 504.
+diverges) ends with a 503 `worker_failed` (a final SSE error event); the attempt and these rules are
+router/sequence_attempts.py. Workers get the deadline a little later than the router's own timer, so
+the client sees the 504.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from router.errors import APIError
 from router.live_rates import LiveRates
 from router.load_tracker import Assignment
 from router.observations import learn_from, record_finished, record_token_gap
-from router.request_stream import RequestStream, StreamTimeout
+from router.request_stream import StreamTimeout
 from router.route_planner import RETRY_AFTER, Route, RoutePlanner
 from router.router_metrics import RouterMetrics
+from router.sequence_attempts import Dispatch, RetryElsewhere, replayable, worker_failed
 from router.token_stream import (
     ReplayMismatch,
     SequenceOutput,
@@ -73,25 +75,6 @@ class ChoiceUpdate(NamedTuple):
     choice_index: int
     update: SequenceUpdate
     output: SequenceOutput
-
-
-@dataclass(frozen=True)
-class _Dispatch:
-    wire_id: str
-    route: Route
-    stream: RequestStream
-    sent_at: float
-
-    @property
-    def workers(self) -> tuple[str, ...]:
-        r = self.route
-        return (r.decode_id,) if r.local else (r.prefill_id, r.decode_id)
-
-
-class _RetryElsewhere(Exception):
-    def __init__(self, worker_id: str, reason: str) -> None:
-        super().__init__(reason)
-        self.worker_id = worker_id
 
 
 class RequestLifecycle:
@@ -134,9 +117,9 @@ class RequestLifecycle:
                     "%s finished: %s, %d tokens", seq.request_id, output.finish_reason, output.num_generated
                 )
                 return
-            except _RetryElsewhere as retry:
-                if output.num_generated and not _replayable(seq.sampling):
-                    raise _worker_failed(str(retry)) from None
+            except RetryElsewhere as retry:
+                if output.num_generated and not replayable(seq.sampling):
+                    raise worker_failed(str(retry)) from None
                 excluded.add(retry.worker_id)
                 self.metrics.retries.inc()
                 log.warning("retrying %s without %s: %s", seq.request_id, retry.worker_id, retry)
@@ -154,7 +137,7 @@ class RequestLifecycle:
 
     async def _dispatch(
         self, seq: SequenceRequest, attempt: int, excluded: set[str], output: SequenceOutput
-    ) -> _Dispatch:
+    ) -> Dispatch:
         route = self.planner.plan(seq.prompt_token_ids, seq.sampling, excluded)
         self.metrics.disagg_decisions.inc(decision=route.decision.kind)
         wire_id = seq.request_id if attempt == 0 else f"{seq.request_id}~retry{attempt}"
@@ -172,7 +155,7 @@ class RequestLifecycle:
         log.debug("%s sent: prefill on %s, decode on %s", wire_id, route.prefill_id, route.decode_id)
         self.metrics.prefill_requests.inc(worker=route.prefill_id)
         self.metrics.decode_requests.inc(worker=route.decode_id)
-        return _Dispatch(wire_id, route, stream, now)
+        return Dispatch(wire_id, route, stream, now)
 
     def _request(self, wire_id: str, seq: SequenceRequest, route: Route) -> Message:
         decode_addr = None
@@ -206,7 +189,7 @@ class RequestLifecycle:
         return float("inf") if limit is None else seq.arrival + limit - self._clock()
 
     async def _collect(
-        self, seq: SequenceRequest, dispatch: _Dispatch, output: SequenceOutput, seen: list[int]
+        self, seq: SequenceRequest, dispatch: Dispatch, output: SequenceOutput, seen: list[int]
     ) -> AsyncGenerator[SequenceUpdate]:
         reorder = TokenReorderBuffer()
         ended_by_worker = False
@@ -234,7 +217,7 @@ class RequestLifecycle:
                 await self._abort(dispatch)
 
     def _receive(
-        self, batch: list[TokenOutput | RequestFailed], dispatch: _Dispatch, reorder: TokenReorderBuffer
+        self, batch: list[TokenOutput | RequestFailed], dispatch: Dispatch, reorder: TokenReorderBuffer
     ) -> tuple[list[TokenOutput], Exception | None]:
         """The in-order outputs of a batch of messages, and the error that ends the attempt, if any."""
         ready: list[TokenOutput] = []
@@ -242,7 +225,7 @@ class RequestLifecycle:
         for msg in batch:
             if isinstance(msg, RequestFailed):
                 if msg.retryable:
-                    return ready, _RetryElsewhere(msg.worker_id, msg.error)
+                    return ready, RetryElsewhere(msg.worker_id, msg.error)
                 if msg.invalid:  # what the router could not check itself (the model's own limits)
                     return ready, APIError(400, msg.error, code="invalid_value")
                 error = f"worker {msg.worker_id} failed: {msg.error}"
@@ -270,7 +253,7 @@ class RequestLifecycle:
         return updates
 
     def _new_outputs(
-        self, ready: list[TokenOutput], dispatch: _Dispatch, seen: list[int]
+        self, ready: list[TokenOutput], dispatch: Dispatch, seen: list[int]
     ) -> list[TokenOutput]:
         """In-order messages minus what a failed attempt already produced (`seen`, checked equal)."""
         outs = []
@@ -280,7 +263,7 @@ class RequestLifecycle:
             try:
                 new = trim_replayed(out, seen)
             except ReplayMismatch as e:
-                raise _worker_failed(f"the retry diverged: {e}") from None
+                raise worker_failed(f"the retry diverged: {e}") from None
             if new is not None:
                 outs.append(new)
         return outs
@@ -293,16 +276,7 @@ class RequestLifecycle:
             output.first_decode_at = self._clock()
         return output.apply_run(run)
 
-    async def _abort(self, dispatch: _Dispatch) -> None:
+    async def _abort(self, dispatch: Dispatch) -> None:
         for worker_id in dispatch.workers:
             with contextlib.suppress(Exception):  # best effort: the worker may already be gone
                 await self.cluster.send(worker_id, Abort(dispatch.wire_id))
-
-
-def _replayable(sampling: SamplingParams) -> bool:
-    """Whether a retry regenerates the same tokens: greedy, or seeded (each worker seeds afresh)."""
-    return sampling.greedy or sampling.seed is not None
-
-
-def _worker_failed(reason: str) -> APIError:
-    return APIError(503, f"worker failed mid-generation: {reason}", code="worker_failed", headers=RETRY_AFTER)
