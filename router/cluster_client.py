@@ -1,10 +1,10 @@
 """The router's worker-facing side: ZMQ sockets in asyncio (the protocol is in docs/protocol.md).
 
-Owns: the inbox (one PULL socket every worker pushes to), one PUSH socket per registered worker's
-command address, and the per-request streams that TokenOutput / RequestFailed messages are routed
-to by request_id. It keeps the WorkerRegistry current, and the PrefixIndex through IndexSync
-(router/index_sync.py: the event subscriptions and snapshots); it never decides where a request
-goes (that is the lifecycle's job).
+Owns: the inbox (one PULL socket every worker pushes to, read by router/inbox_drain.py), one PUSH
+socket per registered worker's command address, and the per-request streams that TokenOutput /
+RequestFailed messages are routed to by request_id. It keeps the WorkerRegistry current, and the
+PrefixIndex through IndexSync (router/index_sync.py: the event subscriptions and snapshots); it never
+decides where a request goes (that is the lifecycle's job).
 
 KV path probes (router/kv_probes.py): when a prefill worker and a decode target are both live and
 their pair has not been measured, it sends the prefill worker a KVProbeRequest; the KVProbeResult
@@ -26,7 +26,6 @@ from collections.abc import Callable
 import zmq
 import zmq.asyncio
 
-from common.net.readable import Readable
 from common.net.sockets import SocketOptions, Sockets, last_endpoint, open_async_sockets
 from common.wire.cache_messages import Snapshot
 from common.wire.messages import (
@@ -44,6 +43,7 @@ from common.wire.messages import (
 from common.wire.probe_messages import KVProbeResult
 from router.command_outbox import CommandOutbox
 from router.config import RouterConfig
+from router.inbox_drain import drain_inbox
 from router.index_sync import IndexSync
 from router.kv_probes import KVProbes, PairProber
 from router.live_rates import LiveRates
@@ -54,11 +54,6 @@ from router.worker_registry import HeartbeatOutcome, RegistrationOutcome, Worker
 log = logging.getLogger(__name__)
 # Queued commands per worker before sends fail fast instead of blocking the router.
 COMMAND_OPTIONS = SocketOptions(send_hwm=100_000)
-# Inbox messages taken per event-loop turn before request tasks run. Large on purpose: a router that
-# falls behind then hands each request several tokens at once, which become one SSE chunk (the
-# per-chunk cost, not the per-token one, is what saturates the router); an idle router takes each
-# message as it comes. 2048 messages are ~30 ms of work at worst.
-INBOX_BATCH = 2048
 # The worker -> router messages of the per-token path, decoded without per-field checks: they come from
 # registered workers (checked below before they count), which built them through the validating
 # constructor (see common/wire/codec.py). Everything else on the inbox is decoded in full.
@@ -108,7 +103,8 @@ class ClusterClient:
             log.warning("no CURVE keys: any process that reaches the inbox can register as a worker")
         self._inbox = self._sockets.bind(zmq.PULL, self._config.inbox_host, self._config.inbox_port)
         self.inbox_addr = last_endpoint(self._inbox)
-        self._tasks = [asyncio.create_task(self._inbox_loop()), asyncio.create_task(self._liveness_loop())]
+        inbox = asyncio.create_task(drain_inbox(self._inbox, self._take))
+        self._tasks = [inbox, asyncio.create_task(self._liveness_loop())]
         log.info("router inbox listening on %s", self.inbox_addr)
         return self.inbox_addr
 
@@ -157,30 +153,6 @@ class ClusterClient:
         return told
 
     # ---- inbox ---------------------------------------------------------------------------------
-
-    async def _inbox_loop(self) -> None:
-        """Wait until the inbox is readable (common/net/readable.py: its descriptor registered once, not
-        a poller per wait), then take what is there (up to INBOX_BATCH) without suspending: one
-        event-loop wakeup per batch instead of a future per message. Token messages are routed
-        synchronously; after a full batch the loop yields so request tasks keep up (after a drained
-        socket, waiting yields anyway: no extra loop turn per message on an idle front)."""
-        assert self._inbox is not None
-        drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._inbox.underlying)
-        readable = Readable(drain)
-        readable.open()
-        try:
-            while True:
-                await readable.wait()
-                for _ in range(INBOX_BATCH):
-                    try:
-                        data = drain.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    await self._take(data)
-                else:
-                    await asyncio.sleep(0)
-        finally:
-            readable.close()
 
     async def _take(self, data: bytes) -> None:
         try:
