@@ -39,16 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
-from ray.exceptions import RayError
 
-from deploy.base import WorkerBackend, WorkerHandle, WorkerSpec
+from deploy.base import WorkerBackend, WorkerSpec
+from deploy.ray_handle import RayWorkerHandle, stop_all
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 10.0
-_RPC_MARGIN_S = 5.0  # time for a stop() call to reach the actor and come back, beyond the grace period
 # The directory that holds the `deploy` package: the child must import the same pdserve tree as the
 # actor did, whether pdserve is pip-installed or run from a source checkout.
 _SOURCE_ROOT = str(Path(__file__).resolve().parents[1])
@@ -183,47 +182,6 @@ class _Supervisor:
 _SupervisorActor = ray.remote(max_restarts=0, max_concurrency=4)(_Supervisor)
 
 
-class RayWorkerHandle(WorkerHandle):
-    """One worker actor. `alive()` is True until the supervisor's `run` has returned or the actor died."""
-
-    def __init__(self, spec: WorkerSpec, actor, run_ref) -> None:
-        self.spec = spec
-        self._actor = actor
-        self._run_ref = run_ref
-        self._stopped = False
-
-    def alive(self) -> bool:
-        if self._stopped:
-            return False
-        ready, _ = ray.wait([self._run_ref], timeout=0)  # timeout=0: a local check, never blocks
-        return not ready
-
-    def pid(self, timeout_s: float = 30.0) -> int | None:
-        return ray.get(self._actor.pid.remote(), timeout=timeout_s)
-
-    def restarts(self, timeout_s: float = 30.0) -> int:
-        return ray.get(self._actor.restarts.remote(), timeout=timeout_s)
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        _stop_all([self], grace_s)
-
-
-def _stop_all(handles: list[RayWorkerHandle], grace_s: float) -> None:
-    """Stop several workers at once, so that shutdown takes one grace period, not one per worker."""
-    todo = [h for h in handles if not h._stopped]
-    for h in todo:
-        h._stopped = True
-    refs = [h._actor.stop.remote(grace_s) for h in todo]
-    if refs:
-        ray.wait(refs, num_returns=len(refs), timeout=grace_s + _RPC_MARGIN_S)
-    for h, ref in zip(todo, refs, strict=True):
-        try:
-            ray.get(ref, timeout=0)
-        except RayError as e:  # dead already, or hung: ray.kill below, and the deathsig takes the child
-            log.warning("worker %s did not stop cleanly: %s", h.spec.worker_id, type(e).__name__)
-        ray.kill(h._actor, no_restart=True)
-
-
 class RayBackend(WorkerBackend):
     """Places each worker as a Ray actor with its GPU share, on a Ray cluster or a local Ray instance.
 
@@ -285,7 +243,7 @@ class RayBackend(WorkerBackend):
 
     def shutdown(self, grace_s: float = 10.0) -> None:
         if ray.is_initialized():
-            _stop_all(self._handles, grace_s)
+            stop_all(self._handles, grace_s)
         self._handles.clear()
         if self.owns_ray:
             ray.shutdown()
