@@ -20,7 +20,8 @@
 # Logs and tables: ${OUT:-/tmp/pdserve-pd1}/ARM/; each arm's table (benchmarks/serving/cluster_table.py)
 # is printed as it finishes: one row per rate, TTFT of the long prompts, TPOT and ITL of the chat. The
 # workers' logs (ARM/SETUP/logs/) carry a stats line every 10 s whose "step ms by class" part says which
-# steps (beside a chunk, the first after a launch, ...) are long: where the chat's ITL tail comes from.
+# steps (beside a chunk, the first after a launch, ...) are long: where the chat's ITL tail comes from;
+# ARM/step_classes.txt keeps those parts of the arm's lines.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 MODEL="${1:-}"
@@ -43,4 +44,7 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
   env PDSERVE_MUX_CHUNK_AFTER_DECODE=$after OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \
       GOODPUT="--goodput-ttft-ms 1000 --goodput-itl-ms ${ITL_SLO_MS:-50}" LAUNCH_EXTRA="$extra" \
       bash benchmarks/serving/gpu_cluster.sh $MODEL
+  # The workers' step classes over the arm's runs, one line per stats interval (see above).
+  grep -h "step ms by class" "$OUTDIR/$arm/$setup/logs/"* 2>/dev/null | sed 's/.*step ms by class/step ms by class/' \
+    > "$OUTDIR/$arm/step_classes.txt"
 done
