@@ -50,7 +50,6 @@ from benchmarks.serving.serving_stats import (  # noqa: E402
     is_good,
     json_safe,
     per_request_ms,
-    percentile,
     summarize,
 )
 from benchmarks.serving.stage_metrics import format_breakdown, scrape, stage_breakdown  # noqa: E402
@@ -65,7 +64,7 @@ from benchmarks.serving.workloads import (  # noqa: E402
 )
 
 __all__ = [  # re-exported: the benchmark's one import for its callers and tests
-    "RequestResult", "format_table", "is_good", "json_safe", "percentile", "summarize",
+    "RequestResult", "format_table", "is_good", "json_safe", "summarize",
     "TOKEN_RANGE", "WorkloadRequest", "arrival_offsets", "random_workload", "shared_prefix_workload",
 ]  # fmt: skip
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from benchmarks.serving.serving_stats import percentile
 from benchmarks.serving.sse_clients import ClientResult
+from common.core.percentile import percentile
 
 if TYPE_CHECKING:
     from benchmarks.serving.router_throughput import Load

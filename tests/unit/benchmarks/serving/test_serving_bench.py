@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
 import pytest
 from aiohttp import web
 
@@ -26,12 +24,12 @@ from benchmarks.serving.serving import (
     RunConfig,
     arrival_offsets,
     is_good,
-    percentile,
     random_workload,
     run_benchmark,
     shared_prefix_workload,
     summarize,
 )
+from common.core.percentile import percentile
 from router.router_metrics import RouterMetrics
 
 FIRST_TOKEN_DELAY_S = 0.05
@@ -73,17 +71,6 @@ def test_arrival_offsets():
 
 
 # --- metric math --------------------------------------------------------------------------------
-
-
-def test_percentile_matches_numpy():
-    assert math.isnan(percentile([], 50))
-    assert percentile([4.0], 99) == 4.0
-    assert percentile([1, 2, 3, 4], 50) == 2.5
-    rng = random.Random(0)
-    for n in (2, 3, 10, 101):
-        values = [rng.random() for _ in range(n)]
-        for q in (0, 1, 50, 90, 99, 100):
-            assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
 
 
 def test_tpot_and_goodput_rules():

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from benchmarks.serving.serving_stats import percentile
 from benchmarks.serving.stage_metrics import Histogram, parse_stage_histograms, stage_breakdown
+from common.core.percentile import percentile
 from router.router_metrics import STAGE_BUCKETS, RouterMetrics
 
 
