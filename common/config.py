@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+from common.multiplex.controller import check_solo_ratio
 from common.wire.roles import ROLES, Role
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -53,6 +54,9 @@ class EngineConfig:
     # One GPU, prefill and decode side by side on SM shares (common/multiplex): mixed role only.
     pd_multiplex: bool = False
     itl_target_ms: float = 30.0  # multiplexed mode: the decode inter-token gap the SM split holds
+    # > 0 (opt-in until served on more than one card): the split holds this multiple of the decode
+    # gap measured with no prefill beside it instead, at most itl_target_ms (common/multiplex/controller.py)
+    itl_target_solo_ratio: float = 0.0
     # Multiplexed mode's split rule (common/multiplex/controller.py): "target" grows prefill's share while
     # decode gaps stay well under itl_target_ms; "knee" (opt-in until served on the device) stops it at
     # the knee of the measured gap-per-share curve while prefill keeps up.
@@ -111,6 +115,7 @@ class EngineConfig:
         target = self.itl_target_ms
         if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < 1e6:
             raise ValueError(f"itl_target_ms must be a positive number of milliseconds, got {target!r}")
+        check_solo_ratio("itl_target_solo_ratio", self.itl_target_solo_ratio)
         if self.pd_multiplex not in (True, False):
             raise ValueError(f"pd_multiplex must be a bool, got {self.pd_multiplex!r}")
         inline = self.mux_inline_prompt_tokens

@@ -54,6 +54,12 @@ ENGINE_FLAGS = FlagTable(
         Flag("pd_multiplex", None, "mixed role: prefill beside decode on SM shares of one GPU"),
         Flag("itl_target_ms", float, "with --pd-multiplex: decode inter-token gap the SM split holds"),
         Flag(
+            "itl_target_solo_ratio",
+            float,
+            "with --pd-multiplex: hold this multiple of the solo decode gap instead (at most"
+            " --itl-target-ms; 0 = off)",
+        ),
+        Flag(
             "mux_split",
             str,
             "with --pd-multiplex: the SM split rule (knee: the largest share that does not slow decode)",

@@ -11,7 +11,8 @@
 # Env: ARMS ("agg512 agg2048 agg8192 mux": aggN is --mixed 1 --max-num-batched-tokens N; mux the
 # default multiplexed worker (every prompt a chunk); muxm is mux with --mux-inline-measured (prompts
 # inline up to a measured break-even against a chunk); muxiN is mux with a fixed limit: prompts of up
-# to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N; muxk is mux with
+# to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N; muxrR is mux with
+# --itl-target-solo-ratio R (R x the solo decode gap, at most the target); muxk is mux with
 # --mux-split knee: the share stops where a larger one would slow decode; muxa is mux with each new chunk
 # started after its engine step's decode step, PDSERVE_MUX_CHUNK_AFTER_DECODE=1), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
@@ -36,9 +37,10 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
     muxm) setup=ipc extra="--mux-inline-measured ${MUX_EXTRA:-}" ;;
     muxi*) setup=ipc extra="--mux-inline-prompt-tokens ${arm#muxi} ${MUX_EXTRA:-}" ;;
     muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} ${MUX_EXTRA:-}" ;;
+    muxr*) setup=ipc extra="--itl-target-solo-ratio ${arm#muxr} ${MUX_EXTRA:-}" ;;
     muxk) setup=ipc extra="--mux-split knee ${MUX_EXTRA:-}" ;;
     muxa) setup=ipc extra="${MUX_EXTRA:-}" after=1 ;;
-    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN, muxtN, muxk or muxa)" >&2; exit 2 ;;
+    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN, muxtN, muxrR, muxk or muxa)" >&2; exit 2 ;;
   esac
   echo "== $arm"
   env PDSERVE_MUX_CHUNK_AFTER_DECODE=$after OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \

@@ -30,13 +30,18 @@ def build_multiplexed_steps(
     timings: StepTimings,
     ahead: bool,
 ) -> MultiplexedSteps:
-    """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms` by the `mux_split`
-    rule, prompts of up to `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`:
+    """Chunks of up to `max_num_batched_tokens`, shares following `itl_target_ms` (or
+    `itl_target_solo_ratio` x the solo decode gap) by the `mux_split` rule, prompts of up to
+    `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`:
     prompts up to the measured break-even, at most that many or DEFAULT_CAP); prefill graphs captured
     on the SM shares first, where memory allows (`capture_share_graphs`)."""
     lanes = len(partitions.lanes)
     knee = config.mux_split == "knee"
-    controller = ShareController(ControllerConfig(config.itl_target_ms / 1e3, num_lanes=lanes, knee=knee))
+    controller = ShareController(
+        ControllerConfig(
+            config.itl_target_ms / 1e3, num_lanes=lanes, knee=knee, solo_ratio=config.itl_target_solo_ratio
+        )
+    )
     if runner.prefill_graphs is not None and share_graphs_enabled():
         capture_share_graphs(runner, partitions)
     inline = config.mux_inline_prompt_tokens

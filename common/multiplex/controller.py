@@ -14,6 +14,13 @@ Decode never needs a share of its own: only prefill is restricted, so with no pr
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.
 
+With `solo_ratio` (opt-in, `--itl-target-solo-ratio R`) the target is R x the median of the recent
+decode gaps with no chunk in flight (`SOLO_WINDOW` of them), capped by the configured target: a fixed
+target in ms means a different share on every card and model. Why (docs/benchmarks.md, session 30): a
+decode step beside even the smallest share costs 1.3-1.5x its solo time, so a target under ~1.5x solo
+sinks to the smallest share and starves prefill (12 ms on an H100, 8B shape: 1.5x its 7.9-ms step),
+while 12 ms on an H200 (2.0x its 6.0-ms step) halved the chat ITL p99 at the same throughput.
+
 With `knee` (opt-in, `--mux-split knee`) the rung also stops at the knee of the measured gap-per-rung
 curve while prefill keeps up: each rung keeps the gap last measured on it, and a rung whose gap is more
 than `STEP` x the gap of the rung below goes one down, a climb stops below a rung known to cost that
@@ -30,23 +37,36 @@ chunk to 32 SMs, where prefill fell behind (the first form of `knee`, same call)
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass
 
 QUANTILE = 0.9  # of the decode gaps beside one chunk: one slow outlier step does not move the split
 STEP = 1.1  # with `knee`: a rung whose gap exceeds the rung below's by more than this costs decode
 STALE_CHUNKS = 16  # with `knee`: a rung's gap older than this many chunks is measured again
+SOLO_WINDOW = 64  # with `solo_ratio`: the solo decode gaps whose median scales the target
+
+
+def check_solo_ratio(name: str, ratio: object) -> None:
+    """ValueError naming `name` unless `ratio` is 0 (off) or a number above 1 (a target under the
+    solo gap could never be held)."""
+    valid = isinstance(ratio, int | float) and not isinstance(ratio, bool)
+    if not valid or not (ratio == 0 or 1 < ratio < 1e3):
+        raise ValueError(f"{name} must be 0 (off) or a number above 1, got {ratio!r}")
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
     """`itl_target_s`: the decode inter-token gap to hold; `grow_below`: the fraction of the target
     under which the prefill share grows; `num_lanes`: rungs of the ladder (the last: whole device);
-    `knee`: stop at the knee of the gap-per-rung curve while prefill keeps up (the module docstring)."""
+    `knee`: stop at the knee of the gap-per-rung curve while prefill keeps up; `solo_ratio`: > 0 holds
+    that multiple of the solo decode gap instead, at most `itl_target_s` (the module docstring)."""
 
     itl_target_s: float
     num_lanes: int
     grow_below: float = 0.6
     knee: bool = False
+    solo_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.itl_target_s > 0:
@@ -57,6 +77,7 @@ class ControllerConfig:
             raise ValueError(f"grow_below must be in (0, 1), got {self.grow_below!r}")
         if self.knee not in (True, False):
             raise ValueError(f"knee must be a bool, got {self.knee!r}")
+        check_solo_ratio("solo_ratio", self.solo_ratio)
 
 
 class ShareController:
@@ -70,6 +91,7 @@ class ShareController:
         self._gaps: list[float] = []
         self._chunks = 0  # chunks started beside decode: the clock of the per-rung estimates
         self._rung_gaps: dict[int, tuple[float, int]] = {}  # rung -> (gap measured there, at chunk)
+        self._solo: deque[float] = deque(maxlen=SOLO_WINDOW)
 
     @property
     def whole(self) -> int:
@@ -97,6 +119,19 @@ class ShareController:
         if self._chunk_rung is not None:
             self._gaps.append(seconds)
 
+    def observe_solo(self, seconds: float) -> None:
+        """One gap between two decode steps' outputs with no chunk in flight (kept with `solo_ratio`)."""
+        if self.config.solo_ratio:
+            self._solo.append(seconds)
+
+    @property
+    def target(self) -> float:
+        """The gap the split holds now: the configured target, or with `solo_ratio` that multiple of the
+        recent solo gaps' median when it is smaller (the configured one until a solo gap is seen)."""
+        if not self._solo:
+            return self.config.itl_target_s
+        return min(self.config.itl_target_s, self.config.solo_ratio * statistics.median(self._solo))
+
     def rung_gap(self, rung: int) -> float | None:
         """The gap last measured beside a chunk on `rung`, unless older than STALE_CHUNKS (`knee` only)."""
         measured = self._rung_gaps.get(rung)
@@ -109,7 +144,7 @@ class ShareController:
         if not gaps or self._chunk_rung != self.rung:
             return
         gap = gaps[min(len(gaps) - 1, int(QUANTILE * len(gaps)))]
-        target = self.config.itl_target_s
+        target = self.target
         knee = self.config.knee and not behind
         if self.config.knee:
             self._rung_gaps[self.rung] = (gap, self._chunks)

@@ -280,12 +280,14 @@ class MultiplexedSteps:
 
     def _decode_output(self, wait_seconds: float) -> None:
         """Decode tokens reached the host: the gap since the last ones is an inter-token gap, which
-        the controller reads while a chunk runs."""
+        the controller reads (beside a chunk, or solo)."""
         now = time.perf_counter()
-        if self._chunk is not None and self._last_decode_output is not None:
-            self.controller.observe_decode(now - self._last_decode_output)
+        last, self._last_decode_output = self._last_decode_output, now
+        if last is not None and self._chunk is not None:
+            self.controller.observe_decode(now - last)
             self.stats.decode_steps_beside += 1
-        self._last_decode_output = now
+        elif last is not None:
+            self.controller.observe_solo(now - last)
         self.timings.device_wait += wait_seconds
 
     def _resolve_chunk(self, chunk: ChunkInFlight) -> list[SeqUpdate]:

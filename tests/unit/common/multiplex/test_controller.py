@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.multiplex.controller import ControllerConfig, ShareController
+from common.multiplex.controller import SOLO_WINDOW, ControllerConfig, ShareController
 from common.multiplex.green_contexts import share_sizes
 
 TARGET = 0.010
@@ -101,9 +101,34 @@ def test_without_knee_no_rung_gap_is_kept():
     assert plain.next_lane(True) == 3 and plain.rung_gap(2) is None
 
 
+def test_solo_ratio_holds_a_multiple_of_the_solo_gap_capped_by_the_target():
+    c = ShareController(ControllerConfig(0.030, num_lanes=5, solo_ratio=2.0))
+    assert c.target == 0.030  # no solo gap seen yet: the configured target
+    for gap in [0.006] * 40 + [0.5]:  # one slow step does not move the median
+        c.observe_solo(gap)
+    assert c.target == pytest.approx(0.012)
+    # Beside a chunk decode takes 16 ms: under the 30-ms target, over 2x the 6-ms solo gap: down a rung.
+    assert _chunk(c, [0.016] * 10) == 2
+    assert c.next_lane(True) == 1
+    for _ in range(SOLO_WINDOW):  # a larger batch: the solo gap doubles, and the cap holds
+        c.observe_solo(0.020)
+    assert c.target == 0.030
+
+
+def test_without_solo_ratio_solo_gaps_are_not_kept():
+    c = _controller()
+    c.observe_solo(0.001)
+    assert c.target == TARGET
+    _chunk(c, [0.008] * 10)  # between 0.6 x target and target: stays
+    assert c.next_lane(True) == 2
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
+        dict(itl_target_s=1, num_lanes=2, solo_ratio=1.0),
+        dict(itl_target_s=1, num_lanes=2, solo_ratio=-2),
+        dict(itl_target_s=1, num_lanes=2, solo_ratio=True),
         dict(itl_target_s=0, num_lanes=2),
         dict(itl_target_s=1, num_lanes=0),
         dict(itl_target_s=1, num_lanes=2, grow_below=1),

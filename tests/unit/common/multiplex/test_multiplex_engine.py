@@ -66,6 +66,18 @@ def test_the_knee_split_gives_the_same_tokens(tiny_model_dirs):
         tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="fast")
 
 
+def test_the_solo_ratio_split_reads_solo_gaps_and_gives_the_same_tokens(tiny_model_dirs):
+    prompts = _prompts(1)
+    plain = tiny_llm(tiny_model_dirs["qwen3"])
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, itl_target_solo_ratio=2.0)
+    assert run_staggered(mux.engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
+    controller = mux.engine.multiplexer.controller
+    # Decode outputs with no chunk in flight were read: the target is now 2x their median, or the cap.
+    assert controller.config.solo_ratio == 2.0 and controller.target < controller.config.itl_target_s
+    with pytest.raises(ValueError, match="itl_target_solo_ratio"):
+        tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, itl_target_solo_ratio=0.5)
+
+
 def test_abort_of_a_chunk_in_flight_waits_for_it(tiny_model_dirs):
     mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True)
     engine = mux.engine

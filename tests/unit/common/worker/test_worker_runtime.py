@@ -74,17 +74,20 @@ def test_multiplexed_mode_flags_reach_the_config() -> None:
         "256",
         "--mux-split",
         "knee",
+        "--itl-target-solo-ratio",
+        "2",
     ]
     args = parse(argv)
     args.model = "/m"
     cfg = engine_config_from_args(args, "mixed")
     assert cfg.pd_multiplex and cfg.mux_inline_measured is True and cfg.mux_inline_prompt_tokens == 256
-    assert cfg.mux_split == "knee"
+    assert cfg.mux_split == "knee" and cfg.itl_target_solo_ratio == 2.0
     assert engine_overrides(parse(engine_argv(engine_overrides(args)))) == engine_overrides(args)
     default = parse(["--pd-multiplex"])
     default.model = "/m"
     assert engine_config_from_args(default, "mixed").mux_inline_measured is False
     assert engine_config_from_args(default, "mixed").mux_split == "target"
+    assert engine_config_from_args(default, "mixed").itl_target_solo_ratio == 0
 
 
 def test_bad_engine_values_name_the_field() -> None:
