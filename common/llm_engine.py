@@ -76,7 +76,9 @@ class LLMEngine:
             )
             self.scheduler = scheduler
         self.async_scheduling = async_scheduling
-        self.aggregated = AggregatedSteps(runner, self.timings, async_scheduling)
+        self.aggregated = AggregatedSteps(
+            runner, self.timings, async_scheduling, self.scheduler_config.max_num_batched_tokens
+        )
         self.grammars = GrammarAdmission(runner.grammar, model_config.vocab_size)
 
     def replace_speculator(self, speculator: Speculator | None) -> None:

@@ -43,13 +43,16 @@ class Scheduler(SequencePool):
             self.admission_delay = AdmissionDelay(config.delay_factor, config.max_num_batched_tokens)
 
     # ---- one step ------------------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, token_budget: int | None = None) -> ScheduledBatch:
+        """The next step's batch, of at most `token_budget` tokens (None: `max_num_batched_tokens`;
+        less after a step ran out of device memory, common/runner/memory_retry.py)."""
         batch = ScheduledBatch()
         delay = self.admission_delay
         now = time.monotonic() if delay is not None else 0.0
         if delay is not None:
             delay.observe(now)
-        budget = self._schedule_running(batch, self.config.max_num_batched_tokens)
+        budget = self.config.max_num_batched_tokens if token_budget is None else token_budget
+        budget = self._schedule_running(batch, budget)
         if not batch.preempted and not self._admission_held(now):
             self._admit_waiting(batch, budget)
         if delay is not None:

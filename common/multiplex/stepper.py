@@ -42,11 +42,11 @@ from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import SequencesFailed, StepResult, StepTimings
-from common.multiplex.chunk import ChunkBudget, ChunkInFlight, MultiplexStats
+from common.multiplex.chunk import ChunkInFlight, MultiplexStats
 from common.multiplex.controller import ShareController
 from common.multiplex.inline_budget import InlineBudget
 from common.multiplex.partitions import SMPartitions
-from common.runner.memory_retry import MemoryRetries
+from common.runner.memory_retry import MemoryRetries, TokenBudget
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
@@ -94,7 +94,7 @@ class MultiplexedSteps:
         self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
         self._held_aborts: set[str] = set()
         self.memory_retries = MemoryRetries()
-        self.chunk_budget = ChunkBudget(chunk_tokens)
+        self.chunk_budget = TokenBudget(chunk_tokens)
         self._failed: SequencesFailed | None = None  # a chunk given up on this step (raised by `step`)
 
     @property

@@ -4,7 +4,9 @@ decode steps launched ahead of their predecessor's tokens when `async_scheduling
 Invariants: at most one step is in flight (`in_flight`), and it is resolved (its tokens applied)
 before the next step's output is; a launch that runs out of device memory produces no step, its
 sequences are computed again (common/runner/memory_retry.py) after the step before it was resolved and the
-failed launch's kernels finished. The multiplexed counterpart is common/multiplex/stepper.py.
+failed launch's kernels finished, and the steps after it take half the tokens (`TokenBudget`); past
+their retries those sequences alone fail (`SequencesFailed`). The multiplexed counterpart is
+common/multiplex/stepper.py.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from common.core import run_ahead
 from common.core.batch import SeqUpdate
 from common.core.scheduler import Scheduler
 from common.core.sequence import Sequence
-from common.core.step_records import StepResult, StepTimings
-from common.runner.memory_retry import MAX_RETRIES, MemoryRetries
+from common.core.step_records import SequencesFailed, StepResult, StepTimings
+from common.runner.memory_retry import MAX_RETRIES, MemoryRetries, TokenBudget
 
 if TYPE_CHECKING:
     from common.runner.model_runner import ModelRunner
@@ -27,9 +29,12 @@ if TYPE_CHECKING:
 
 class AggregatedSteps:
     """`async_scheduling`: launch plain decode steps (and, with `PDSERVE_MIXED_RUN_AHEAD`, mixed
-    ones) before the host has their predecessor's tokens (common/core/run_ahead.py)."""
+    ones) before the host has their predecessor's tokens (common/core/run_ahead.py); `step_tokens`:
+    the most tokens one step computes (`max_num_batched_tokens`)."""
 
-    def __init__(self, runner: ModelRunner, timings: StepTimings, async_scheduling: bool) -> None:
+    def __init__(
+        self, runner: ModelRunner, timings: StepTimings, async_scheduling: bool, step_tokens: int
+    ) -> None:
         self.runner = runner
         self.timings = timings
         self.async_scheduling = async_scheduling
@@ -38,6 +43,7 @@ class AggregatedSteps:
         # Under tensor parallelism the other ranks may wait inside the failed launch's collectives, so
         # there the error stands (no retry) as it did before retries existed.
         self.memory_retries = MemoryRetries(0 if runner.tp is not None else MAX_RETRIES)
+        self.step_budget = TokenBudget(step_tokens)
 
     def step(self, scheduler: Scheduler) -> StepResult:
         t0 = time.perf_counter()
@@ -49,7 +55,7 @@ class AggregatedSteps:
                 self.timings.drains[reason.value] = self.timings.drains.get(reason.value, 0) + 1
                 updates += self._resolve(scheduler, set())
                 drained = True
-        batch = scheduler.schedule()
+        batch = scheduler.schedule(self.step_budget.tokens if self.step_budget.halvings else None)
         result = StepResult(num_preempted=len(batch.preempted))
         if not batch.seqs:
             result.updates = updates + self._resolve(scheduler, set())
@@ -61,8 +67,11 @@ class AggregatedSteps:
         try:
             handle = self.runner.launch(batch.seqs, batch.is_decode, rows)
         except torch.OutOfMemoryError as e:
-            result.updates = updates + self._recover(scheduler, e, batch.seqs)
+            result.updates = updates + self._resolve(scheduler, set())  # also waits for its kernels
+            self._recover(scheduler, e, batch.seqs, result)
             return result
+        if batch.num_prefill_tokens:
+            self.step_budget.resolved()
         updates += self._resolve(scheduler, {s.seq_id for s in batch.seqs})
         t2 = time.perf_counter()
         if self.async_scheduling and run_ahead.launches_ahead(batch, scheduler, self.mixed_run_ahead):
@@ -79,16 +88,19 @@ class AggregatedSteps:
         return result
 
     def _recover(
-        self, scheduler: Scheduler, error: torch.OutOfMemoryError, seqs: list[Sequence]
-    ) -> list[SeqUpdate]:
-        """A launch ran out of device memory: the step in flight before it still counts (its tokens
-        are applied), then the launch's sequences are computed again, or, out of retries, the error
-        is raised."""
-        updates = self._resolve(scheduler, set())  # also waits for that step's kernels
+        self, scheduler: Scheduler, error: torch.OutOfMemoryError, seqs: list[Sequence], result: StepResult
+    ) -> None:
+        """A launch ran out of device memory (the step in flight before it already resolved into
+        `result`): its sequences are computed again and the next steps take half the tokens; out of
+        retries they alone fail (`SequencesFailed` carrying `result`), or under tensor parallelism,
+        where the other ranks may wait inside the failed launch, the error stands."""
         self.runner.platform.synchronize()  # the failed launch's kernels, before its blocks are freed
-        if not self.memory_retries.recover(error, scheduler, seqs):
+        recovered = self.memory_retries.recover(error, scheduler, seqs)
+        if not recovered and self.runner.tp is not None:
             raise error
-        return updates
+        self.step_budget.ran_out()
+        if not recovered:
+            raise SequencesFailed(frozenset(s.request_id for s in seqs), error, result)
 
     def _resolve(self, scheduler: Scheduler, launched: set[int]) -> list[SeqUpdate]:
         if self.in_flight is None:

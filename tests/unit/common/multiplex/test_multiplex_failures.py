@@ -9,7 +9,7 @@ import torch
 
 from common.attention.context import get_forward_context
 from common.core.step_records import SequencesFailed
-from common.multiplex.chunk import ChunkBudget
+from common.runner.memory_retry import TokenBudget
 from tests.helpers.out_of_memory import forward_running_out_of_memory, parts_running_out_of_memory
 from tests.unit.common.multiplex.tiny_llm import GREEDY, tiny_llm
 
@@ -144,7 +144,7 @@ def test_after_a_chunk_runs_out_of_memory_chunks_are_smaller(tiny_model_dirs, mo
     scale with its tokens), and the tokens still equal the aggregated engine's."""
     mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
     engine = mux.engine
-    engine.multiplexer.chunk_budget = ChunkBudget(32, floor=8, restore_after=100)
+    engine.multiplexer.chunk_budget = TokenBudget(32, floor=8, restore_after=100)
     budgets: list[int] = []
     real = engine.scheduler.schedule_prefill
 
@@ -164,20 +164,3 @@ def test_after_a_chunk_runs_out_of_memory_chunks_are_smaller(tiny_model_dirs, mo
     plain = tiny_llm(tiny_model_dirs["qwen3"]).generate([list(range(1, 70))], GREEDY, use_tqdm=False)
     assert got == plain[0]["token_ids"]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-
-
-def test_the_chunk_budget_halves_to_its_floor_and_grows_back():
-    budget = ChunkBudget(8192, floor=512, restore_after=2)
-    for want in (4096, 2048, 1024, 512, 512):
-        budget.ran_out()
-        assert budget.tokens == want
-    budget.resolved()
-    assert budget.tokens == 512  # one chunk resolved: not yet
-    budget.resolved()
-    assert budget.tokens == 1024
-    budget.ran_out()  # an error resets the run
-    budget.resolved()
-    assert budget.tokens == 512
-    assert ChunkBudget(256, floor=512).tokens == 256  # a floor above the full budget: the full one
-    with pytest.raises(ValueError, match="floor"):
-        ChunkBudget(8192, floor=0)
