@@ -18,8 +18,8 @@ class StepTimings:
     `device_wait`: of those seconds, the host blocked on a step's tokens; the rest is host work.
     `drains`: run-ahead steps resolved before the next launch, by `run_ahead.Drain` value.
     Multiplexed mode (common/multiplex) also counts the chunks launched beside decode steps on an SM
-    share, those shares' SMs summed (their mean share is the sum over the count), and the prompts
-    its decode steps computed inline."""
+    share, those shares' SMs and the inter-token targets the split held at their starts summed (the
+    means are the sums over the count), and the prompts its decode steps computed inline."""
 
     schedule: float = 0.0
     prefill_forward: float = 0.0
@@ -31,6 +31,7 @@ class StepTimings:
     drains: dict[str, int] = field(default_factory=dict)
     shared_chunks: int = 0
     shared_chunk_sms: int = 0
+    shared_chunk_target_ms: float = 0.0
     inline_prompts: int = 0
 
     def reset(self) -> None:

@@ -122,10 +122,11 @@ def _multiplexed(d: dict) -> tuple[str, ...]:
     chunks = int(d["shared_chunks"])
     if not chunks and not d["inline_prompts"]:
         return ()
-    share = f"{d['shared_chunk_sms'] / chunks:.0f}" if chunks else "-"
-    return (
-        f"chunks beside decode {chunks} (mean share {share} SMs), inline prompts {int(d['inline_prompts'])}",
-    )
+    mean = "mean share - SMs"
+    if chunks:
+        share, target = d["shared_chunk_sms"] / chunks, d["shared_chunk_target_ms"] / chunks
+        mean = f"mean share {share:.0f} SMs, target {target:.1f} ms"
+    return (f"chunks beside decode {chunks} ({mean}), inline prompts {int(d['inline_prompts'])}",)
 
 
 def _step_classes(by_class: dict[str, list[float]]) -> tuple[str, ...]:

@@ -66,13 +66,14 @@ def test_multiplexed_chunks_and_inline_prompts_end_the_line(caplog):
     timings.decode_steps += 10
     timings.shared_chunks += 2
     timings.shared_chunk_sms += 48 + 112
+    timings.shared_chunk_target_ms += 12.0 + 13.0
     timings.inline_prompts += 3
     stats.record(timings, prompt_tokens=900, generated_tokens=10, step_s=0.01)
     time.sleep(0.02)
     with caplog.at_level(logging.INFO, logger="common.worker.stats_log"):
         stats.maybe_log(lambda: LOAD)
     (line,) = [r.getMessage() for r in caplog.records]
-    assert line.endswith("chunks beside decode 2 (mean share 80 SMs), inline prompts 3")
+    assert line.endswith("chunks beside decode 2 (mean share 80 SMs, target 12.5 ms), inline prompts 3")
 
 
 def test_the_interval_garbage_collections_end_the_line(caplog):
