@@ -41,19 +41,26 @@ def aggregated_outputs(qwen3_fp32):
 # Chunks launched whole, or 4 layers a step; or prompts of up to 256 uncached tokens (the prefix hits'
 # tails among them) inlined in decode steps while the longer ones still run as chunks on shares; or as
 # many prompt tokens inlined as the measured break-even allows (however many that is on this device);
-# or each new chunk started after its engine step's decode step (`chunk_after_decode`).
+# or each new chunk started after its engine step's decode step (`chunk_after_decode`); or the split
+# holding twice the solo decode gap (`itl_target_solo_ratio`).
 @pytest.mark.parametrize(
-    "layers_per_part,inline,measured,after",
-    [(None, 0, False, False), (4, 0, False, False), (None, 256, False, False), (None, 0, True, False)]
-    + [(None, 0, False, True)],
+    "layers_per_part,inline,measured,after,ratio",
+    [(None, 0, False, False, 0), (4, 0, False, False, 0), (None, 256, False, False, 0)]
+    + [(None, 0, True, False, 0), (None, 0, False, True, 0), (None, 0, False, False, 2.0)],
 )
 def test_fp32_greedy_equals_aggregated(
-    qwen3_fp32, aggregated_outputs, layers_per_part, inline, measured, after, monkeypatch
+    qwen3_fp32, aggregated_outputs, layers_per_part, inline, measured, after, ratio, monkeypatch
 ):
     want = aggregated_outputs
     if layers_per_part is not None:  # chunks that fit a prefill graph launch whole
         monkeypatch.setenv("PDSERVE_PREFILL_GRAPHS", "0")
-    mux = _llm(qwen3_fp32, pd_multiplex=True, mux_inline_prompt_tokens=inline, mux_inline_measured=measured)
+    mux = _llm(
+        qwen3_fp32,
+        pd_multiplex=True,
+        mux_inline_prompt_tokens=inline,
+        mux_inline_measured=measured,
+        itl_target_solo_ratio=ratio,
+    )
     stepper = mux.engine.multiplexer
     assert stepper is not None, "multiplexed mode was refused (see the log: GEMM check)"
     stepper.layers_per_part = layers_per_part
@@ -76,6 +83,9 @@ def test_fp32_greedy_equals_aggregated(
     if layers_per_part is not None:  # some chunks were launched beside decode steps, in parts
         assert stepper.stats.chunk_parts > sum(stepper.stats.chunks_per_lane.values())
     assert any(shares[i] is not None for i in stepper.stats.chunks_per_lane)  # some chunk ran on a share
+    if ratio:  # solo gaps were read: the target is twice their median, under the configured 30 ms
+        print("target:", stepper.controller.target)
+        assert stepper.controller.target < stepper.controller.config.itl_target_s
 
 
 def test_gemm_check_passes_on_the_shares_in_use():
