@@ -82,7 +82,7 @@ class ControllerConfig:
 
 class ShareController:
     """Picks a lane index per prefill chunk (`next_lane`) from the decode gaps beside chunks
-    (`observe_decode`)."""
+    (`decode_output`, `observe_decode`) and, with `solo_ratio`, those without one (`observe_solo`)."""
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
@@ -92,6 +92,7 @@ class ShareController:
         self._chunks = 0  # chunks started beside decode: the clock of the per-rung estimates
         self._rung_gaps: dict[int, tuple[float, int]] = {}  # rung -> (gap measured there, at chunk)
         self._solo: deque[float] = deque(maxlen=SOLO_WINDOW)
+        self._last_output: float | None = None  # when the last decode tokens reached the host
 
     @property
     def whole(self) -> int:
@@ -113,6 +114,22 @@ class ShareController:
         self._chunks += 1
         self._chunk_rung = self.rung
         return self.rung
+
+    def decode_output(self, now: float, beside_chunk: bool) -> bool:
+        """Decode tokens reached the host at `now` (perf_counter seconds): the gap since the last ones
+        is observed, beside a chunk or solo; True when it was a gap beside a chunk."""
+        last, self._last_output = self._last_output, now
+        if last is None:
+            return False
+        if beside_chunk:
+            self.observe_decode(now - last)
+        else:
+            self.observe_solo(now - last)
+        return beside_chunk
+
+    def decode_paused(self) -> None:
+        """No sequence decodes: the next decode output starts no gap."""
+        self._last_output = None
 
     def observe_decode(self, seconds: float) -> None:
         """One gap between two decode steps' outputs, measured while the current chunk was in flight."""

@@ -91,7 +91,6 @@ class MultiplexedSteps:
         self.chunk_after_decode = chunk_after_decode
         self._unstarted: ChunkInFlight | None = None
         self._decode_in_flight: run_ahead.InFlightStep | None = None
-        self._last_decode_output: float | None = None  # perf_counter of the last decode tokens
         self._held_aborts: set[str] = set()
         self.memory_retries = MemoryRetries()
         self.chunk_budget = TokenBudget(chunk_tokens)
@@ -138,7 +137,7 @@ class MultiplexedSteps:
         self._start_chunk(result)  # one held for the decode step: started by now, or here
         if not decoding:
             result.updates += self._resolve_decode(frozenset())
-            self._last_decode_output = None  # decoding paused: the next output starts no gap
+            self.controller.decode_paused()
             while self._chunk is not None and self._chunk.completion is None:
                 self._advance(self._chunk)  # may abandon it (common/runner/memory_retry.py)
             if self._chunk is not None and self._chunk.completion is not None:
@@ -282,13 +281,8 @@ class MultiplexedSteps:
     def _decode_output(self, wait_seconds: float) -> None:
         """Decode tokens reached the host: the gap since the last ones is an inter-token gap, which
         the controller reads (beside a chunk, or solo)."""
-        now = time.perf_counter()
-        last, self._last_decode_output = self._last_decode_output, now
-        if last is not None and self._chunk is not None:
-            self.controller.observe_decode(now - last)
+        if self.controller.decode_output(time.perf_counter(), self._chunk is not None):
             self.stats.decode_steps_beside += 1
-        elif last is not None:
-            self.controller.observe_solo(now - last)
         self.timings.device_wait += wait_seconds
 
     def _resolve_chunk(self, chunk: ChunkInFlight) -> list[SeqUpdate]:

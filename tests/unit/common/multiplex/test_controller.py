@@ -115,6 +115,18 @@ def test_solo_ratio_holds_a_multiple_of_the_solo_gap_capped_by_the_target():
     assert c.target == 0.030
 
 
+def test_decode_outputs_make_gaps_beside_a_chunk_or_solo_and_a_pause_starts_none():
+    c = ShareController(ControllerConfig(0.030, num_lanes=5, solo_ratio=2.0))
+    c.next_lane(True)  # a chunk beside decode: its gaps count
+    assert c.decode_output(1.000, beside_chunk=True) is False  # the first output starts no gap
+    assert c.decode_output(1.016, beside_chunk=True) is True
+    assert c.decode_output(1.022, beside_chunk=False) is False  # solo: 6 ms
+    c.decode_paused()
+    assert c.decode_output(5.0, beside_chunk=False) is False  # after a pause: no 4-s gap
+    assert c.target == pytest.approx(0.012)
+    assert c.next_lane(True) == 1  # the 16-ms gap beside the chunk is over 2 x 6 ms: down a rung
+
+
 def test_without_solo_ratio_solo_gaps_are_not_kept():
     c = _controller()
     c.observe_solo(0.001)
