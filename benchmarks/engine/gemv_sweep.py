@@ -1,6 +1,6 @@
 """Few-row projections of large weights: the streaming GEMV kernel against cuBLAS (GPU only).
 
-python benchmarks/engine/gemv_sweep.py [--models qwen3-8b] [--rows 1 2 4] [--sweep] [--quick]
+python benchmarks/engine/gemv_sweep.py [--models qwen3-8b] [--rows 1 2 4] [--sweep] [--quick] [--stages 2 3 4]
 
 Per projection of the model shape and row count: cuBLAS (`F.linear`, + SiLU*mul for gate/up) and
 `common/layers/triton_gemv.gemv` at its default launch
@@ -80,10 +80,10 @@ def case(n: int, k: int, silu: bool, rows: int):
     return cublas, ours, copies, nbytes
 
 
-def grid(k: int, quick: bool):
-    tiles = [(4, 1024), (8, 1024), (4, 2048), (8, 2048), (16, 512), (2, 4096)]
+def grid(k: int, quick: bool, stages_grid: tuple[int, ...] = (2,)):
+    tiles = [(4, 1024), (8, 1024), (4, 2048), (8, 2048), (16, 512), (2, 4096), (4, 4096)]
     splits = (0,) if quick else (1, 2, 4, 8)
-    for (bn, bk), split, warps, stages in itertools.product(tiles, splits, (4, 8), (2,)):
+    for (bn, bk), split, warps, stages in itertools.product(tiles, splits, (4, 8), stages_grid):
         if split and k // split < bk:
             continue
         yield GemvLaunch(bn, bk, split, warps, stages)
@@ -95,6 +95,14 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1], help="rows per step (1 to MAX_ROWS)")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--quick", action="store_true", help="with --sweep: the split chosen from the shape only")
+    p.add_argument(
+        "--stages",
+        type=int,
+        nargs="+",
+        default=[2],
+        help="with --sweep: pipeline stages to try (more bytes"
+        " in flight per program, which a faster memory may want)",
+    )
     args = p.parse_args()
     read, copy = read_ceiling()
     print(f"read ceiling: {read:.2f} TB/s (Triton sum over 1 GiB); copy {copy:.2f} TB/s (read + written)")
@@ -104,7 +112,7 @@ def main() -> None:
         for name, n, k, silu in projections(model):
             cublas, ours, calls, nbytes = case(n, k, silu, rows)
             best, best_us = launch_for(silu), _time_us(ours(None), calls)
-            for launch in grid(k, args.quick) if args.sweep and name != "lm_head" else ():
+            for launch in grid(k, args.quick, tuple(args.stages)) if args.sweep and name != "lm_head" else ():
                 try:
                     us = _time_us(ours(launch), calls)
                 except Exception as exc:  # a launch the compiler rejects (registers, shared memory)

@@ -20,12 +20,14 @@ more than the read rate; which weights take this kernel is `use_gemv` (fused.py)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from common.env_flags import env_int
 from common.layers.fused import GEMV_ROWS_LIMIT
 from common.layers.pdl import pdl_enabled, pdl_wait
 from common.layers.skinny_tiles import weights
@@ -56,11 +58,17 @@ class GemvLaunch:
 MAX_ROWS = GEMV_ROWS_LIMIT
 
 
+@functools.cache
 def launch_for(silu_mul: bool) -> GemvLaunch:
     """The sweep's best (`benchmarks/engine/gemv_sweep.py --sweep`, Qwen3-8B shape, H100): 8 warps,
     8,192 weight elements per load and no split where the column blocks alone fill the device; the
-    merged gate/up tile loads two rows of each half over 4,096 columns."""
-    return GemvLaunch(block_n=2, block_k=4096) if silu_mul else GemvLaunch()
+    merged gate/up tile loads two rows of each half over 4,096 columns. `PDSERVE_GEMV_STAGES=N` (2 to
+    4, default 2) sets the pipeline stages, for A/B runs on a card the sweep has not chosen for (a
+    faster memory may want more bytes in flight per program)."""
+    stages = env_int("PDSERVE_GEMV_STAGES", 2, 2, 4)
+    return (
+        GemvLaunch(block_n=2, block_k=4096, num_stages=stages) if silu_mul else GemvLaunch(num_stages=stages)
+    )
 
 
 # Programs to aim for when the split is chosen from the shape: several per SM of an H100/H200.
