@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,7 +85,21 @@ def capture(x: torch.Tensor, weights, stream) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def run_arm(graph, decode_stream, prefill, replays: int) -> tuple[list[float], float]:
+@dataclass(frozen=True)
+class PrefillLoad:
+    """`passes` prefill passes of the `x` rows through `weights`, queued on `stream` beside decode."""
+
+    x: torch.Tensor
+    weights: list[tuple[torch.Tensor, ...]]
+    stream: Any
+    passes: int
+
+    @property
+    def tokens(self) -> int:
+        return self.x.shape[0]
+
+
+def run_arm(graph, decode_stream, prefill: PrefillLoad | None, replays: int) -> tuple[list[float], float]:
     """Decode step times (ms) and the prefill's tokens/s while they ran (0 without a prefill)."""
     torch.cuda.synchronize()
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
@@ -91,11 +107,11 @@ def run_arm(graph, decode_stream, prefill, replays: int) -> tuple[list[float], f
     start = torch.cuda.Event(enable_timing=True)
     start.record(torch.cuda.current_stream())
     if prefill is not None:
-        x, weights, stream, tokens, n_passes = prefill
+        stream = prefill.stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(n_passes):
-                forward(x, weights)
+            for _ in range(prefill.passes):
+                forward(prefill.x, prefill.weights)
                 passes.append(torch.cuda.Event(enable_timing=True))
                 passes[-1].record(stream)
     decode_stream.wait_stream(torch.cuda.current_stream())
@@ -112,7 +128,7 @@ def run_arm(graph, decode_stream, prefill, replays: int) -> tuple[list[float], f
         done = [start.elapsed_time(e) for e in passes]
         inside = [t for t in done if ends[0] <= t <= ends[-1]]
         if len(inside) >= 2:
-            rate = (len(inside) - 1) * prefill[3] / ((inside[-1] - inside[0]) / 1e3)
+            rate = (len(inside) - 1) * prefill.tokens / ((inside[-1] - inside[0]) / 1e3)
         # Only the steps that ended while the prefill still ran were beside it: two green contexts of
         # torch 2.11 take turns, so a prefill can finish long before the decode steps queued with it.
         beside = [t for t, end in zip(steps, ends[1:], strict=True) if end <= done[-1]]
@@ -144,7 +160,7 @@ def main() -> None:
         prefill = None
         if prefill_sms is not None:
             _, stream = green_stream(prefill_sms, device)
-            prefill = (px, weights, stream, args.prefill_tokens, args.prefill_passes)
+            prefill = PrefillLoad(px, weights, stream, args.prefill_passes)
         run_arm(graph, decode_stream, prefill, 3)  # warm the pair up
         steps, rate = run_arm(graph, decode_stream, prefill, args.replays)
         rows.append((name, steps, rate))

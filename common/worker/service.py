@@ -64,7 +64,7 @@ class WorkerService:
         self._next_deadline_check = 0.0
         self._next_load_post = 0.0
         self.stats = StatsLog(config.log_stats_interval_s)
-        self._classifier: StepClassifier | None = None  # made at the first step (the engine's mode)
+        self._classifier: StepClassifier | None = None  # `_step_classifier`
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -207,13 +207,22 @@ class WorkerService:
             log.debug("taking %s %s", msg.TYPE, msg.request_id)
             self.role.submit(msg)
 
+    def _step_classifier(self) -> StepClassifier | None:
+        """The classifier of the engine's steps while the stats line, their only reader, is on; made at
+        the first step (the engine's mode)."""
+        if self.stats.interval_s <= 0:
+            return None
+        if self._classifier is None:
+            self._classifier = StepClassifier(self.engine.multiplexer)
+        return self._classifier
+
     def _step(self) -> float:
         """One engine step and the role's messages for it; returns the seconds the role took."""
         began = time.perf_counter()
         failed: SequencesFailed | None = None
-        if self._classifier is None:
-            self._classifier = StepClassifier(self.engine.multiplexer)
-        self._classifier.before()
+        classifier = self._step_classifier()
+        if classifier is not None:
+            classifier.before()
         try:
             result = self.engine.step()
         except SequencesFailed as e:  # some requests alone: the step's other work still counts
@@ -227,7 +236,7 @@ class WorkerService:
                 log.exception("could not clean up after the failed step")
             return 0.0
         stepped = time.perf_counter()
-        step_class = self._classifier.after(result.num_prefill_tokens)
+        step_class = None if classifier is None else classifier.after(result.num_prefill_tokens)
         self.stats.record(
             self.engine.timings, result.num_prefill_tokens, len(result.updates), stepped - began, step_class
         )
