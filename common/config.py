@@ -53,10 +53,12 @@ class EngineConfig:
     speculative_max_batch: int = 16
     # One GPU, prefill and decode side by side on SM shares (common/multiplex): mixed role only.
     pd_multiplex: bool = False
-    itl_target_ms: float = 30.0  # multiplexed mode: the decode inter-token gap the SM split holds
-    # > 0 (opt-in until served on more than one card): the split holds this multiple of the decode
-    # gap measured with no prefill beside it instead, at most itl_target_ms (common/multiplex/controller.py)
-    itl_target_solo_ratio: float = 0.0
+    itl_target_ms: float = 30.0  # multiplexed mode: the most decode inter-token gap the SM split holds
+    # The split holds this multiple of the decode gap measured with no prefill beside it, at most
+    # itl_target_ms (common/multiplex/controller.py); 0: itl_target_ms alone. 2 by measurement
+    # (docs/benchmarks.md, sessions 30-31): on the 8B shape it cut the chat ITL p99 to 0.71x of the
+    # fixed 30 ms (H100) for 0.96x the throughput, and tied it on the real model.
+    itl_target_solo_ratio: float = 2.0
     # Multiplexed mode's split rule (common/multiplex/controller.py): "target" grows prefill's share while
     # decode gaps stay well under itl_target_ms; "knee" (opt-in until served on the device) stops it at
     # the knee of the measured gap-per-share curve while prefill keeps up.

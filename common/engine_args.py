@@ -56,8 +56,8 @@ ENGINE_FLAGS = FlagTable(
         Flag(
             "itl_target_solo_ratio",
             float,
-            "with --pd-multiplex: hold this multiple of the solo decode gap instead (at most"
-            " --itl-target-ms; 0 = off)",
+            "with --pd-multiplex: hold this multiple of the solo decode gap (at most --itl-target-ms;"
+            " default 2; 0: --itl-target-ms alone)",
         ),
         Flag(
             "mux_split",

@@ -98,18 +98,24 @@ def main() -> None:
     p.add_argument("--prefill-len", type=int, default=2048)
     p.add_argument("--json-out", default=None)
     args = p.parse_args()
-    if args.random_model:
-        out = Path(tempfile.mkdtemp()) / args.random_model
-        model = str(write_random_model(out, args.random_model, device="cuda"))
-    else:
-        model = resolve_model(args.model)
+    if not args.random_model:
+        measure(resolve_model(args.model), args)
+        return
+    # The random copy (16 GB at the 8B shape) goes when the run ends, also when it fails.
+    with tempfile.TemporaryDirectory() as tmp:
+        measure(str(write_random_model(Path(tmp) / args.random_model, args.random_model, device="cuda")), args)
+
+
+def measure(model: str, args: argparse.Namespace) -> None:
+    """Decode steps against their weight + KV floor, prefill against the matmul rate, for `model`."""
     rates = {"copy_bytes_per_s": copy_rate(), "matmul_flop_per_s": matmul_rate()}
     torch.cuda.empty_cache()
     llm = LLM(
         model,
         max_model_len=4096,
         enable_prefix_caching=False,
-        max_num_seqs=max(args.batches),
+        # The prefill figure is one step of all its prompts, whichever decode batches are asked for.
+        max_num_seqs=max(*args.batches, args.prefill_prompts),
         max_num_batched_tokens=max(args.prefill_prompts * args.prefill_len, 8192),
     )
     sizes = model_bytes(llm)

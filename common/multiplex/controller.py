@@ -14,12 +14,14 @@ Decode never needs a share of its own: only prefill is restricted, so with no pr
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.
 
-With `solo_ratio` (opt-in, `--itl-target-solo-ratio R`) the target is R x the median of the recent
-decode gaps with no chunk in flight (`SOLO_WINDOW` of them), capped by the configured target: a fixed
-target in ms means a different share on every card and model. Why (docs/benchmarks.md, session 30): a
-decode step beside even the smallest share costs 1.3-1.5x its solo time, so a target under ~1.5x solo
-sinks to the smallest share and starves prefill (12 ms on an H100, 8B shape: 1.5x its 7.9-ms step),
-while 12 ms on an H200 (2.0x its 6.0-ms step) halved the chat ITL p99 at the same throughput.
+With `solo_ratio` (`--itl-target-solo-ratio R`, 2 by default in EngineConfig) the target is R x the
+median of the recent decode gaps with no chunk in flight (`SOLO_WINDOW` of them), capped by the
+configured target: a fixed target in ms means a different share on every card and model. Why
+(docs/benchmarks.md, sessions 30-31): a decode step beside even the smallest share costs 1.3-1.5x its
+solo time, so a target under ~1.5x solo sinks to the smallest share and starves prefill (12 ms on an
+H100, 8B shape: 1.5x its 7.9-ms step), while 12 ms on an H200 (2.0x its 6.0-ms step) halved the chat
+ITL p99 at the same throughput; ratio 2 on the H100 cut it to 0.71x of the fixed 30 ms at 0.96x the
+throughput.
 
 With `knee` (opt-in, `--mux-split knee`) the rung also stops at the knee of the measured gap-per-rung
 curve while prefill keeps up: each rung keeps the gap last measured on it, and a rung whose gap is more

@@ -43,6 +43,16 @@ def prefill_capture_sizes(max_tokens: int) -> list[int]:
     return sorted(set(sizes)) + [max_tokens]
 
 
+def step_token_reach(max_tokens: int, max_seqs: int, max_seq_len: int) -> int:
+    """The most tokens one prefill step can hold: the token budget, unless `max_seqs` sequences of
+    `max_seq_len` tokens each fill less (e.g. one sequence under a 16,384-token budget). Buckets past
+    it could never be replayed, and their dummy steps would need more sequences than a step has."""
+    for name, value in (("max_tokens", max_tokens), ("max_seqs", max_seqs), ("max_seq_len", max_seq_len)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    return min(max_tokens, max_seqs * max_seq_len)
+
+
 @dataclass(frozen=True)
 class StepLayout:
     """Capacities of a packed step buffer: tokens, sequences, and block-table entries per sequence."""

@@ -37,7 +37,13 @@ from common.attention.context import ForwardContext, set_forward_context
 from common.core.sequence import Sequence
 from common.env_flags import env_switch
 from common.multiplex.partitions import PrefillLane
-from common.runner.prefill_graph_inputs import StepLayout, StepViews, fill_step, prefill_capture_sizes
+from common.runner.prefill_graph_inputs import (
+    StepLayout,
+    StepViews,
+    fill_step,
+    prefill_capture_sizes,
+    step_token_reach,
+)
 from common.wire.blocks import blocks_for
 
 if TYPE_CHECKING:
@@ -115,11 +121,12 @@ class PrefillGraphs:
 
     @classmethod
     def capture_for(cls, runner: ModelRunner) -> PrefillGraphs:
-        """Graphs for `runner`'s steps: its token budget and sequence limit, tables as wide as
-        `max_model_len` needs; run-ahead sources read its decode graphs' `prev_tokens`."""
+        """Graphs for `runner`'s steps: its token budget (as far as its sequence limit can fill it) and
+        sequence limit, tables as wide as `max_model_len` needs; run-ahead sources read its decode
+        graphs' `prev_tokens`."""
         config = runner.config
         layout = StepLayout(
-            config.max_num_batched_tokens,
+            step_token_reach(config.max_num_batched_tokens, config.max_num_seqs, runner.max_model_len),
             config.max_num_seqs,
             blocks_for(runner.max_model_len, runner.block_size),
         )

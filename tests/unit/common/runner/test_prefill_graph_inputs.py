@@ -8,7 +8,7 @@ import pytest
 
 from common.core.sequence import Sequence
 from common.runner.inputs import flat_sources, plan_step
-from common.runner.prefill_graph_inputs import StepLayout, fill_step, prefill_capture_sizes
+from common.runner.prefill_graph_inputs import StepLayout, fill_step, prefill_capture_sizes, step_token_reach
 from common.wire.sampling_params import SamplingParams
 
 BLOCK = 4
@@ -112,3 +112,13 @@ def test_capture_sizes_bound_the_padding():
     assert prefill_capture_sizes(100) == [16, 32, 64, 100]
     with pytest.raises(ValueError, match="max_tokens"):
         prefill_capture_sizes(0)
+
+
+def test_step_token_reach_is_what_the_sequence_limit_can_fill():
+    # One sequence of at most 4,096 tokens never fills a 16,384-token budget: the buckets stop there
+    # (floors.py --batches 1 failed at capture before this bound).
+    assert step_token_reach(16384, 1, 4096) == 4096
+    assert step_token_reach(16384, 8, 4096) == 16384
+    assert step_token_reach(512, 64, 4096) == 512
+    with pytest.raises(ValueError, match="max_seq_len"):
+        step_token_reach(512, 1, 0)
