@@ -103,7 +103,8 @@ def main() -> None:
         return
     # The random copy (16 GB at the 8B shape) goes when the run ends, also when it fails.
     with tempfile.TemporaryDirectory() as tmp:
-        measure(str(write_random_model(Path(tmp) / args.random_model, args.random_model, device="cuda")), args)
+        written = write_random_model(Path(tmp) / args.random_model, args.random_model, device="cuda")
+        measure(str(written), args)
 
 
 def measure(model: str, args: argparse.Namespace) -> None:
