@@ -74,9 +74,10 @@ class StepResult:
 class SequencesFailed(Exception):
     """A step failed for the requests `request_ids` alone: the engine stays consistent, keeps serving
     the others, and holds those until the caller aborts them. `result`: the step's outcome up to the
-    failure, whose updates still count (a worker sends them); `cause`: the error. Raised where a
-    multiplexed prefill chunk kept running out of device memory (common/multiplex/stepper.py): the
-    decode batch beside it is untouched, so only the chunk's requests fail."""
+    failure, whose updates still count (a worker sends them); `cause`: the error. Raised where a launch
+    kept running out of device memory (common/runner/memory_retry.py): an aggregated step's, or in
+    multiplexed mode a prefill chunk's or a decode step's (common/multiplex/stepper.py), whose
+    counterpart on the other side goes on, so only that launch's requests fail."""
 
     def __init__(self, request_ids: frozenset[str], cause: BaseException, result: StepResult | None = None):
         super().__init__(f"{type(cause).__name__}: {cause}")

@@ -94,7 +94,7 @@ class MultiplexedSteps:
         self._held_aborts: set[str] = set()
         self.memory_retries = MemoryRetries()
         self.chunk_budget = TokenBudget(chunk_tokens)
-        self._failed: SequencesFailed | None = None  # a chunk given up on this step (raised by `step`)
+        self._failed: SequencesFailed | None = None  # launches given up on this step (raised by `step`)
 
     @property
     def in_flight(self) -> bool:
@@ -115,8 +115,8 @@ class MultiplexedSteps:
         return self.scheduler.abort(wanted)
 
     def step(self, result: StepResult) -> None:
-        """One step into `result`; a chunk that failed for good raises `SequencesFailed` carrying what
-        the step did before it."""
+        """One step into `result`; a chunk or a decode launch that failed for good raises
+        `SequencesFailed` for its requests alone, carrying what the step did."""
         with self.partitions.engine_scope():
             self._step(result)
         failed, self._failed = self._failed, None
@@ -190,6 +190,13 @@ class MultiplexedSteps:
         self.timings.prefill_steps += 1
         result.num_prefill_tokens += chunk.tokens
 
+    def _fail(self, request_ids: frozenset[str], error: BaseException) -> None:
+        """Requests given up on this step (past their retries): `step` raises one `SequencesFailed`
+        for all of them once the step's other work is done."""
+        if self._failed is not None:
+            request_ids |= self._failed.request_ids
+        self._failed = SequencesFailed(request_ids, error)
+
     def _inline_limit(self) -> int:
         """The longest uncached prompt the next decode step takes whole (it packs such prompts up to
         `chunk_tokens`); 0: none."""
@@ -217,7 +224,7 @@ class MultiplexedSteps:
                 raise
             self.chunk_budget.ran_out()
             if not recovered:  # past its retries: the decode side is untouched, so these alone fail
-                self._failed = SequencesFailed(chunk.request_ids, e)
+                self._fail(chunk.request_ids, e)
         finally:
             spent = time.perf_counter() - began  # host time to launch it
             self.timings.prefill_forward += spent
@@ -250,7 +257,7 @@ class MultiplexedSteps:
             result.updates += self._resolve_decode(frozenset())
             self.runner.platform.synchronize()
             if not self.memory_retries.recover(e, self.scheduler, batch.seqs):
-                raise
+                self._fail(frozenset(s.request_id for s in batch.seqs), e)  # the chunk beside goes on
             return True
         self._start_chunk(result)  # one held for this step (`chunk_after_decode`) starts after it
         result.updates += self._resolve_decode(frozenset(s.seq_id for s in batch.seqs))

@@ -9,7 +9,7 @@ import torch
 
 from common.attention.context import get_forward_context
 from common.core.step_records import SequencesFailed
-from common.runner.memory_retry import TokenBudget
+from common.runner.memory_retry import MemoryRetries, TokenBudget
 from tests.helpers.out_of_memory import forward_running_out_of_memory, parts_running_out_of_memory
 from tests.unit.common.multiplex.tiny_llm import GREEDY, tiny_llm
 
@@ -136,6 +136,40 @@ def test_a_decode_step_out_of_memory_is_computed_again(tiny_model_dirs, monkeypa
     assert raised[0] == 1 and engine.multiplexer.memory_retries.recomputed == 1
     plain = tiny_llm(tiny_model_dirs["qwen3"]).generate([[5, 6, 7]], GREEDY, use_tqdm=False)
     assert got == {"b": plain[0]["token_ids"]}
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_decode_step_out_of_retries_fails_its_requests_alone(tiny_model_dirs, monkeypatch):
+    """A decode step whose sequences are out of retries fails their requests (`SequencesFailed`) and
+    nothing else: the prompt being chunked beside it goes on to the aggregated engine's tokens, and
+    every block comes back once the failed request is aborted. (A recomputed sequence is prefilled by a
+    chunk, whose success resets its count, so only an inlined one can run out in decode steps:
+    no retries here reach that branch at once.)"""
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, async_scheduling=True)
+    engine = mux.engine
+    engine.multiplexer.memory_retries = MemoryRetries(max_retries=0)
+    # 8-token chunks: the long prompt is still prefilling when b's decode step fails.
+    engine.multiplexer.chunk_budget = TokenBudget(8, floor=8, restore_after=1000)
+    engine.add_request([5, 6, 7], GREEDY, request_id="b")
+    for _ in range(3):  # b prefilled by a chunk, then decoding
+        engine.step()
+    prompt = list(range(1, 200))
+    engine.add_request(prompt, GREEDY, request_id="a")
+    got = [u.new_token_id for u in engine.step().updates if u.seq.request_id == "a" and u.new_token_id]
+
+    def in_a_decode_step() -> None:  # decode steps call forward; chunks run forward_in_parts
+        assert get_forward_context().meta.is_decode
+
+    raised = forward_running_out_of_memory(monkeypatch, engine.runner.model, times=1, check=in_a_decode_step)
+    with pytest.raises(SequencesFailed) as failed:
+        engine.step()
+    assert failed.value.request_ids == {"b"} and isinstance(failed.value.cause, torch.OutOfMemoryError)
+    assert raised[0] == 1 and failed.value.result.updates  # the step's run-ahead token of b still counts
+    assert [s.request_id for s in engine.abort(["b"])] == ["b"]  # as a worker's fail_request
+    while engine.has_unfinished:
+        got += [u.new_token_id for u in engine.step().updates if u.seq.request_id == "a" and u.new_token_id]
+    plain = tiny_llm(tiny_model_dirs["qwen3"]).generate([prompt], GREEDY, use_tqdm=False)
+    assert got == plain[0]["token_ids"]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
