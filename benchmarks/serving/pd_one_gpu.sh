@@ -12,7 +12,8 @@
 # default multiplexed worker (every prompt a chunk); muxm is mux with --mux-inline-measured (prompts
 # inline up to a measured break-even against a chunk); muxiN is mux with a fixed limit: prompts of up
 # to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N; muxrR is mux with
-# --itl-target-solo-ratio R (R x the solo decode gap, at most the target); muxk is mux with
+# --itl-target-solo-ratio R (R x the solo decode gap, at most the target; mux holds R = 2, the default;
+# muxr0: the fixed 30-ms target alone, the default before session 31); muxk is mux with
 # --mux-split knee: the share stops where a larger one would slow decode; muxa is mux with each new chunk
 # started after its engine step's decode step, PDSERVE_MUX_CHUNK_AFTER_DECODE=1), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
