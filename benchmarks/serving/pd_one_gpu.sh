@@ -11,7 +11,8 @@
 # Env: ARMS ("agg512 agg2048 agg8192 mux": aggN is --mixed 1 --max-num-batched-tokens N; mux the
 # default multiplexed worker (every prompt a chunk); muxm is mux with --mux-inline-measured (prompts
 # inline up to a measured break-even against a chunk); muxiN is mux with a fixed limit: prompts of up
-# to N tokens inside its decode steps; muxtN is mux with --itl-target-ms N; muxrR is mux with
+# to N tokens inside its decode steps; muxtN is mux with the fixed target --itl-target-ms N (and
+# --itl-target-solo-ratio 0); muxrR is mux with
 # --itl-target-solo-ratio R (R x the solo decode gap, at most the target; mux holds R = 2, the default;
 # muxr0: the fixed 30-ms target alone, the default before session 31); muxk is mux with
 # --mux-split knee: the share stops where a larger one would slow decode; muxa is mux with each new chunk
@@ -37,7 +38,7 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
     mux) setup=ipc extra="${MUX_EXTRA:-}" ;;
     muxm) setup=ipc extra="--mux-inline-measured ${MUX_EXTRA:-}" ;;
     muxi*) setup=ipc extra="--mux-inline-prompt-tokens ${arm#muxi} ${MUX_EXTRA:-}" ;;
-    muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} ${MUX_EXTRA:-}" ;;
+    muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} --itl-target-solo-ratio 0 ${MUX_EXTRA:-}" ;;
     muxr*) setup=ipc extra="--itl-target-solo-ratio ${arm#muxr} ${MUX_EXTRA:-}" ;;
     muxk) setup=ipc extra="--mux-split knee ${MUX_EXTRA:-}" ;;
     muxa) setup=ipc extra="${MUX_EXTRA:-}" after=1 ;;
