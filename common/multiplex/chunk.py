@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -9,6 +10,10 @@ from common.core.sequence import Sequence
 from common.multiplex.inline_budget import ChunkTiming
 from common.multiplex.partitions import Completion
 from common.runner.side_launch import SideLaunch
+
+log = logging.getLogger(__name__)
+# A chunk part whose launch takes the engine thread longer than this is logged (`SlowLaunches`).
+SLOW_LAUNCH_S = 0.020
 
 
 @dataclass
@@ -56,3 +61,32 @@ class MultiplexStats:
     chunks_per_lane: dict[int, int] = field(default_factory=dict)
     chunk_parts: int = 0
     decode_steps_beside: int = 0
+
+
+class SlowLaunches:
+    """Logs chunk parts whose launch took the engine thread more than SLOW_LAUNCH_S, with their share,
+    their graph bucket (or eager), their tokens and whether that share had launched that bucket before.
+    Why: rare 47-150 ms launches make the chat ITL maxima (docs/benchmarks.md, sessions 30-31), mostly
+    early in a run; a first use of a (share, bucket) pair is the leading suspect, and served runs show
+    only these lines, not a profile."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[int | None, int | None]] = set()
+
+    def record(self, sms: int | None, chunk: ChunkInFlight, seconds: float) -> bool:
+        """One part's launch took `seconds` on a share of `sms` SMs (None: the whole device); True when
+        it was logged."""
+        key = (sms, chunk.launch.bucket)
+        first = key not in self._seen
+        self._seen.add(key)
+        if seconds <= SLOW_LAUNCH_S:
+            return False
+        log.warning(
+            "slow chunk launch: %.1f ms on %s SMs, %s, %d tokens, %s",
+            seconds * 1e3,
+            "all" if sms is None else sms,
+            "eager" if chunk.launch.bucket is None else f"graph bucket {chunk.launch.bucket}",
+            chunk.tokens,
+            "first use of that share and bucket" if first else "share and bucket used before",
+        )
+        return True

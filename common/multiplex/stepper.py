@@ -42,7 +42,7 @@ from common.core.batch import SeqUpdate
 from common.core.sequence import Sequence
 from common.core.split_scheduler import SplitScheduler, is_decoding
 from common.core.step_records import SequencesFailed, StepResult, StepTimings
-from common.multiplex.chunk import ChunkInFlight, MultiplexStats
+from common.multiplex.chunk import ChunkInFlight, MultiplexStats, SlowLaunches
 from common.multiplex.controller import ShareController
 from common.multiplex.inline_budget import InlineBudget
 from common.multiplex.partitions import SMPartitions
@@ -95,6 +95,7 @@ class MultiplexedSteps:
         self.memory_retries = MemoryRetries()
         self.chunk_budget = TokenBudget(chunk_tokens)
         self._failed: SequencesFailed | None = None  # launches given up on this step (raised by `step`)
+        self.slow_launches = SlowLaunches()
 
     @property
     def in_flight(self) -> bool:
@@ -229,6 +230,7 @@ class MultiplexedSteps:
             spent = time.perf_counter() - began  # host time to launch it
             self.timings.prefill_forward += spent
             chunk.host_seconds += spent
+            self.slow_launches.record(lane.sms, chunk, spent)
 
     def _decode(self, result: StepResult) -> bool:
         """Launch one decode step (with short prompts inlined) and resolve the one before it; False when

@@ -49,6 +49,7 @@ class SideLaunch:
         self.runner, self.seqs, self.lane = runner, seqs, lane
         self.layers_per_part = layers_per_part
         self.handle: StepHandle | None = None
+        self.bucket: int | None = None  # the prefill graph's token bucket it replays (None: eager)
         self._parts: Iterator[StepHandle | None] | None = None
 
     def advance(self) -> bool:
@@ -71,6 +72,7 @@ class SideLaunch:
         key = self.lane.sms
         bucket = graphs.bucket(seqs) if graphs is not None and graphs.has_lane(key) else None
         if bucket is not None:
+            self.bucket = bucket
             yield self._sampled(*graphs.run(seqs, bucket, lane=key))
             return
         inputs = prepare_step(seqs, runner.block_size, runner.device, False, runner.max_model_len)
