@@ -13,7 +13,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # "auto": the KV cache holds the model dtype; "fp8": float8_e4m3fn values with a float32 scale per token
 # and KV head (common/attention/kv_fp8.py maps these names to torch dtypes; this module stays torch-free).
 KV_CACHE_DTYPES = ("auto", "fp8")
-MUX_SPLITS = ("target", "knee")  # multiplexed mode's SM split rules (common/multiplex/controller.py)
+MUX_SPLITS = ("target", "knee", "drain")  # multiplexed mode's SM split rules (common/multiplex/controller.py)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,8 @@ class EngineConfig:
     itl_target_solo_ratio: float = 2.0
     # Multiplexed mode's split rule (common/multiplex/controller.py): "target" grows prefill's share while
     # decode gaps stay well under itl_target_ms; "knee" (opt-in until served on the device) stops it at
-    # the knee of the measured gap-per-share curve while prefill keeps up.
+    # the knee of the measured gap-per-share curve while prefill keeps up; "drain" (opt-in, not yet
+    # served) holds itl_target_ms itself instead of the solo-ratio target while prefill is behind.
     mux_split: str = "target"
     # Multiplexed mode: waiting prompts may run inside the decode step (mixed rows, as many as fit in
     # max_num_batched_tokens, as aggregated mode packs them) instead of as chunks on the prefill share,

@@ -62,7 +62,8 @@ ENGINE_FLAGS = FlagTable(
         Flag(
             "mux_split",
             str,
-            "with --pd-multiplex: the SM split rule (knee: the largest share that does not slow decode)",
+            "with --pd-multiplex: the SM split rule (knee: the largest share that does not slow decode;"
+            " drain: --itl-target-ms itself while prefill is behind)",
             MUX_SPLITS,
         ),
         Flag(

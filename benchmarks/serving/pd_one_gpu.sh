@@ -15,7 +15,8 @@
 # --itl-target-solo-ratio 0); muxrR is mux with
 # --itl-target-solo-ratio R (R x the solo decode gap, at most the target; mux holds R = 2, the default;
 # muxr0: the fixed 30-ms target alone, the default before session 31); muxk is mux with
-# --mux-split knee: the share stops where a larger one would slow decode; muxa is mux with each new chunk
+# --mux-split knee: the share stops where a larger one would slow decode; muxd is mux with --mux-split
+# drain: the --itl-target-ms cap instead of 2 x solo while prefill is behind; muxa is mux with each new chunk
 # started after its engine step's decode step, PDSERVE_MUX_CHUNK_AFTER_DECODE=1), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
 # MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
@@ -41,8 +42,9 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
     muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} --itl-target-solo-ratio 0 ${MUX_EXTRA:-}" ;;
     muxr*) setup=ipc extra="--itl-target-solo-ratio ${arm#muxr} ${MUX_EXTRA:-}" ;;
     muxk) setup=ipc extra="--mux-split knee ${MUX_EXTRA:-}" ;;
+    muxd) setup=ipc extra="--mux-split drain ${MUX_EXTRA:-}" ;;
     muxa) setup=ipc extra="${MUX_EXTRA:-}" after=1 ;;
-    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN, muxtN, muxrR, muxk or muxa)" >&2; exit 2 ;;
+    *) echo "unknown arm $arm (aggN, mux, muxm, muxiN, muxtN, muxrR, muxk, muxd or muxa)" >&2; exit 2 ;;
   esac
   echo "== $arm"
   env PDSERVE_MUX_CHUNK_AFTER_DECODE=$after OUT="$OUTDIR" TAG="$arm" SETUPS="$setup" MIXED_N=1 WORKLOADS="$WL" REPEAT="${REPEAT:-3}" \

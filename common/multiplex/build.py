@@ -36,10 +36,14 @@ def build_multiplexed_steps(
     prompts up to the measured break-even, at most that many or DEFAULT_CAP); prefill graphs captured
     on the SM shares first, where memory allows (`capture_share_graphs`)."""
     lanes = len(partitions.lanes)
-    knee = config.mux_split == "knee"
+    knee, drain = config.mux_split == "knee", config.mux_split == "drain"
     controller = ShareController(
         ControllerConfig(
-            config.itl_target_ms / 1e3, num_lanes=lanes, knee=knee, solo_ratio=config.itl_target_solo_ratio
+            config.itl_target_ms / 1e3,
+            num_lanes=lanes,
+            knee=knee,
+            solo_ratio=config.itl_target_solo_ratio,
+            drain=drain,
         )
     )
     if runner.prefill_graphs is not None and share_graphs_enabled():

@@ -23,6 +23,12 @@ H100, 8B shape: 1.5x its 7.9-ms step), while 12 ms on an H200 (2.0x its 6.0-ms s
 ITL p99 at the same throughput; ratio 2 on the H100 cut it to 0.71x of the fixed 30 ms at 0.96x the
 throughput.
 
+With `drain` (opt-in, `--mux-split drain`) the target is the configured one, the cap, while prefill is
+behind (prompt tokens left after a full chunk, or prompts left waiting), and the solo-ratio one
+otherwise: the ratio is a preference while prefill keeps up, the cap a bound. Why: at one long prompt
+per second on an H100 (8B shape, session 31) the ratio's smaller shares already raised the long
+prompts' TTFT p99 from 0.73 to 1.09 s; at higher prompt rates they may leave prefill behind for good.
+
 With `knee` (opt-in, `--mux-split knee`) the rung also stops at the knee of the measured gap-per-rung
 curve while prefill keeps up: each rung keeps the gap last measured on it, and a rung whose gap is more
 than `STEP` x the gap of the rung below goes one down, a climb stops below a rung known to cost that
@@ -62,13 +68,15 @@ class ControllerConfig:
     """`itl_target_s`: the decode inter-token gap to hold; `grow_below`: the fraction of the target
     under which the prefill share grows; `num_lanes`: rungs of the ladder (the last: whole device);
     `knee`: stop at the knee of the gap-per-rung curve while prefill keeps up; `solo_ratio`: > 0 holds
-    that multiple of the solo decode gap instead, at most `itl_target_s` (the module docstring)."""
+    that multiple of the solo decode gap instead, at most `itl_target_s`; `drain`: while prefill is
+    behind, hold `itl_target_s` itself (the module docstring)."""
 
     itl_target_s: float
     num_lanes: int
     grow_below: float = 0.6
     knee: bool = False
     solo_ratio: float = 0.0
+    drain: bool = False
 
     def __post_init__(self) -> None:
         if not self.itl_target_s > 0:
@@ -77,8 +85,11 @@ class ControllerConfig:
             raise ValueError(f"num_lanes must be a positive int, got {self.num_lanes!r}")
         if not 0 < self.grow_below < 1:
             raise ValueError(f"grow_below must be in (0, 1), got {self.grow_below!r}")
-        if self.knee not in (True, False):
-            raise ValueError(f"knee must be a bool, got {self.knee!r}")
+        for name in ("knee", "drain"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.knee and self.drain:
+            raise ValueError("knee and drain are two split rules: choose one")
         check_solo_ratio("solo_ratio", self.solo_ratio)
 
 
@@ -163,7 +174,7 @@ class ShareController:
         if not gaps or self._chunk_rung != self.rung:
             return
         gap = gaps[min(len(gaps) - 1, int(QUANTILE * len(gaps)))]
-        target = self.target
+        target = self.config.itl_target_s if self.config.drain and behind else self.target
         knee = self.config.knee and not behind
         if self.config.knee:
             self._rung_gaps[self.rung] = (gap, self._chunks)

@@ -115,6 +115,19 @@ def test_solo_ratio_holds_a_multiple_of_the_solo_gap_capped_by_the_target():
     assert c.target == 0.030
 
 
+@pytest.mark.parametrize("drain,after", [(False, 1), (True, 3)])
+def test_drain_holds_the_cap_while_prefill_is_behind(drain, after):
+    """Solo gaps of 6 ms make the ratio's target 12 ms; beside a chunk decode takes 16 ms. While prefill
+    is behind, `drain` judges that against the 30-ms cap (under 0.6 x 30: up a rung), the plain rule
+    against 12 ms (over: down a rung); once prefill keeps up, both judge against 12 ms."""
+    c = ShareController(ControllerConfig(0.030, num_lanes=5, solo_ratio=2.0, drain=drain))
+    for gap in [0.006] * 10:
+        c.observe_solo(gap)
+    assert _chunk(c, [0.016] * 10, behind=True) == 2
+    assert _chunk(c, [0.016] * 10, behind=True) == after
+    assert c.next_lane(True, behind=False) == after - 1
+
+
 def test_decode_outputs_make_gaps_beside_a_chunk_or_solo_and_a_pause_starts_none():
     c = ShareController(ControllerConfig(0.030, num_lanes=5, solo_ratio=2.0))
     c.next_lane(True)  # a chunk beside decode: its gaps count
@@ -145,6 +158,8 @@ def test_without_solo_ratio_solo_gaps_are_not_kept():
         dict(itl_target_s=1, num_lanes=0),
         dict(itl_target_s=1, num_lanes=2, grow_below=1),
         dict(itl_target_s=1, num_lanes=2, knee="yes"),
+        dict(itl_target_s=1, num_lanes=2, drain=1),
+        dict(itl_target_s=1, num_lanes=2, knee=True, drain=True),
     ],
 )
 def test_config_is_validated(kwargs):

@@ -51,15 +51,16 @@ def test_staggered_arrivals_equal_aggregated(tiny_model_dirs, ahead):
     assert chunks < stats.chunk_parts <= 2 * chunks  # chunks beside decode steps came in two parts
 
 
-def test_the_knee_split_gives_the_same_tokens(tiny_model_dirs):
+@pytest.mark.parametrize("rule", ["knee", "drain"])
+def test_the_split_rules_that_read_behind_give_the_same_tokens(tiny_model_dirs, rule):
     prompts = _prompts(1)
     plain = tiny_llm(tiny_model_dirs["qwen3"])
-    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="knee")
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split=rule)
     controller = mux.engine.multiplexer.controller
     told, next_lane = [], controller.next_lane
     controller.next_lane = lambda decoding, behind: told.append(behind) or next_lane(decoding, behind)
     assert run_staggered(mux.engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
-    assert controller.config.knee
+    assert (controller.config.knee, controller.config.drain) == (rule == "knee", rule == "drain")
     # Chunks of 32 tokens: the 70- and 101-token prompts fill several (prefill behind), the rest do not.
     assert True in told and False in told
     with pytest.raises(ValueError, match="mux_split"):
