@@ -162,6 +162,11 @@ class ShareController:
             return self.config.itl_target_s
         return min(self.config.itl_target_s, self.config.solo_ratio * statistics.median(self._solo))
 
+    def held_target(self, behind: bool) -> float:
+        """The target a chunk's gaps are judged against: `target`, or with `drain` the configured cap
+        while prefill is behind."""
+        return self.config.itl_target_s if self.config.drain and behind else self.target
+
     def rung_gap(self, rung: int) -> float | None:
         """The gap last measured beside a chunk on `rung`, unless older than STALE_CHUNKS (`knee` only)."""
         measured = self._rung_gaps.get(rung)
@@ -174,7 +179,7 @@ class ShareController:
         if not gaps or self._chunk_rung != self.rung:
             return
         gap = gaps[min(len(gaps) - 1, int(QUANTILE * len(gaps)))]
-        target = self.config.itl_target_s if self.config.drain and behind else self.target
+        target = self.held_target(behind)
         knee = self.config.knee and not behind
         if self.config.knee:
             self._rung_gaps[self.rung] = (gap, self._chunks)

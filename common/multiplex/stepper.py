@@ -172,7 +172,7 @@ class MultiplexedSteps:
         if decoding and share.sms is not None:
             self.timings.shared_chunks += 1
             self.timings.shared_chunk_sms += share.sms
-            self.timings.shared_chunk_target_ms += 1e3 * self.controller.target
+            self.timings.shared_chunk_target_ms += 1e3 * self.controller.held_target(behind)
         per_part = self.layers_per_part if decoding else None
         launch = self.runner.launch_side(batch.seqs, share, per_part)
         chunk = ChunkInFlight(batch.seqs, launch, lane, batch.num_prefill_tokens, time.perf_counter() - began)

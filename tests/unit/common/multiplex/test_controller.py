@@ -126,6 +126,8 @@ def test_drain_holds_the_cap_while_prefill_is_behind(drain, after):
     assert _chunk(c, [0.016] * 10, behind=True) == 2
     assert _chunk(c, [0.016] * 10, behind=True) == after
     assert c.next_lane(True, behind=False) == after - 1
+    assert c.held_target(True) == pytest.approx(0.030 if drain else 0.012)  # what the stats line shows
+    assert c.held_target(False) == pytest.approx(0.012)
 
 
 def test_decode_outputs_make_gaps_beside_a_chunk_or_solo_and_a_pause_starts_none():
