@@ -31,12 +31,18 @@ from common.runner.inputs import sample_count
 _TOKEN_FIELDS = 5  # input ids, positions, slots, run-ahead sources, sampled rows
 
 
+def _at_least_one(**values: int) -> None:
+    """ValueError naming the first of `values` under 1 (the capacities of this module)."""
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def prefill_capture_sizes(max_tokens: int) -> list[int]:
     """Token buckets captured up to `max_tokens` (the step token budget): powers of two to 1,024,
     then every 512 to 8,192, then every 2,048, and `max_tokens` itself. A step pads to the next bucket,
     so the padding is at most 1/8 of a step past 1,024 tokens (at most 1/4 above 8,192)."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    _at_least_one(max_tokens=max_tokens)
     sizes = [s for s in (16, 32, 64, 128, 256, 512, 1024) if s < max_tokens]
     sizes += [s for s in range(1536, min(max_tokens, 8192 + 1), 512) if s < max_tokens]
     sizes += [s for s in range(8192 + 2048, max_tokens, 2048)]
@@ -47,9 +53,7 @@ def step_token_reach(max_tokens: int, max_seqs: int, max_seq_len: int) -> int:
     """The most tokens one prefill step can hold: the token budget, unless `max_seqs` sequences of
     `max_seq_len` tokens each fill less (e.g. one sequence under a 16,384-token budget). Buckets past
     it could never be replayed, and their dummy steps would need more sequences than a step has."""
-    for name, value in (("max_tokens", max_tokens), ("max_seqs", max_seqs), ("max_seq_len", max_seq_len)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    _at_least_one(max_tokens=max_tokens, max_seqs=max_seqs, max_seq_len=max_seq_len)
     return min(max_tokens, max_seqs * max_seq_len)
 
 
@@ -62,9 +66,7 @@ class StepLayout:
     width: int
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "max_seqs", "width"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        _at_least_one(max_tokens=self.max_tokens, max_seqs=self.max_seqs, width=self.width)
 
     @property
     def size(self) -> int:
