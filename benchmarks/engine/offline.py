@@ -53,6 +53,26 @@ def reset_timings(engine) -> None:
         engine.timings = type(engine.timings)()
 
 
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """The standard workload's arguments (module docstring), for every script that runs or costs it;
+    parse with `parse_workload_args`."""
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--input-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
+    p.add_argument("--output-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--served-set", action="store_true", help="serving.py's random workload (fixed lengths: MIN = MAX)"
+    )
+
+
+def parse_workload_args(p: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    args = p.parse_args(argv)
+    fixed = args.input_len[0] == args.input_len[1] and args.output_len[0] == args.output_len[1]
+    if args.served_set and not fixed:
+        p.error("--served-set needs fixed lengths: --input-len N N --output-len M M")
+    return args
+
+
 def make_workload(args) -> tuple[list[list[int]], list[int]]:
     if args.served_set:
         from benchmarks.serving.workloads import random_workload
@@ -141,13 +161,10 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF model dir (default: the default model)")
     p.add_argument("--random-model", default=None, help="write and use fixed-seed weights of this preset")
-    p.add_argument("--num-seqs", type=int, default=256)
-    p.add_argument("--input-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
-    p.add_argument("--output-len", type=int, nargs=2, default=[100, 1024], metavar=("MIN", "MAX"))
+    add_workload_args(p)
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-k", type=int, default=0, help="every request's top_k (0: off; Qwen3's config: 20)")
     p.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (Qwen3's config: 0.95)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--dtype", default="auto", help="engine (and transformers) dtype, e.g. bfloat16")
     p.add_argument(
@@ -159,16 +176,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--hf-dtype", nargs="+", default=None, help="transformers dtype(s) (default: the engine's --dtype)"
     )
-    p.add_argument(
-        "--served-set", action="store_true", help="serving.py's random workload (fixed lengths: MIN = MAX)"
-    )
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--json-out", default=None)
-    args = p.parse_args()
-    fixed = args.input_len[0] == args.input_len[1] and args.output_len[0] == args.output_len[1]
-    if args.served_set and not fixed:
-        p.error("--served-set needs fixed lengths: --input-len N N --output-len M M")
-    return args
+    return parse_workload_args(p)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from benchmarks.engine.offline import make_workload  # noqa: E402
+from benchmarks.engine.offline import add_workload_args, make_workload, parse_workload_args  # noqa: E402
 from common import LLM, SamplingParams  # noqa: E402
 
 # Name fragments -> family; the first match wins, so more specific fragments come first.
@@ -106,15 +106,12 @@ def profile_run(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True)
-    p.add_argument("--num-seqs", type=int, default=256)
-    p.add_argument("--input-len", type=int, nargs=2, default=[100, 1024])
-    p.add_argument("--output-len", type=int, nargs=2, default=[100, 1024])
+    add_workload_args(p)
     p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--json-out", default=None)
-    args = p.parse_args()
+    args = parse_workload_args(p)
     res = profile_run(args)
     print(
         f"wall {res['wall_s']:.3f} s, GPU busy {res['gpu_busy_s']:.3f} s "
