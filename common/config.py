@@ -55,14 +55,15 @@ class EngineConfig:
     pd_multiplex: bool = False
     itl_target_ms: float = 30.0  # multiplexed mode: the most decode inter-token gap the SM split holds
     # The split holds this multiple of the decode gap measured with no prefill beside it, at most
-    # itl_target_ms (common/multiplex/controller.py); 0: itl_target_ms alone. 2 by measurement
-    # (docs/benchmarks.md, sessions 30-31): on the 8B shape it cut the chat ITL p99 to 0.71x of the
-    # fixed 30 ms (H100) for 0.96x the throughput, and tied it on the real model.
-    itl_target_solo_ratio: float = 2.0
+    # itl_target_ms (common/multiplex/controller.py); 0 (the default): itl_target_ms alone. Opt-in by
+    # measurement (docs/benchmarks.md, sessions 30-32): at one long prompt a second on the 8B shape
+    # (H100) ratio 2 cut the chat ITL p99 to 0.71x of the fixed 30 ms for 0.96x the throughput, but at
+    # two a second prefill fell behind for good (2,304 against 4,630 tok/s, goodput 2.45 against 19.40).
+    itl_target_solo_ratio: float = 0.0
     # Multiplexed mode's split rule (common/multiplex/controller.py): "target" grows prefill's share while
     # decode gaps stay well under itl_target_ms; "knee" (opt-in until served on the device) stops it at
-    # the knee of the measured gap-per-share curve while prefill keeps up; "drain" (opt-in, not yet
-    # served) holds itl_target_ms itself instead of the solo-ratio target while prefill is behind.
+    # the knee of the measured gap-per-share curve while prefill keeps up; "drain" (opt-in, with a solo
+    # ratio) holds itl_target_ms itself instead of the solo-ratio target while prefill is behind.
     mux_split: str = "target"
     # Multiplexed mode: waiting prompts may run inside the decode step (mixed rows, as many as fit in
     # max_num_batched_tokens, as aggregated mode packs them) instead of as chunks on the prefill share,
@@ -125,6 +126,11 @@ class EngineConfig:
         if isinstance(inline, bool) or not isinstance(inline, int) or inline < 0:
             raise ValueError(f"mux_inline_prompt_tokens must be an int >= 0, got {inline!r}")
         _choice("mux_split", self.mux_split, MUX_SPLITS)
+        if self.mux_split == "drain" and not self.itl_target_solo_ratio:
+            # drain chooses between the solo-ratio target and the cap: with no ratio it would change nothing
+            raise ValueError(
+                "mux_split 'drain' needs itl_target_solo_ratio > 0 (it holds the cap while prefill is behind)"
+            )
         if self.mux_inline_measured not in (True, False):
             raise ValueError(f"mux_inline_measured must be a bool, got {self.mux_inline_measured!r}")
         if not self.pd_multiplex:

@@ -57,13 +57,13 @@ ENGINE_FLAGS = FlagTable(
             "itl_target_solo_ratio",
             float,
             "with --pd-multiplex: hold this multiple of the solo decode gap (at most --itl-target-ms;"
-            " default 2; 0: --itl-target-ms alone)",
+            " default 0: --itl-target-ms alone)",
         ),
         Flag(
             "mux_split",
             str,
             "with --pd-multiplex: the SM split rule (knee: the largest share that does not slow decode;"
-            " drain: --itl-target-ms itself while prefill is behind)",
+            " drain, with --itl-target-solo-ratio: --itl-target-ms itself while prefill is behind)",
             MUX_SPLITS,
         ),
         Flag(

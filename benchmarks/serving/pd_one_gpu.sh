@@ -13,10 +13,10 @@
 # inline up to a measured break-even against a chunk); muxiN is mux with a fixed limit: prompts of up
 # to N tokens inside its decode steps; muxtN is mux with the fixed target --itl-target-ms N (and
 # --itl-target-solo-ratio 0); muxrR is mux with
-# --itl-target-solo-ratio R (R x the solo decode gap, at most the target; mux holds R = 2, the default;
-# muxr0: the fixed 30-ms target alone, the default before session 31); muxk is mux with
+# --itl-target-solo-ratio R (R x the solo decode gap, at most the target; the default, as mux, is R = 0:
+# the fixed 30-ms target alone; R = 2 was the default in session 31 only); muxk is mux with
 # --mux-split knee: the share stops where a larger one would slow decode; muxd is mux with --mux-split
-# drain: the --itl-target-ms cap instead of 2 x solo while prefill is behind; muxa is mux with each new chunk
+# drain --itl-target-solo-ratio 2: 2 x solo, but the --itl-target-ms cap while prefill is behind; muxa is mux with each new chunk
 # started after its engine step's decode step, PDSERVE_MUX_CHUNK_AFTER_DECODE=1), LONG_RATES
 # ("0.5 1 2"), REPEAT (3), INTERF_S (30), ITL_SLO_MS (50: the 8B shape's; 15 for the default model),
 # MUX_EXTRA (more launch flags of the multiplexed arm, e.g. "--itl-target-ms 10"). One cluster per arm
@@ -42,7 +42,7 @@ for arm in ${ARMS:-agg512 agg2048 agg8192 mux}; do
     muxt*) setup=ipc extra="--itl-target-ms ${arm#muxt} --itl-target-solo-ratio 0 ${MUX_EXTRA:-}" ;;
     muxr*) setup=ipc extra="--itl-target-solo-ratio ${arm#muxr} ${MUX_EXTRA:-}" ;;
     muxk) setup=ipc extra="--mux-split knee ${MUX_EXTRA:-}" ;;
-    muxd) setup=ipc extra="--mux-split drain ${MUX_EXTRA:-}" ;;
+    muxd) setup=ipc extra="--mux-split drain --itl-target-solo-ratio 2 ${MUX_EXTRA:-}" ;;
     muxa) setup=ipc extra="${MUX_EXTRA:-}" after=1 ;;
     *) echo "unknown arm $arm (aggN, mux, muxm, muxiN, muxtN, muxrR, muxk, muxd or muxa)" >&2; exit 2 ;;
   esac

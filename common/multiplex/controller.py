@@ -14,20 +14,23 @@ Decode never needs a share of its own: only prefill is restricted, so with no pr
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.
 
-With `solo_ratio` (`--itl-target-solo-ratio R`, 2 by default in EngineConfig) the target is R x the
+With `solo_ratio` (`--itl-target-solo-ratio R`, opt-in) the target is R x the
 median of the recent decode gaps with no chunk in flight (`SOLO_WINDOW` of them), capped by the
 configured target: a fixed target in ms means a different share on every card and model. Why
 (docs/benchmarks.md, sessions 30-31): a decode step beside even the smallest share costs 1.3-1.5x its
 solo time, so a target under ~1.5x solo sinks to the smallest share and starves prefill (12 ms on an
 H100, 8B shape: 1.5x its 7.9-ms step), while 12 ms on an H200 (2.0x its 6.0-ms step) halved the chat
 ITL p99 at the same throughput; ratio 2 on the H100 cut it to 0.71x of the fixed 30 ms at 0.96x the
-throughput.
+throughput. It is not the default: at two long prompts a second (H100, 8B shape, session 32) its
+shares fell to 44-51 SMs, where chunks launch eager, the slow launches counted as gaps over the
+target and shrank the shares further, and prefill fell behind for good.
 
 With `drain` (opt-in, `--mux-split drain`) the target is the configured one, the cap, while prefill is
 behind (prompt tokens left after a full chunk, or prompts left waiting), and the solo-ratio one
 otherwise: the ratio is a preference while prefill keeps up, the cap a bound. Why: at one long prompt
 per second on an H100 (8B shape, session 31) the ratio's smaller shares already raised the long
-prompts' TTFT p99 from 0.73 to 1.09 s; at higher prompt rates they may leave prefill behind for good.
+prompts' TTFT p99 from 0.73 to 1.09 s; at two a second (session 32) they left it behind for good,
+and with `drain` they did not (4,694 tok/s against ratio 2's 2,304).
 
 With `knee` (opt-in, `--mux-split knee`) the rung also stops at the knee of the measured gap-per-rung
 curve while prefill keeps up: each rung keeps the gap last measured on it, and a rung whose gap is more

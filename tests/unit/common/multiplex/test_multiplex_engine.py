@@ -55,7 +55,8 @@ def test_staggered_arrivals_equal_aggregated(tiny_model_dirs, ahead):
 def test_the_split_rules_that_read_behind_give_the_same_tokens(tiny_model_dirs, rule):
     prompts = _prompts(1)
     plain = tiny_llm(tiny_model_dirs["qwen3"])
-    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split=rule)
+    ratio = 2.0 if rule == "drain" else 0.0  # drain chooses between the solo-ratio target and the cap
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split=rule, itl_target_solo_ratio=ratio)
     controller = mux.engine.multiplexer.controller
     told, next_lane = [], controller.next_lane
     controller.next_lane = lambda decoding, behind: told.append(behind) or next_lane(decoding, behind)
@@ -65,6 +66,8 @@ def test_the_split_rules_that_read_behind_give_the_same_tokens(tiny_model_dirs, 
     assert True in told and False in told
     with pytest.raises(ValueError, match="mux_split"):
         tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="fast")
+    with pytest.raises(ValueError, match="mux_split 'drain' needs itl_target_solo_ratio"):
+        tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="drain")
 
 
 def test_the_solo_ratio_split_reads_solo_gaps_and_gives_the_same_tokens(tiny_model_dirs):
