@@ -22,7 +22,7 @@ solo time, so a target under ~1.5x solo sinks to the smallest share and starves 
 H100, 8B shape: 1.5x its 7.9-ms step), while 12 ms on an H200 (2.0x its 6.0-ms step) halved the chat
 ITL p99 at the same throughput; ratio 2 on the H100 cut it to 0.71x of the fixed 30 ms at 0.96x the
 throughput. It is not the default: at two long prompts a second (H100, 8B shape, session 32) its
-shares fell to 44-51 SMs, where chunks launch eager, the slow launches counted as gaps over the
+shares fell to 44-68 SMs, where chunks launch eager, the slow launches counted as gaps over the
 target and shrank the shares further, and prefill fell behind for good.
 
 With `drain` (opt-in, `--mux-split drain`) the target is the configured one, the cap, while prefill is
