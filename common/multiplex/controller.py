@@ -10,6 +10,11 @@ The lanes form a ladder, smallest share first, the whole device last. The contro
   the whole device beside decode steps made the longest gaps, up to 244 ms: a decode kernel waits
   there for the prefill GEMM's waves to drain; on a share it always has SMs of its own.
   docs/benchmarks.md.)
+The ladder's lowest rung is `lowest_rung`: the smallest share with prefill graphs when some shares
+have them and smaller ones do not (`launch_knobs.graph_floor`). Why: a share without graphs launches
+its chunks eager, and the engine thread's launch (20-80 ms per 8B-shape chunk on an H100, session 32)
+is itself a gap for every decoding stream, so stepping down onto such a share to shorten the gaps
+lengthens them, and the rule then steps further down (the collapse described under `solo_ratio`).
 Decode never needs a share of its own: only prefill is restricted, so with no prefill waiting the
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.
@@ -72,7 +77,8 @@ class ControllerConfig:
     under which the prefill share grows; `num_lanes`: rungs of the ladder (the last: whole device);
     `knee`: stop at the knee of the gap-per-rung curve while prefill keeps up; `solo_ratio`: > 0 holds
     that multiple of the solo decode gap instead, at most `itl_target_s`; `drain`: while prefill is
-    behind, hold `itl_target_s` itself (the module docstring)."""
+    behind, hold `itl_target_s` itself; `lowest_rung`: the rung the share never goes below while decode
+    runs (the module docstring)."""
 
     itl_target_s: float
     num_lanes: int
@@ -80,6 +86,7 @@ class ControllerConfig:
     knee: bool = False
     solo_ratio: float = 0.0
     drain: bool = False
+    lowest_rung: int = 0
 
     def __post_init__(self) -> None:
         if not self.itl_target_s > 0:
@@ -91,6 +98,10 @@ class ControllerConfig:
         for name in ("knee", "drain"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        rung = self.lowest_rung
+        top = max(self.num_lanes - 2, 0)  # the largest share's rung: where a chunk beside decode may go
+        if isinstance(rung, bool) or not isinstance(rung, int) or not 0 <= rung <= top:
+            raise ValueError(f"lowest_rung must be an int from 0 to num_lanes - 2 ({top}), got {rung!r}")
         if self.knee and self.drain:
             raise ValueError("knee and drain are two split rules: choose one")
         check_solo_ratio("solo_ratio", self.solo_ratio)
@@ -102,7 +113,8 @@ class ShareController:
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
-        self.rung = (config.num_lanes - 1) // 2  # start in the middle: half the device or so
+        # Start in the middle (half the device or so), or on the lowest rung when that is higher.
+        self.rung = max((config.num_lanes - 1) // 2, config.lowest_rung)
         self._chunk_rung: int | None = None  # the rung of the chunk in flight (None: whole, forced)
         self._gaps: list[float] = []
         self._chunks = 0  # chunks started beside decode: the clock of the per-rung estimates
@@ -186,11 +198,12 @@ class ShareController:
         knee = self.config.knee and not behind
         if self.config.knee:
             self._rung_gaps[self.rung] = (gap, self._chunks)
-        below = self.rung_gap(self.rung - 1) if knee and self.rung > 0 else None
+        floor = self.config.lowest_rung
+        below = self.rung_gap(self.rung - 1) if knee and self.rung > floor else None
         above = self.rung_gap(self.rung + 1) if knee else None
         if gap > target or (below is not None and gap > STEP * below):
-            self.rung = max(0, self.rung - 1)
+            self.rung = max(self.config.lowest_rung, self.rung - 1)
         elif gap < self.config.grow_below * target and (above is None or above <= STEP * gap):
             self.rung = min(self.top_beside_decode, self.rung + 1)
-        elif knee and self.rung > 0 and below is None:
+        elif knee and self.rung > floor and below is None:
             self.rung -= 1  # the rung below is not known: measure it (a flat curve climbs back)

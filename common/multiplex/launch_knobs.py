@@ -5,7 +5,7 @@ SM share replays prefill graphs of its own (`PDSERVE_MUX_SHARE_GRAPHS`, captured
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,6 +42,12 @@ def share_graphs_enabled() -> bool:
     """`PDSERVE_MUX_SHARE_GRAPHS=1`: each SM share gets prefill graphs captured on it, so chunks there
     launch as one graph too (common/runner/prefill_graphs.py); 0: chunks on shares launch eager."""
     return env_switch("PDSERVE_MUX_SHARE_GRAPHS", default=True)
+
+
+def graph_floor_enabled() -> bool:
+    """`PDSERVE_MUX_GRAPH_FLOOR=0` lets the split go down onto shares without prefill graphs (A/B runs;
+    `graph_floor`)."""
+    return env_switch("PDSERVE_MUX_GRAPH_FLOOR", default=True)
 
 
 def share_set_fits(free_bytes: int, set_bytes: int, keep_free: int) -> bool:
@@ -98,3 +104,12 @@ def capture_share_graphs(runner: ModelRunner, partitions: SMPartitions) -> None:
                 lane.sms,
             )
             return
+
+
+def graph_floor(lanes: Sequence[PrefillLane], has_graphs: Callable[[int | None], bool]) -> int:
+    """The lowest ladder rung the share controller may use (`ControllerConfig.lowest_rung`): the index
+    in `lanes` (smallest share first, the whole device last) of the smallest share with prefill graphs
+    (`has_graphs(sms)`), when a smaller share has none; 0 when every share or none has them. The
+    controller's docstring says why a share that launches eager is no rung below one with graphs."""
+    with_graphs = [i for i, lane in enumerate(lanes) if lane.sms is not None and has_graphs(lane.sms)]
+    return with_graphs[0] if with_graphs else 0

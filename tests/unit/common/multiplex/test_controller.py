@@ -47,6 +47,21 @@ def test_grows_up_to_the_largest_share_short_of_the_whole_device_and_ignores_one
     assert c.next_lane(False) == 3
 
 
+def test_the_lowest_rung_is_a_floor_and_a_start_above_the_middle():
+    c = ShareController(ControllerConfig(TARGET, num_lanes=7, lowest_rung=4))
+    assert _chunk(c, [0.02] * 10) == 4  # starts on the floor, not the middle rung (3)
+    assert _chunk(c, [0.02] * 10) == 4  # over the target, but no rung below the floor
+    assert _chunk(c, [0.001] * 10) == 4
+    assert c.next_lane(True) == 5  # grows as before, never to the whole device
+    assert _chunk(ShareController(ControllerConfig(TARGET, num_lanes=7, lowest_rung=1)), []) == 3
+
+
+def test_knee_does_not_measure_below_the_floor():
+    c = ShareController(ControllerConfig(TARGET, num_lanes=7, knee=True, lowest_rung=3))
+    _chunk(c, [0.008] * 10)  # between grow_below x target and target, the rung below unknown
+    assert c.next_lane(True) == 3  # a knee rule would step down to measure rung 2: the floor holds
+
+
 def test_one_lane_is_the_whole_device_for_every_chunk():
     c = _controller(lanes=1)
     assert _chunk(c, [0.001] * 5) == 0
@@ -151,21 +166,24 @@ def test_without_solo_ratio_solo_gaps_are_not_kept():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "field"),
     [
-        dict(itl_target_s=1, num_lanes=2, solo_ratio=1.0),
-        dict(itl_target_s=1, num_lanes=2, solo_ratio=-2),
-        dict(itl_target_s=1, num_lanes=2, solo_ratio=True),
-        dict(itl_target_s=0, num_lanes=2),
-        dict(itl_target_s=1, num_lanes=0),
-        dict(itl_target_s=1, num_lanes=2, grow_below=1),
-        dict(itl_target_s=1, num_lanes=2, knee="yes"),
-        dict(itl_target_s=1, num_lanes=2, drain=1),
-        dict(itl_target_s=1, num_lanes=2, knee=True, drain=True),
+        (dict(itl_target_s=1, num_lanes=2, solo_ratio=1.0), "solo_ratio"),
+        (dict(itl_target_s=1, num_lanes=2, solo_ratio=-2), "solo_ratio"),
+        (dict(itl_target_s=1, num_lanes=2, solo_ratio=True), "solo_ratio"),
+        (dict(itl_target_s=0, num_lanes=2), "itl_target_s"),
+        (dict(itl_target_s=1, num_lanes=0), "num_lanes"),
+        (dict(itl_target_s=1, num_lanes=2, grow_below=1), "grow_below"),
+        (dict(itl_target_s=1, num_lanes=2, knee="yes"), "knee"),
+        (dict(itl_target_s=1, num_lanes=2, drain=1), "drain"),
+        (dict(itl_target_s=1, num_lanes=2, knee=True, drain=True), "knee and drain"),
+        (dict(itl_target_s=1, num_lanes=3, lowest_rung=2), "lowest_rung"),  # the whole device: no floor
+        (dict(itl_target_s=1, num_lanes=3, lowest_rung=-1), "lowest_rung"),
+        (dict(itl_target_s=1, num_lanes=3, lowest_rung=True), "lowest_rung"),
     ],
 )
-def test_config_is_validated(kwargs):
-    with pytest.raises(ValueError):
+def test_config_is_validated(kwargs, field):
+    with pytest.raises(ValueError, match=field):
         ControllerConfig(**kwargs)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.config import EngineConfig
 from common.model_config import ModelConfig
-from common.multiplex.launch_knobs import eager_chunk_room, largest_share_first, share_set_fits
+from common.multiplex.launch_knobs import eager_chunk_room, graph_floor, largest_share_first, share_set_fits
 from common.multiplex.partitions import InlineLane
 from common.runner.kv_cache import activation_reserve
 from common.tools.random_model import PRESETS
@@ -22,6 +22,14 @@ def test_a_set_is_captured_only_while_an_eager_chunk_keeps_its_room():
 def test_sets_are_captured_for_the_largest_share_first():
     lanes = [InlineLane(sms=32), InlineLane(sms=112), InlineLane(sms=None), InlineLane(sms=64)]
     assert [lane.sms for lane in largest_share_first(lanes)] == [112, 64, 32]
+
+
+def test_the_split_floor_is_the_smallest_share_with_graphs_when_smaller_ones_launch_eager():
+    lanes = [InlineLane(sms=s) for s in (32, 48, 64, 80, 96, 112, None)]  # the H100's ladder
+    assert graph_floor(lanes, lambda sms: sms in (80, 96, 112, None)) == 3  # the 8B shape on 80 GB
+    assert graph_floor(lanes, lambda sms: True) == 0  # graphs everywhere (the H200): the whole ladder
+    assert graph_floor(lanes, lambda sms: sms is None) == 0  # no share has graphs: every rung is eager
+    assert graph_floor([InlineLane(sms=None)], lambda sms: True) == 0  # one lane, the whole device
 
 
 def test_the_h100_8b_case_keeps_room_for_eager_chunks(tiny_model_dirs):
