@@ -161,8 +161,7 @@ class PrefillGraphs:
         """Capture every bucket, largest first, sharing one memory pool; with `lane` (an SM share of
         multiplexed mode), on its stream, so the libraries choose their kernels for that share as
         they do for its eager launches. Each bucket runs once first (Triton compiles outside capture)
-        on dummy sequences whose KV is never written, and each graph replays once after capture, so
-        that no step served later is a graph's first replay."""
+        on dummy sequences whose KV is never written."""
         key = None if lane is None else lane.sms
         before = torch.cuda.memory_reserved(self.packed.device)
         try:
@@ -196,12 +195,6 @@ class PrefillGraphs:
                 self.out[:bucket].copy_(self._forward(bucket))
             self._pool = graph.pool()
             self.graphs[key, bucket] = graph
-        for bucket in self.sizes:
-            # A graph's first replay uploads it to the device: 147-251 ms of host time for the 8B
-            # shape's share sets on the H100 (session 32's slow-launch log), an inter-token gap for
-            # every decoding stream when it happens while serving. Done here, at start-up, instead.
-            self._fill_dummy(bucket)
-            self.graphs[key, bucket].replay()
 
     def _fill_dummy(self, bucket: int) -> None:
         """`bucket` tokens of fresh prompts, each as long as a table row allows; they read block 0
