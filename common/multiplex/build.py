@@ -39,8 +39,8 @@ def build_multiplexed_steps(
     `itl_target_solo_ratio` x the solo decode gap) by the `mux_split` rule, prompts of up to
     `mux_inline_prompt_tokens` inside decode steps (with `mux_inline_measured`:
     prompts up to the measured break-even, at most that many or DEFAULT_CAP); prefill graphs captured
-    on the SM shares first, where memory allows (`capture_share_graphs`); the split never goes below the
-    smallest share with graphs (`graph_floor`)."""
+    on the SM shares first, where memory allows (`capture_share_graphs`); with `PDSERVE_MUX_GRAPH_FLOOR=1`
+    the split never goes below the smallest share with graphs (`graph_floor`)."""
     graphs = runner.prefill_graphs
     if graphs is not None and share_graphs_enabled():
         capture_share_graphs(runner, partitions)

@@ -10,11 +10,12 @@ The lanes form a ladder, smallest share first, the whole device last. The contro
   the whole device beside decode steps made the longest gaps, up to 244 ms: a decode kernel waits
   there for the prefill GEMM's waves to drain; on a share it always has SMs of its own.
   docs/benchmarks.md.)
-The ladder's lowest rung is `lowest_rung`: the smallest share with prefill graphs when some shares
-have them and smaller ones do not (`launch_knobs.graph_floor`). Why: a share without graphs launches
-its chunks eager, and the engine thread's launch (20-80 ms per 8B-shape chunk on an H100, session 32)
-is itself a gap for every decoding stream, so stepping down onto such a share to shorten the gaps
-lengthens them, and the rule then steps further down (the collapse described under `solo_ratio`).
+With `lowest_rung` (opt-in, `PDSERVE_MUX_GRAPH_FLOOR=1`) the ladder's lowest rung is the smallest
+share with prefill graphs when some shares have them and smaller ones do not
+(`launch_knobs.graph_floor`). Why: a share without graphs launches its chunks eager, and the engine
+thread's launch (20-80 ms per 8B-shape chunk on an H100, session 32) is itself a gap for every
+decoding stream, so stepping down onto such a share to shorten the gaps lengthens them, and the rule
+then steps further down (the collapse described under `solo_ratio`). Not yet measured served.
 Decode never needs a share of its own: only prefill is restricted, so with no prefill waiting the
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.

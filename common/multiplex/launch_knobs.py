@@ -45,9 +45,10 @@ def share_graphs_enabled() -> bool:
 
 
 def graph_floor_enabled() -> bool:
-    """`PDSERVE_MUX_GRAPH_FLOOR=0` lets the split go down onto shares without prefill graphs (A/B runs;
-    `graph_floor`)."""
-    return env_switch("PDSERVE_MUX_GRAPH_FLOOR", default=True)
+    """`PDSERVE_MUX_GRAPH_FLOOR=1` keeps the split off shares without prefill graphs (`graph_floor`).
+    Opt-in until a served A/B measures it (docs/benchmarks.md, session 33): where it acts (the H100's 8B
+    shape) no run has yet shown what it does."""
+    return env_switch("PDSERVE_MUX_GRAPH_FLOOR", default=False)
 
 
 def share_set_fits(free_bytes: int, set_bytes: int, keep_free: int) -> bool:

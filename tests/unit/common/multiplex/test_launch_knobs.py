@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from common.config import EngineConfig
 from common.model_config import ModelConfig
-from common.multiplex.launch_knobs import eager_chunk_room, graph_floor, largest_share_first, share_set_fits
+from common.multiplex.launch_knobs import (
+    eager_chunk_room,
+    graph_floor,
+    graph_floor_enabled,
+    largest_share_first,
+    share_set_fits,
+)
 from common.multiplex.partitions import InlineLane
 from common.runner.kv_cache import activation_reserve
 from common.tools.random_model import PRESETS
@@ -30,6 +36,13 @@ def test_the_split_floor_is_the_smallest_share_with_graphs_when_smaller_ones_lau
     assert graph_floor(lanes, lambda sms: True) == 0  # graphs everywhere (the H200): the whole ladder
     assert graph_floor(lanes, lambda sms: sms is None) == 0  # no share has graphs: every rung is eager
     assert graph_floor([InlineLane(sms=None)], lambda sms: True) == 0  # one lane, the whole device
+
+
+def test_the_graph_floor_is_opt_in(monkeypatch):
+    monkeypatch.delenv("PDSERVE_MUX_GRAPH_FLOOR", raising=False)
+    assert not graph_floor_enabled()  # not measured served yet (docs/benchmarks.md, session 33)
+    monkeypatch.setenv("PDSERVE_MUX_GRAPH_FLOOR", "1")
+    assert graph_floor_enabled()
 
 
 def test_the_h100_8b_case_keeps_room_for_eager_chunks(tiny_model_dirs):
