@@ -203,7 +203,7 @@ class ShareController:
         below = self.rung_gap(self.rung - 1) if knee and self.rung > floor else None
         above = self.rung_gap(self.rung + 1) if knee else None
         if gap > target or (below is not None and gap > STEP * below):
-            self.rung = max(self.config.lowest_rung, self.rung - 1)
+            self.rung = max(floor, self.rung - 1)
         elif gap < self.config.grow_below * target and (above is None or above <= STEP * gap):
             self.rung = min(self.top_beside_decode, self.rung + 1)
         elif knee and self.rung > floor and below is None:
