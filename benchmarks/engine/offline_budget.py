@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.engine.offline import add_workload_args, make_workload, parse_workload_args  # noqa: E402
+from common.model_config import ModelConfig  # noqa: E402
 from common.tools.random_model import PRESETS, tensor_shapes  # noqa: E402
 
 # The H200's rates as floors.py measured them (docs/benchmarks.md, "8B-class shapes").
@@ -49,15 +50,15 @@ class ModelCosts:
         if name not in PRESETS:
             raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
         cfg = PRESETS[name]
-        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-        kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * hd * KV_BYTES_PER_ELEMENT
+        model = ModelConfig.from_dict(cfg)  # the one reading of head_dim and the KV heads
+        kv = 2 * model.num_hidden_layers * model.num_key_value_heads * model.head_dim * KV_BYTES_PER_ELEMENT
         shapes = tensor_shapes(cfg)
         linear = sum(
             shape[0] * shape[1]
             for tensor, shape in shapes.items()
             if len(shape) == 2 and "embed_tokens" not in tensor and "lm_head" not in tensor
         )
-        return cls(kv, linear, cfg["vocab_size"] * cfg["hidden_size"])
+        return cls(kv, linear, model.vocab_size * model.hidden_size)
 
 
 @dataclass(frozen=True)
