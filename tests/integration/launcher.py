@@ -62,8 +62,10 @@ class LaunchedCluster:
             parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-4000:]}")
         return "\n".join(parts)
 
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM the launcher and wait for it; returns its exit status."""
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM the launcher and wait for it; returns its exit status. The launcher's own shutdown is
+        bounded at about 20 s (10 s of grace for the workers, then up to 10 more for the fronts), so the
+        default leaves a loaded CI box's slow exits room; past it the error carries every log."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
@@ -71,7 +73,7 @@ class LaunchedCluster:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise
+            raise AssertionError(f"the launcher did not stop within {timeout:.0f}s:\n{self.logs()}") from None
 
 
 LAUNCH_MODULE = ("-m", "deploy.launch")
