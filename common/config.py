@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from common.multiplex.controller import check_solo_ratio
+from common.multiplex.controller import check_drain_has_ratio, check_solo_ratio
 from common.wire.roles import ROLES, Role
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -126,11 +126,8 @@ class EngineConfig:
         if isinstance(inline, bool) or not isinstance(inline, int) or inline < 0:
             raise ValueError(f"mux_inline_prompt_tokens must be an int >= 0, got {inline!r}")
         _choice("mux_split", self.mux_split, MUX_SPLITS)
-        if self.mux_split == "drain" and not self.itl_target_solo_ratio:
-            # drain chooses between the solo-ratio target and the cap: with no ratio it would change nothing
-            raise ValueError(
-                "mux_split 'drain' needs itl_target_solo_ratio > 0 (it holds the cap while prefill is behind)"
-            )
+        drain = self.mux_split == "drain"
+        check_drain_has_ratio("mux_split 'drain'", drain, "itl_target_solo_ratio", self.itl_target_solo_ratio)
         if self.mux_inline_measured not in (True, False):
             raise ValueError(f"mux_inline_measured must be a bool, got {self.mux_inline_measured!r}")
         if not self.pd_multiplex:

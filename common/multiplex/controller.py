@@ -72,6 +72,13 @@ def check_solo_ratio(name: str, ratio: object) -> None:
         raise ValueError(f"{name} must be 0 (off) or a number above 1, got {ratio!r}")
 
 
+def check_drain_has_ratio(drain_name: str, drain: bool, ratio_name: str, ratio: float) -> None:
+    """`drain` chooses between the solo-ratio target and the cap while prefill is behind: with no ratio
+    the two are the same and the rule would change nothing, so it is refused (ValueError naming it)."""
+    if drain and not ratio:
+        raise ValueError(f"{drain_name} needs {ratio_name} > 0 (it holds the cap while prefill is behind)")
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     """`itl_target_s`: the decode inter-token gap to hold; `grow_below`: the fraction of the target
@@ -106,6 +113,7 @@ class ControllerConfig:
         if self.knee and self.drain:
             raise ValueError("knee and drain are two split rules: choose one")
         check_solo_ratio("solo_ratio", self.solo_ratio)
+        check_drain_has_ratio("drain", self.drain, "solo_ratio", self.solo_ratio)
 
 
 class ShareController:

@@ -177,6 +177,7 @@ def test_without_solo_ratio_solo_gaps_are_not_kept():
         (dict(itl_target_s=1, num_lanes=2, knee="yes"), "knee"),
         (dict(itl_target_s=1, num_lanes=2, drain=1), "drain"),
         (dict(itl_target_s=1, num_lanes=2, knee=True, drain=True), "knee and drain"),
+        (dict(itl_target_s=1, num_lanes=2, drain=True), "drain needs solo_ratio"),  # would change nothing
         (dict(itl_target_s=1, num_lanes=3, lowest_rung=2), "lowest_rung"),  # the whole device: no floor
         (dict(itl_target_s=1, num_lanes=3, lowest_rung=-1), "lowest_rung"),
         (dict(itl_target_s=1, num_lanes=3, lowest_rung=True), "lowest_rung"),
