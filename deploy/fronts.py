@@ -30,12 +30,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar, cast
 
 from deploy.local_backend import signal_group, spawn, stop_processes
 from deploy.plan import LaunchPlan
 from router.config import API_KEY_ENV
 from router.flags import ROUTER_FLAGS
 from router.front_slots import create_slots, reset_slot
+
+T = TypeVar("T")
 
 # How many fronts the launcher starts when `--api-servers` is not given: one per CORES_PER_FRONT cores,
 # at most MAX_DEFAULT_FRONTS. Their CPU is taken from the workers' host. Measured on the H200 host (16
@@ -88,14 +91,21 @@ class Fronts:
         """The directory the fronts share (their in-flight slots and metrics snapshots); None with one."""
         return self._dir / "fronts" if self.several else None
 
-    def start(self, check: Callable[[str], None]) -> None:
+    def start(self, check: Callable[[str], None], meanwhile: Callable[[], T]) -> T:
+        """Start every front, one after another (the others join the port front 0 got); `meanwhile`
+        runs while front 0 starts (work that needs no front: the launcher counts GPUs, which imports
+        torch, ~1.3 s of a CPU box's start-up) and its result is returned."""
         if self.shared_dir is not None:
             create_slots(self.shared_dir, self.plan.api_servers)
         port = self.plan.port
+        result: T | None = None
         for index in range(self.plan.api_servers):
             self.fronts.append(self._spawn(index, port, None))
+            if index == 0:
+                result = meanwhile()
             self._wait_ready(self.fronts[index], check)
-            port = _port_of(self.fronts[0].ready["http"])  # the others join the port front 0 got
+            port = _port_of(self.fronts[0].ready["http"])
+        return cast(T, result)
 
     def dead(self) -> list[Front]:
         return [front for front in self.fronts if front.proc.poll() is not None]

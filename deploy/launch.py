@@ -86,10 +86,9 @@ class Cluster:
         deadline = time.monotonic() + self.plan.startup_timeout_s
         # The cluster's CURVE keys (common/net/curve.py): made here, handed over through environments only.
         self.fronts = Fronts(self.plan, self._tmp.name, CurveKeys.generate().to_env())
-        self.fronts.start(self._front_check(deadline))
+        num_gpus = self.fronts.start(self._front_check(deadline), lambda: count_gpus(self.plan, self.backend))
         self.url, self.inbox = self.fronts.url, self.fronts.inboxes
         secret_env = self.fronts.secret_env
-        num_gpus = count_gpus(self.plan, self.backend)
         if multiplexes(self.plan, num_gpus):
             log.info("one GPU: prefill and decode run multiplexed in one worker (--no-pd-multiplex: two)")
         mps_env = self._start_mps(num_gpus)

@@ -162,7 +162,7 @@ def test_launcher_passes_the_key_through_the_environment(monkeypatch, tmp_path) 
     )
     keys = CurveKeys.generate()  # the cluster's CURVE keys travel the same way
     with pytest.raises(launch.Interrupted):
-        fronts.Fronts(plan, str(tmp_path), keys.to_env()).start(_interrupt)  # no router really starts
+        fronts.Fronts(plan, str(tmp_path), keys.to_env()).start(_interrupt, lambda: 0)  # no router starts
     assert "--protect-status" in spawned["argv"] and KEY not in spawned["argv"]  # argv is public (ps)
     assert keys.secret.decode() not in " ".join(spawned["argv"])
     assert spawned["env"] == {API_KEY_ENV: KEY, **keys.to_env()}
