@@ -4,10 +4,11 @@
         [--backend ray|local] [--kv-transport auto|ipc|nccl|tcp] [--routing prefix|round_robin]
         [--gpus-per-worker F] [--mps] [--log-dir DIR] [--api-key KEY] [--protect-status] [engine flags]
 
-Order: resolve the model (the default model when --model is absent) -> router subprocess (waits for
-its ready file, which names the inbox) -> workers through the backend -> wait until /health is 200
-and lists every worker live -> print "pdserve ready: URL/v1" once -> serve until SIGINT/SIGTERM (or
-the router dies) -> stop the workers and the router (no process is left behind, see local_backend).
+Order: resolve the model (the default model when --model is absent) -> router subprocess (while it
+starts, count the GPUs; then wait for its ready file, which names the inbox) -> workers through the
+backend -> wait until /health is 200 and lists every worker live -> print "pdserve ready: URL/v1"
+once -> serve until SIGINT/SIGTERM (or the router dies) -> stop the workers and the router (no
+process is left behind, see local_backend).
 What is started, with which flags and GPU shares (mixed workers, validation), is planned in plan.py.
 The launcher makes the cluster's CURVE keys (common/net/curve.py) and gives them to the router and every
 worker through the environment (never argv, never a log), so only its own processes can join.
