@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from deploy.local_backend import signal_group, spawn, stop_processes
 from deploy.plan import LaunchPlan
@@ -97,15 +97,14 @@ class Fronts:
         torch, ~1.3 s of a CPU box's start-up) and its result is returned."""
         if self.shared_dir is not None:
             create_slots(self.shared_dir, self.plan.api_servers)
-        port = self.plan.port
-        result: T | None = None
-        for index in range(self.plan.api_servers):
+        self.fronts.append(self._spawn(0, self.plan.port, None))
+        result = meanwhile()
+        self._wait_ready(self.fronts[0], check)
+        port = _port_of(self.fronts[0].ready["http"])
+        for index in range(1, self.plan.api_servers):
             self.fronts.append(self._spawn(index, port, None))
-            if index == 0:
-                result = meanwhile()
             self._wait_ready(self.fronts[index], check)
-            port = _port_of(self.fronts[0].ready["http"])
-        return cast(T, result)
+        return result
 
     def dead(self) -> list[Front]:
         return [front for front in self.fronts if front.proc.poll() is not None]

@@ -112,5 +112,4 @@ def graph_floor(lanes: Sequence[PrefillLane], has_graphs: Callable[[int | None],
     in `lanes` (smallest share first, the whole device last) of the smallest share with prefill graphs
     (`has_graphs(sms)`), when a smaller share has none; 0 when every share or none has them. The
     controller's docstring says why a share that launches eager is no rung below one with graphs."""
-    with_graphs = [i for i, lane in enumerate(lanes) if lane.sms is not None and has_graphs(lane.sms)]
-    return with_graphs[0] if with_graphs else 0
+    return next((i for i, lane in enumerate(lanes) if lane.sms is not None and has_graphs(lane.sms)), 0)
