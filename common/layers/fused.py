@@ -134,6 +134,13 @@ def use_gemv(x: torch.Tensor, weight_bytes: int) -> bool:
     )
 
 
+@functools.cache
+def lm_head_gemv() -> bool:
+    """`PDSERVE_GEMV_LM_HEAD=1`: the LM head takes the streaming GEMV too where `use_gemv` says yes (an
+    A/B switch, off until measured on the real model and the 8B shape; read once)."""
+    return env_switch("PDSERVE_GEMV_LM_HEAD", default=False)
+
+
 def gemv():
     """The streaming GEMV kernel (call only after `use_gemv` said yes)."""
     from common.layers import triton_gemv

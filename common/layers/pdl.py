@@ -9,7 +9,12 @@ every kernel launched that way keeps:
   previous kernel may still be reading or writing anything else (activations, the KV cache, the
   arrival counters, buffers the caching allocator handed over);
 * `pdl_wait` returns once the previous kernel has finished and its writes are visible; it then lets
-  the next kernel's programs launch, which wait in their turn.
+  the next kernel's programs launch, which wait in their turn. A kernel of a few programs may call
+  `pdl_launch_next_then_wait` instead, so the next kernel launches while this one still waits: the next
+  kernel's own wait returns only once this one has finished, which is after this one's predecessor.
+
+A kernel launches only once every program of the kernel before it has started (a grid's trigger counts
+all its programs), so a program that waits never waits on one that has no SM yet: no chain deadlocks.
 
 `PDSERVE_PDL`: `auto` (the default) uses it on CUDA GPUs of compute capability 9.0 or newer, `0` never,
 `1` always (an error where it cannot work). Measured on one H200 (docs/benchmarks.md): batch-1 decode
@@ -61,3 +66,13 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_launch_next_then_wait(PDL: tl.constexpr):
+    """With PDL: let the next kernel launch now, then wait as `pdl_wait` does. For kernels of a few
+    programs (a one-row norm, the q/k/v rope store, batch-1 attention), whose successor then loads its
+    first weight tiles during this kernel's wait and run instead of after them. Without PDL: nothing."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()

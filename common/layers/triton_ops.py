@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from common.layers.fused import gemv_max_rows
-from common.layers.pdl import pdl_enabled, pdl_wait
+from common.layers.pdl import pdl_enabled, pdl_launch_next_then_wait
 from common.layers.triton_qkv import qkv_rope_store  # noqa: F401  (re-exported: ops().qkv_rope_store)
 
 
@@ -34,10 +34,13 @@ def _rmsnorm_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_wait(PDL)  # reads only activations: wait first, then let the projection after it start
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)  # a weight: no kernel writes it
+    # The rest are activations: wait for them, and let the projection after this kernel launch first,
+    # so its weight reads start during this kernel's wait and run.
+    pdl_launch_next_then_wait(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -45,7 +48,6 @@ def _rmsnorm_kernel(
         tl.store(res_out_ptr + row * stride_o + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(xf * xf, axis=0) / n + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     y = (xf * inv).to(x_ptr.dtype.element_ty) * w
     tl.store(out_ptr + row * stride_o + cols, y, mask=mask)
 

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from common.attention import kv_fp8
 from common.attention.triton_kernels.fp8 import scale_args, scale_of, to_fp8_range
+from common.layers.pdl import pdl_enabled, pdl_launch_next_then_wait
 
 
 @triton.jit
@@ -43,8 +44,12 @@ def _qkv_kernel(
     CACHE_BLOCK: tl.constexpr,
     K_OUT: tl.constexpr,
     FP8: tl.constexpr,  # an fp8 cache (common/attention/kv_fp8.py): quantise k and v, store their scales
+    PDL: tl.constexpr,  # launched as a programmatic dependent (common/layers/pdl.py)
 ):
-    # One program per (token, head) over q heads, then k heads, then v heads.
+    # One program per (token, head) over q heads, then k heads, then v heads. Everything this kernel
+    # reads but the norm weights is written by a kernel, so with PDL it waits first (and lets the
+    # attention after it launch meanwhile).
+    pdl_launch_next_then_wait(PDL)
     tok = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, HALF)
@@ -139,6 +144,10 @@ def qkv_rope_store(
             f"k_out must be a contiguous {qkv.dtype} [{tokens}, {num_kv_heads}, {head_dim}] tensor"
         )
     if tokens:
+        # One token (a batch-1 decode step): the projection before this kernel and the attention after
+        # it launch with PDL, so this one does too, and the two launch gaps around it overlap the
+        # neighbours' tails. Larger steps keep plain launches, as the norm kernel does (triton_ops.py).
+        pdl = tokens == 1 and pdl_enabled(qkv.device)
         has_norm = q_weight is not None
         k_scales, v_scales, stride_sb, stride_ss = scale_args(k_cache, v_cache)
         _qkv_kernel[(tokens, num_heads + 2 * num_kv_heads)](
@@ -170,6 +179,8 @@ def qkv_rope_store(
             CACHE_BLOCK=k_cache.shape[1],
             K_OUT=k_out is not None,
             FP8=kv_fp8.is_fp8(k_cache),
+            PDL=pdl,
             num_warps=1,
+            launch_pdl=pdl,
         )
     return q

@@ -30,7 +30,7 @@ from common.attention import kv_fp8
 from common.attention.triton_kernels.decode_parts import attend_span, merge_splits
 from common.attention.triton_kernels.decode_plan import SkewHelp
 from common.attention.triton_kernels.fp8 import scale_args
-from common.layers.pdl import pdl_enabled, pdl_wait
+from common.layers.pdl import pdl_enabled, pdl_launch_next_then_wait
 from common.layers.split_arrival import ArrivalCounters, arrive, depart
 
 _LOG2E = 1.4426950408889634
@@ -90,8 +90,9 @@ def _decode_kernel(
     HELPERS: tl.constexpr,  # an unsplit launch whose longest `num_helped` rows split anyway (SkewHelp)
 ):
     # Everything this kernel reads (q, the KV cache just stored, lengths) may come from the previous
-    # kernels, and the counters are shared: nothing before the wait.
-    pdl_wait(PDL)
+    # kernels, and the counters are shared: nothing before the wait. The output projection after it
+    # launches first, so a one-row step's weight reads start during this kernel.
+    pdl_launch_next_then_wait(PDL)
     pid = tl.program_id(0)
     kvh = pid % NUM_KV_HEADS
     rank = pid // NUM_KV_HEADS
