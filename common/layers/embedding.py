@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.layers.cpu_packed import packed_linear, use_packed
-from common.layers.fused import gemv, lm_head_gemv, use_gemv
+from common.layers.fused import gemv, use_lm_head_gemv
 from common.parallel import all_gather_last_dim, all_reduce, divide, tp_rank, tp_size
 
 
@@ -42,6 +42,6 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if use_packed(hidden, self.weight):
             return all_gather_last_dim(packed_linear(hidden, self.weight, None))
-        if lm_head_gemv() and use_gemv(hidden, self.weight.nbytes):
+        if use_lm_head_gemv(hidden, self.weight.nbytes):
             return all_gather_last_dim(gemv().gemv(hidden, self.weight))
         return all_gather_last_dim(F.linear(hidden, self.weight))

@@ -134,11 +134,17 @@ def use_gemv(x: torch.Tensor, weight_bytes: int) -> bool:
     )
 
 
-@functools.cache
-def lm_head_gemv() -> bool:
-    """`PDSERVE_GEMV_LM_HEAD=1`: the LM head takes the streaming GEMV too where `use_gemv` says yes (an
-    A/B switch, off until measured on the real model and the 8B shape; read once)."""
-    return env_switch("PDSERVE_GEMV_LM_HEAD", default=False)
+# Smallest LM head (bytes, per rank) that takes the streaming GEMV in steps `use_gemv` sends it. Measured
+# on one H100 (2026-12-07, benchmarks/engine/latency.py, two rounds alternated with cuBLAS): the Qwen3-8B
+# shape's 1.24 GB head made batch-1 decode 5.473 against 5.499 ms; the default model's 56 MB head 0.614
+# against 0.611 ms (no gain). Between the two nothing was measured; the line sits where 8B-class heads
+# (1.05-1.24 GB) take it and Qwen3-0.6B's 311 MB head does not.
+LM_HEAD_GEMV_MIN_BYTES = 512 << 20
+
+
+def use_lm_head_gemv(x: torch.Tensor, weight_bytes: int) -> bool:
+    """The LM head's rule: `use_gemv`, for heads of LM_HEAD_GEMV_MIN_BYTES or more."""
+    return weight_bytes >= LM_HEAD_GEMV_MIN_BYTES and use_gemv(x, weight_bytes)
 
 
 def gemv():
