@@ -11,27 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from benchmarks.chaos.chaos_load import SHARED_PREFIX as LONG_PREFIX
+from benchmarks.chaos.chaos_load import TEXTS
 from common.wire.sampling_params import SamplingParams
 from tests.integration.launcher import LaunchedCluster, complete, running
 
 pytestmark = pytest.mark.timeout(300)
 
-TEXTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village nestled between rolling hills and a sparkling river, there lived",
-    "1, 2, 3, 4, 5,",
-    "Translate to French: good morning, my friend. How are you today?",
-    "The quick brown fox",
-    "Explain photosynthesis in one sentence:",
-]
 MAX_TOKENS = 12
-LONG_PREFIX = (
-    "You are a meticulous assistant for a small bakery. The bakery opens at seven in the morning, "
-    "sells sourdough, rye and spelt loaves, croissants on weekends only, and closes at three in the "
-    "afternoon. Orders above twenty loaves need one day of notice. Answer the customer briefly."
-)
 
 
 @pytest.fixture(scope="module")
