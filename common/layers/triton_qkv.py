@@ -47,8 +47,8 @@ def _qkv_kernel(
     PDL: tl.constexpr,  # launched as a programmatic dependent (common/layers/pdl.py)
 ):
     # One program per (token, head) over q heads, then k heads, then v heads. Everything this kernel
-    # reads but the norm weights is written by a kernel, so with PDL it waits first (and lets the
-    # attention after it launch meanwhile).
+    # reads but the norm weights and the rotary tables is written by a kernel, so with PDL it waits
+    # first (and lets the attention after it launch meanwhile).
     pdl_launch_next_then_wait(PDL)
     tok = tl.program_id(0)
     head = tl.program_id(1)
