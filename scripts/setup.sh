@@ -8,13 +8,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=.venv
 PY="$VENV/bin/python"
 STAMP="$VENV/.pdserve-setup-stamp"
+TORCH_VERSION=2.13.0  # the CPU build this machine kind keeps on disk
 
 say() { echo "setup: $*"; }
 
-local_torch_wheel() {  # the torch 2.13.0 CPU wheel in a PIP_FIND_LINKS folder, or nothing
+local_torch_wheel() {  # the torch CPU wheel in a PIP_FIND_LINKS folder, or nothing
     local dir
     for dir in ${PIP_FIND_LINKS:-}; do
-        ls "$dir"/torch-2.13.0+cpu-*.whl 2>/dev/null | head -1 && return
+        ls "$dir"/torch-"$TORCH_VERSION"+cpu-*.whl 2>/dev/null | head -1 && return
     done
     return 0
 }
@@ -38,13 +39,13 @@ else
     # fallback wherever uv cannot be had or fails.
     "$PY" -m pip install -q uv || say "no uv: installing with pip"
     # Only install torch when none is importable: a GPU machine's CUDA build must not be replaced by
-    # the CPU wheel (this machine's pip finds a local torch 2.13.0 CPU wheel, where PIP_FIND_LINKS
-    # points; uv takes that file only by its path, since PyPI's torch 2.13.0 is a CUDA build of GBs).
+    # the CPU wheel (this machine's pip finds a local torch CPU wheel, where PIP_FIND_LINKS points;
+    # uv takes that file only by its path, since PyPI's torch of that version is a CUDA build of GBs).
     if ! "$PY" -c "import torch" 2>/dev/null; then
-        say "installing torch 2.13.0"
+        say "installing torch $TORCH_VERSION"
         wheel=$(local_torch_wheel)
         if [ -z "$wheel" ] || ! with_uv "$wheel"; then
-            "$PY" -m pip install -q torch==2.13.0
+            "$PY" -m pip install -q "torch==$TORCH_VERSION"
         fi
     fi
     say "installing pdserve with dev extras"
