@@ -55,11 +55,12 @@ class EngineConfig:
     pd_multiplex: bool = False
     itl_target_ms: float = 30.0  # multiplexed mode: the most decode inter-token gap the SM split holds
     # The split holds this multiple of the decode gap measured with no prefill beside it, at most
-    # itl_target_ms (common/multiplex/controller.py); 0 (the default): itl_target_ms alone. Opt-in by
-    # measurement (docs/benchmarks.md, sessions 30-32): at one long prompt a second on the 8B shape
-    # (H100) ratio 2 cut the chat ITL p99 to 0.71x of the fixed 30 ms for 0.96x the throughput, but at
-    # two a second prefill fell behind for good (2,304 against 4,630 tok/s, goodput 2.45 against 19.40).
-    itl_target_solo_ratio: float = 0.0
+    # itl_target_ms (common/multiplex/controller.py); 0: itl_target_ms alone. The default 2 is chosen by
+    # measurement (docs/benchmarks.md, session 36, H100): with the graph floor on, it cut the 8B shape's
+    # chat ITL p99 to 0.65-0.70x of the fixed 30 ms at one and two long prompts a second for 0.97-1.00x
+    # the throughput and goodput, and tied on the real model. Without the floor, two a second left
+    # prefill behind for good (session 32: 2,304 against 4,630 tok/s).
+    itl_target_solo_ratio: float = 2.0
     # Multiplexed mode's split rule (common/multiplex/controller.py): "target" grows prefill's share while
     # decode gaps stay well under itl_target_ms; "knee" (opt-in until served on the device) stops it at
     # the knee of the measured gap-per-share curve while prefill keeps up; "drain" (opt-in, with a solo

@@ -57,7 +57,7 @@ ENGINE_FLAGS = FlagTable(
             "itl_target_solo_ratio",
             float,
             "with --pd-multiplex: hold this multiple of the solo decode gap (at most --itl-target-ms;"
-            " default 0: --itl-target-ms alone)",
+            " default 2; 0: --itl-target-ms alone)",
         ),
         Flag(
             "mux_split",

@@ -10,26 +10,29 @@ The lanes form a ladder, smallest share first, the whole device last. The contro
   the whole device beside decode steps made the longest gaps, up to 244 ms: a decode kernel waits
   there for the prefill GEMM's waves to drain; on a share it always has SMs of its own.
   docs/benchmarks.md.)
-With `lowest_rung` (opt-in, `PDSERVE_MUX_GRAPH_FLOOR=1`) the ladder's lowest rung is the smallest
+With `lowest_rung` (on by default; `PDSERVE_MUX_GRAPH_FLOOR=0` turns it off) the ladder's lowest rung is the smallest
 share with prefill graphs when some shares have them and smaller ones do not
 (`launch_knobs.graph_floor`). Why: a share without graphs launches its chunks eager, and the engine
 thread's launch (20-80 ms per 8B-shape chunk on an H100, session 32) is itself a gap for every
 decoding stream, so stepping down onto such a share to shorten the gaps lengthens them, and the rule
-then steps further down (the collapse described under `solo_ratio`). Not yet measured served.
+then steps further down (the collapse described under `solo_ratio`). Served in session 36 (H100, 8B
+shape, two long prompts a second): with it ratio 2 held 4,700 tok/s, where it had fallen to 2,304.
 Decode never needs a share of its own: only prefill is restricted, so with no prefill waiting the
 decode steps have every SM. There is no fixed table: the rung follows the measured gaps, which move
 with the decode batch size, its contexts and the model.
 
-With `solo_ratio` (`--itl-target-solo-ratio R`, opt-in) the target is R x the
+With `solo_ratio` (`--itl-target-solo-ratio R`, 2 by default) the target is R x the
 median of the recent decode gaps with no chunk in flight (`SOLO_WINDOW` of them), capped by the
 configured target: a fixed target in ms means a different share on every card and model. Why
 (docs/benchmarks.md, sessions 30-31): a decode step beside even the smallest share costs 1.3-1.5x its
 solo time, so a target under ~1.5x solo sinks to the smallest share and starves prefill (12 ms on an
 H100, 8B shape: 1.5x its 7.9-ms step), while 12 ms on an H200 (2.0x its 6.0-ms step) halved the chat
 ITL p99 at the same throughput; ratio 2 on the H100 cut it to 0.71x of the fixed 30 ms at 0.96x the
-throughput. It is not the default: at two long prompts a second (H100, 8B shape, session 32) its
-shares fell to 44-68 SMs, where chunks launch eager, the slow launches counted as gaps over the
-target and shrank the shares further, and prefill fell behind for good.
+throughput. Without `lowest_rung` it collapsed: at two long prompts a second (H100, 8B shape, session
+32) its shares fell to 44-68 SMs, where chunks launch eager, the slow launches counted as gaps over
+the target and shrank the shares further, and prefill fell behind for good. With the floor (session
+36) it held there: 0.65-0.70x the fixed target's chat ITL p99 at 0.97-1.00x its throughput, at one
+and two long prompts a second; the cost is the long prompts' TTFT p99, 0.66-0.68 -> 1.05-1.07 s.
 
 With `drain` (opt-in, `--mux-split drain`) the target is the configured one, the cap, while prefill is
 behind (prompt tokens left after a full chunk, or prompts left waiting), and the solo-ratio one

@@ -45,10 +45,10 @@ def share_graphs_enabled() -> bool:
 
 
 def graph_floor_enabled() -> bool:
-    """`PDSERVE_MUX_GRAPH_FLOOR=1` keeps the split off shares without prefill graphs (`graph_floor`).
-    Opt-in until a served A/B measures it (docs/benchmarks.md, session 33): where it acts (the H100's 8B
-    shape) no run has yet shown what it does."""
-    return env_switch("PDSERVE_MUX_GRAPH_FLOOR", default=False)
+    """The split stays off shares without prefill graphs (`graph_floor`); `PDSERVE_MUX_GRAPH_FLOOR=0` lets
+    it go lower. On by default since session 36 (docs/benchmarks.md): on the H100's 8B shape at two long
+    prompts a second it kept the solo-ratio split from the collapse session 32 measured."""
+    return env_switch("PDSERVE_MUX_GRAPH_FLOOR", default=True)
 
 
 def share_set_fits(free_bytes: int, set_bytes: int, keep_free: int) -> bool:

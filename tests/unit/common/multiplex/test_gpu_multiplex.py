@@ -41,12 +41,12 @@ def aggregated_outputs(qwen3_fp32):
 # Chunks launched whole, or 4 layers a step; or prompts of up to 256 uncached tokens (the prefix hits'
 # tails among them) inlined in decode steps while the longer ones still run as chunks on shares; or as
 # many prompt tokens inlined as the measured break-even allows (however many that is on this device);
-# or each new chunk started after its engine step's decode step (`chunk_after_decode`); or the split
-# holding twice the solo decode gap (`itl_target_solo_ratio`).
+# or each new chunk started after its engine step's decode step (`chunk_after_decode`); the split holds
+# twice the solo decode gap (`itl_target_solo_ratio` 2, the default) or the fixed target alone (0).
 @pytest.mark.parametrize(
     "layers_per_part,inline,measured,after,ratio",
-    [(None, 0, False, False, 0), (4, 0, False, False, 0), (None, 256, False, False, 0)]
-    + [(None, 0, True, False, 0), (None, 0, False, True, 0), (None, 0, False, False, 2.0)],
+    [(None, 0, False, False, 2.0), (4, 0, False, False, 2.0), (None, 256, False, False, 2.0)]
+    + [(None, 0, True, False, 2.0), (None, 0, False, True, 2.0), (None, 0, False, False, 0)],
 )
 def test_fp32_greedy_equals_aggregated(
     qwen3_fp32, aggregated_outputs, layers_per_part, inline, measured, after, ratio, monkeypatch

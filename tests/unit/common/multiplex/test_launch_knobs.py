@@ -38,11 +38,11 @@ def test_the_split_floor_is_the_smallest_share_with_graphs_when_smaller_ones_lau
     assert graph_floor([InlineLane(sms=None)], lambda sms: True) == 0  # one lane, the whole device
 
 
-def test_the_graph_floor_is_opt_in(monkeypatch):
+def test_the_graph_floor_is_on_by_default(monkeypatch):
     monkeypatch.delenv("PDSERVE_MUX_GRAPH_FLOOR", raising=False)
-    assert not graph_floor_enabled()  # not measured served yet (docs/benchmarks.md, session 33)
-    monkeypatch.setenv("PDSERVE_MUX_GRAPH_FLOOR", "1")
-    assert graph_floor_enabled()
+    assert graph_floor_enabled()  # served in session 36 (docs/benchmarks.md)
+    monkeypatch.setenv("PDSERVE_MUX_GRAPH_FLOOR", "0")
+    assert not graph_floor_enabled()
 
 
 def test_the_h100_8b_case_keeps_room_for_eager_chunks(tiny_model_dirs):

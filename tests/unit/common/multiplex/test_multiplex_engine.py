@@ -67,13 +67,13 @@ def test_the_split_rules_that_read_behind_give_the_same_tokens(tiny_model_dirs, 
     with pytest.raises(ValueError, match="mux_split"):
         tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="fast")
     with pytest.raises(ValueError, match="mux_split 'drain' needs itl_target_solo_ratio"):
-        tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="drain")
+        tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, mux_split="drain", itl_target_solo_ratio=0)
 
 
 def test_the_solo_ratio_split_reads_solo_gaps_and_gives_the_same_tokens(tiny_model_dirs):
     prompts = _prompts(1)
     plain = tiny_llm(tiny_model_dirs["qwen3"])
-    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True, itl_target_solo_ratio=2.0)
+    mux = tiny_llm(tiny_model_dirs["qwen3"], pd_multiplex=True)  # ratio 2, the default
     assert run_staggered(mux.engine, prompts, GREEDY) == run_staggered(plain.engine, prompts, GREEDY)
     controller = mux.engine.multiplexer.controller
     # Decode outputs with no chunk in flight were read: the target is now 2x their median, or the cap.

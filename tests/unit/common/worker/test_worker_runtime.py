@@ -87,7 +87,10 @@ def test_multiplexed_mode_flags_reach_the_config() -> None:
     default.model = "/m"
     assert engine_config_from_args(default, "mixed").mux_inline_measured is False
     assert engine_config_from_args(default, "mixed").mux_split == "target"
-    assert engine_config_from_args(default, "mixed").itl_target_solo_ratio == 0  # the fixed target
+    assert engine_config_from_args(default, "mixed").itl_target_solo_ratio == 2.0  # 2 x the solo gap
+    fixed = parse(["--pd-multiplex", "--itl-target-solo-ratio", "0"])
+    fixed.model = "/m"
+    assert engine_config_from_args(fixed, "mixed").itl_target_solo_ratio == 0  # the fixed target alone
     drain = parse(["--pd-multiplex", "--mux-split", "drain", "--itl-target-solo-ratio", "2"])
     drain.model = "/m"
     assert engine_config_from_args(drain, "mixed").itl_target_solo_ratio == 2.0
