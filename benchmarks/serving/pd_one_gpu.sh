@@ -13,8 +13,8 @@
 # inline up to a measured break-even against a chunk); muxiN is mux with a fixed limit: prompts of up
 # to N tokens inside its decode steps; muxtN is mux with the fixed target --itl-target-ms N (and
 # --itl-target-solo-ratio 0); muxrR is mux with
-# --itl-target-solo-ratio R (R x the solo decode gap, at most the target; the default, as mux, is R = 0:
-# the fixed 30-ms target alone; R = 2 was the default in session 31 only); muxk is mux with
+# --itl-target-solo-ratio R (R x the solo decode gap, at most the target; the default, as mux, is R = 2
+# since session 36; muxt30 is the fixed 30-ms target alone); muxk is mux with
 # --mux-split knee: the share stops where a larger one would slow decode; muxd is mux with --mux-split
 # drain --itl-target-solo-ratio 2: 2 x solo, but the --itl-target-ms cap while prefill is behind; muxa is mux with each new chunk
 # started after its engine step's decode step, PDSERVE_MUX_CHUNK_AFTER_DECODE=1), LONG_RATES
