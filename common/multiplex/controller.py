@@ -10,8 +10,8 @@ The lanes form a ladder, smallest share first, the whole device last. The contro
   the whole device beside decode steps made the longest gaps, up to 244 ms: a decode kernel waits
   there for the prefill GEMM's waves to drain; on a share it always has SMs of its own.
   docs/benchmarks.md.)
-With `lowest_rung` (on by default; `PDSERVE_MUX_GRAPH_FLOOR=0` turns it off) the ladder's lowest rung is the smallest
-share with prefill graphs when some shares have them and smaller ones do not
+With `lowest_rung` (on by default; `PDSERVE_MUX_GRAPH_FLOOR=0` turns it off) the ladder's lowest
+rung is the smallest share with prefill graphs when some shares have them and smaller ones do not
 (`launch_knobs.graph_floor`). Why: a share without graphs launches its chunks eager, and the engine
 thread's launch (20-80 ms per 8B-shape chunk on an H100, session 32) is itself a gap for every
 decoding stream, so stepping down onto such a share to shorten the gaps lengthens them, and the rule
